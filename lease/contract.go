@@ -1,0 +1,102 @@
+// Package lease is the regional allocator of ration: a token bucket per key
+// from which agents lease pre-debited batches of tokens.
+//
+// The allocator contract (DESIGN.md, "Level 1") is implemented twice: by
+// RedisStore, one atomic Lua script per key that reads Redis's own clock, and
+// by MemoryStore, the same arithmetic in Go with the clock as an argument,
+// used by the embedded default and the simulator. One conformance suite runs
+// against both.
+package lease
+
+import (
+	"errors"
+	"time"
+)
+
+// PPM is one whole share in parts per million. Shares are integers so that
+// sums of shares are exact.
+const PPM = 1_000_000
+
+// Sentinel errors. Store methods wrap them with %w; match with errors.Is.
+var (
+	// ErrInvalid reports an argument that breaks the contract: a want or
+	// cost that is not positive, a cost above the bucket's burst, a rate or
+	// burst that is not a positive finite number, a share outside [0, PPM],
+	// an empty key. Nothing is debited for an invalid item.
+	ErrInvalid = errors.New("lease: invalid argument")
+	// ErrUnavailable reports that the store could not be reached in time.
+	ErrUnavailable = errors.New("lease: store unavailable")
+)
+
+// Limit is what the policy says about one key, passed with every call: the
+// store keeps only the bucket's state and the key's applied share.
+type Limit struct {
+	// Rate is the key's global rate L in tokens per second.
+	Rate float64
+	// Burst is the key's global burst b in tokens.
+	Burst float64
+	// Cost is the rule's cost per request in tokens. A regional bucket's
+	// capacity never falls below it, so one request can always be served
+	// eventually; a Cost above Burst is invalid.
+	Cost int64
+	// InitialShare is the region's share in ppm used while the store holds
+	// no applied share for the key (scope: region rules pass PPM).
+	InitialShare int64
+	// StartEmpty makes a missing bucket start empty instead of full (the
+	// per-rule option that trades a short under-admission after a store
+	// data loss for no excess).
+	StartEmpty bool
+}
+
+// Regional returns the regional bucket's rate (tokens/s) and capacity
+// (tokens) for an applied share in ppm: rate = L × share,
+// capacity = max(b × share, cost).
+func (l Limit) Regional(sharePPM int64) (rate, capacity float64) {
+	s := float64(sharePPM) / PPM
+	rate = l.Rate * s
+	capacity = l.Burst * s
+	if c := float64(l.Cost); capacity < c {
+		capacity = c
+	}
+	return rate, capacity
+}
+
+// GrantRequest asks for Want tokens of Key.
+type GrantRequest struct {
+	Key   string
+	Want  int64
+	Limit Limit
+}
+
+// Grant is the allocator's answer to one GrantRequest.
+type Grant struct {
+	// Granted tokens, already debited; 0 ≤ Granted ≤ Want.
+	Granted int64
+	// Tokens left in the regional bucket after the grant.
+	Tokens float64
+	// RetryAfter is, when Granted is 0, the time until the bucket holds
+	// one whole token again; zero otherwise.
+	RetryAfter time.Duration
+	// Rate and Capacity are the regional bucket's parameters in force.
+	Rate     float64
+	Capacity float64
+	// Err is non-nil when this item was rejected (wraps ErrInvalid); the
+	// item debited nothing.
+	Err error
+}
+
+// ReturnRequest gives Tokens of Key back to its bucket, capped at capacity.
+type ReturnRequest struct {
+	Key    string
+	Tokens int64
+	Limit  Limit
+}
+
+// ShareUpdate sets the applied share of Key in this region. Lowering a share
+// lowers the bucket's rate and capacity at once and clips stored tokens to
+// the new capacity; the exchange lowers before it gives (DESIGN.md, "Level 2").
+type ShareUpdate struct {
+	Key      string
+	SharePPM int64
+	Limit    Limit
+}
