@@ -1,0 +1,418 @@
+package policy
+
+import (
+	"bytes"
+	"cmp"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Limits on a document. They keep a mistaken or hostile document from
+// costing unbounded memory or time in every regiond and agent it reaches.
+const (
+	// MaxDocumentSize is the largest document Parse accepts, in bytes.
+	MaxDocumentSize = 4 << 20
+	// MaxRules is the most rules one document may hold.
+	MaxRules = 10_000
+	// MaxPeriod is the longest period (and partition_reclaim_after).
+	MaxPeriod = 24 * time.Hour
+	// MaxTokens bounds limit, burst and cost: 2^53, the largest integer a
+	// float64 holds exactly, because the allocator does its arithmetic in
+	// float64.
+	MaxTokens = 1 << 53
+	// MaxDescriptors bounds the entries of one rule's match and of its key,
+	// which bounds the work Match does per candidate rule.
+	MaxDescriptors = 32
+
+	maxNameLen           = 64
+	maxDescriptorNameLen = 128
+	maxMatchValueLen     = 1024
+)
+
+// LoadFile reads and parses the policy document at path. An I/O error is
+// returned wrapped (not ErrInvalid); a bad document gives Parse's Errors.
+func LoadFile(path string) (*Set, error) {
+	data, _, err := readFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return Parse(path, data)
+}
+
+// readFile reads at most MaxDocumentSize+1 bytes (enough for Parse to report
+// a document as too large without reading all of it) and the file's stat
+// taken from the open file.
+func readFile(path string) ([]byte, os.FileInfo, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("policy: %w", err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, nil, fmt.Errorf("policy: %w", err)
+	}
+	data, err := io.ReadAll(io.LimitReader(f, MaxDocumentSize+1))
+	if err != nil {
+		return nil, nil, fmt.Errorf("policy: reading %s: %w", path, err)
+	}
+	return data, fi, nil
+}
+
+// Parse validates a whole policy document and returns its Set, or Errors
+// holding every problem found; file is used only in messages.
+//
+// The document is a mapping with one field, rules: a list (empty means no
+// limits). Unknown fields at any level, duplicate keys, aliases, and more
+// than one YAML document are errors. Numbers must be integers (floats are
+// errors). Match values must be YAML strings: a number or boolean there is
+// an error rather than silently stringified, because "1.10" and 1.10 would
+// otherwise be different rules; quote it. Durations are Go duration strings
+// ("1s", "250ms", "1m").
+func Parse(file string, data []byte) (*Set, error) {
+	p := &parser{file: file}
+	rules := p.document(data)
+	if len(p.errs) > 0 {
+		slices.SortStableFunc(p.errs, func(a, b *FieldError) int { return cmp.Compare(a.Line, b.Line) })
+		return nil, p.errs
+	}
+	return newSet(rules, bytes.Clone(data)), nil
+}
+
+type parser struct {
+	file string
+	errs Errors
+}
+
+func (p *parser) errorf(line int, field, format string, args ...any) {
+	p.errs = append(p.errs, &FieldError{File: p.file, Line: line, Field: field, Msg: fmt.Sprintf(format, args...)})
+}
+
+func (p *parser) document(data []byte) []*Rule {
+	if len(data) > MaxDocumentSize {
+		p.errorf(0, "", "document is larger than %d bytes (4 MiB)", MaxDocumentSize)
+		return nil
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			p.errorf(0, "", "document is empty; want a mapping with a rules list (an empty list means no limits)")
+		} else {
+			p.syntaxError(err)
+		}
+		return nil
+	}
+	// Only empty documents may follow ("---" at the end of a file is common
+	// in generated YAML).
+	for {
+		var extra yaml.Node
+		err := dec.Decode(&extra)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			p.syntaxError(err)
+			return nil
+		}
+		if len(extra.Content) == 0 {
+			continue
+		}
+		if n := extra.Content[0]; n.Kind != yaml.ScalarNode || n.ShortTag() != "!!null" || n.Value != "" {
+			p.errorf(n.Line, "", "only one YAML document is allowed")
+			return nil
+		}
+	}
+	if len(doc.Content) == 0 {
+		p.errorf(0, "", "document is empty; want a mapping with a rules list (an empty list means no limits)")
+		return nil
+	}
+	root := doc.Content[0]
+	if root.Kind != yaml.MappingNode {
+		p.errorf(root.Line, "", "document must be a mapping with a rules list (got %s)", describe(root))
+		return nil
+	}
+	fs := p.fields(root, "", "rules")
+	f, ok := fs.get("rules")
+	if !ok {
+		p.errorf(root.Line, "rules", "is required (an empty list means no limits)")
+		return nil
+	}
+	return p.rules(f)
+}
+
+// syntaxError turns a YAML parser error into a FieldError. yaml.v3 reports
+// syntax errors as text ("yaml: line 3: did not find expected key"), so the
+// line is read back out of it; a message without one gets line 0.
+func (p *parser) syntaxError(err error) {
+	msg := strings.TrimPrefix(err.Error(), "yaml: ")
+	line := 0
+	if rest, ok := strings.CutPrefix(msg, "line "); ok {
+		if n, tail, ok := strings.Cut(rest, ": "); ok {
+			if l, err := strconv.Atoi(n); err == nil {
+				line, msg = l, tail
+			}
+		}
+	}
+	p.errorf(line, "", "YAML syntax error: %s", msg)
+}
+
+func (p *parser) rules(f field) []*Rule {
+	seq := f.val
+	if seq.Kind != yaml.SequenceNode {
+		p.errorf(f.key.Line, "rules", "must be a list (got %s; use [] for no limits)", describe(seq))
+		return nil
+	}
+	if len(seq.Content) > MaxRules {
+		p.errorf(f.key.Line, "rules", "too many rules (%d; the limit is %d)", len(seq.Content), MaxRules)
+		return nil
+	}
+	rules := make([]*Rule, 0, len(seq.Content))
+	names := make(map[string]int, len(seq.Content))
+	for i, n := range seq.Content {
+		path := "rules[" + strconv.Itoa(i) + "]"
+		r, ok := p.rule(n, path)
+		if !ok {
+			continue
+		}
+		if first, dup := names[r.Name]; dup && r.Name != "" {
+			p.errorf(r.Line, path+".name", "duplicate rule name %q (first at line %d)", r.Name, first)
+		} else {
+			names[r.Name] = r.Line
+		}
+		rules = append(rules, r)
+	}
+	return rules
+}
+
+var ruleFields = []string{
+	"name", "match", "key", "limit", "period", "burst", "cost", "scope", "on_error",
+	"shadow", "partition_reclaim_after", "start_empty",
+}
+
+// rule decodes and validates one rule. It returns ok=false only when the
+// node is not a mapping; a rule with bad fields is returned with its errors
+// recorded, so that later checks (duplicate names) still run.
+func (p *parser) rule(n *yaml.Node, path string) (*Rule, bool) {
+	if n.Kind != yaml.MappingNode {
+		p.errorf(n.Line, path, "must be a mapping (got %s)", describe(n))
+		return nil, false
+	}
+	fs := p.fields(n, path, ruleFields...)
+	r := &Rule{Line: n.Line, Period: time.Second, Cost: 1, Scope: ScopeGlobal, OnError: OnErrorLocal}
+
+	if f, ok := fs.get("name"); !ok {
+		p.errorf(n.Line, path+".name", "is required")
+	} else if s, ok := p.str(f, path+".name"); ok {
+		p.name(f, path+".name", s)
+		r.Name = s
+	}
+	if f, ok := fs.get("match"); ok {
+		r.Match = p.match(f, path+".match")
+	}
+	if f, ok := fs.get("key"); !ok {
+		p.errorf(n.Line, path+".key", "is required (the descriptors that form the rate-limited key)")
+	} else {
+		r.Key = p.key(f, path+".key")
+	}
+
+	limitOK := false
+	if f, ok := fs.get("limit"); !ok {
+		p.errorf(n.Line, path+".limit", "is required")
+	} else {
+		r.Limit, limitOK = p.tokens(f, path+".limit")
+	}
+	if f, ok := fs.get("period"); ok {
+		if d, ok := p.duration(f, path+".period"); ok {
+			if d <= 0 {
+				p.errorf(f.key.Line, path+".period", "must be > 0")
+			} else {
+				r.Period = d
+			}
+		}
+	}
+	costOK := true
+	if f, ok := fs.get("cost"); ok {
+		r.Cost, costOK = p.tokens(f, path+".cost")
+	}
+	burstOK := limitOK
+	if f, ok := fs.get("burst"); ok {
+		r.Burst, burstOK = p.tokens(f, path+".burst")
+		if burstOK && costOK && r.Burst < r.Cost {
+			p.errorf(f.key.Line, path+".burst", "must be >= cost (%d)", r.Cost)
+		}
+	} else if limitOK {
+		r.Burst = r.Limit
+		if costOK && r.Burst < r.Cost {
+			f, _ := fs.get("cost")
+			p.errorf(f.key.Line, path+".cost", "must be <= burst, which defaults to limit (%d)", r.Limit)
+		}
+	}
+
+	if f, ok := fs.get("scope"); ok {
+		if s, ok := p.enum(f, path+".scope", string(ScopeGlobal), string(ScopeRegion)); ok {
+			r.Scope = Scope(s)
+		}
+	}
+	if f, ok := fs.get("on_error"); ok {
+		if s, ok := p.enum(f, path+".on_error", string(OnErrorLocal), string(OnErrorOpen), string(OnErrorClosed)); ok {
+			r.OnError = FailureMode(s)
+		}
+	}
+	if f, ok := fs.get("shadow"); ok {
+		r.Shadow, _ = p.boolean(f, path+".shadow")
+	}
+	if f, ok := fs.get("start_empty"); ok {
+		r.StartEmpty, _ = p.boolean(f, path+".start_empty")
+	}
+	if f, ok := fs.get("partition_reclaim_after"); ok {
+		field := path + ".partition_reclaim_after"
+		if d, ok := p.duration(f, field); ok {
+			switch {
+			case d < 0:
+				p.errorf(f.key.Line, field, "must be >= 0 (0 turns reclaiming off)")
+			case d > 0 && r.Scope == ScopeRegion:
+				p.errorf(f.key.Line, field, "only applies to scope: global (a region-scoped rule shares nothing to reclaim)")
+			default:
+				r.PartitionReclaimAfter = d
+			}
+		}
+	}
+	return r, true
+}
+
+// name checks a rule name: [a-z0-9][a-z0-9._-]*, at most 64 bytes. The
+// narrow alphabet keeps names safe in metric labels, log lines and store keys.
+func (p *parser) name(f field, path, s string) {
+	switch {
+	case s == "":
+		p.errorf(f.key.Line, path, "must not be empty")
+	case len(s) > maxNameLen:
+		p.errorf(f.key.Line, path, "must be at most %d characters (got %d)", maxNameLen, len(s))
+	case !validName(s):
+		p.errorf(f.key.Line, path, "must match [a-z0-9][a-z0-9._-]* (got %q)", s)
+	}
+}
+
+func validName(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case 'a' <= c && c <= 'z', '0' <= c && c <= '9':
+		case i > 0 && (c == '.' || c == '_' || c == '-'):
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+func (p *parser) match(f field, path string) []Descriptor {
+	if f.val.Kind != yaml.MappingNode {
+		p.errorf(f.key.Line, path, "must be a mapping of descriptor names to values (got %s)", describe(f.val))
+		return nil
+	}
+	fs := p.fields(f.val, path)
+	if len(fs) > MaxDescriptors {
+		p.errorf(f.key.Line, path, "has %d descriptors; the limit is %d", len(fs), MaxDescriptors)
+		return nil
+	}
+	out := make([]Descriptor, 0, len(fs))
+	for _, e := range fs {
+		k := e.name
+		field := path + "." + k
+		if !p.descriptorName(e.key.Line, field, k) {
+			continue
+		}
+		if e.val.Kind != yaml.ScalarNode || e.val.ShortTag() != "!!str" {
+			hint := ""
+			if e.val.Kind == yaml.ScalarNode && e.val.ShortTag() != "!!null" {
+				hint = fmt.Sprintf("; quote it to match the text: %q", e.val.Value)
+			}
+			p.errorf(e.key.Line, field, "must be a string (got %s)%s", describe(e.val), hint)
+			continue
+		}
+		v := e.val.Value
+		switch {
+		case v == "":
+			p.errorf(e.key.Line, field, "must not be empty (use %q for any value)", Wildcard)
+		case len(v) > maxMatchValueLen:
+			p.errorf(e.key.Line, field, "must be at most %d bytes (got %d)", maxMatchValueLen, len(v))
+		default:
+			out = append(out, Descriptor{Key: k, Value: v})
+		}
+	}
+	slices.SortFunc(out, func(a, b Descriptor) int { return strings.Compare(a.Key, b.Key) })
+	return out
+}
+
+func (p *parser) key(f field, path string) []string {
+	seq := f.val
+	if seq.Kind != yaml.SequenceNode {
+		p.errorf(f.key.Line, path, "must be a list of descriptor names (got %s)", describe(seq))
+		return nil
+	}
+	switch {
+	case len(seq.Content) == 0:
+		p.errorf(f.key.Line, path, "must not be empty")
+		return nil
+	case len(seq.Content) > MaxDescriptors:
+		p.errorf(f.key.Line, path, "has %d descriptors; the limit is %d", len(seq.Content), MaxDescriptors)
+		return nil
+	}
+	out := make([]string, 0, len(seq.Content))
+	for i, n := range seq.Content {
+		field := path + "[" + strconv.Itoa(i) + "]"
+		if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!str" {
+			p.errorf(n.Line, field, "must be a descriptor name (got %s)", describe(n))
+			continue
+		}
+		if !p.descriptorName(n.Line, field, n.Value) {
+			continue
+		}
+		if j := slices.Index(out, n.Value); j >= 0 {
+			p.errorf(n.Line, field, "duplicate descriptor name %q", n.Value)
+			continue
+		}
+		out = append(out, n.Value)
+	}
+	return out
+}
+
+// descriptorName checks a descriptor name: 1 to 128 bytes of
+// [A-Za-z0-9_.:/-]. Names go into keys unescaped (AppendKey), so they must
+// not hold the key's separators.
+func (p *parser) descriptorName(line int, field, s string) bool {
+	switch {
+	case s == "":
+		p.errorf(line, field, "descriptor name must not be empty")
+	case len(s) > maxDescriptorNameLen:
+		p.errorf(line, field, "descriptor name must be at most %d characters (got %d)", maxDescriptorNameLen, len(s))
+	case !validDescriptorName(s):
+		p.errorf(line, field, "descriptor name must match [A-Za-z0-9_.:/-]+ (got %q)", s)
+	default:
+		return true
+	}
+	return false
+}
+
+func validDescriptorName(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case c == '_' || c == '.' || c == ':' || c == '/' || c == '-':
+		default:
+			return false
+		}
+	}
+	return true
+}

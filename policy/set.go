@@ -1,0 +1,227 @@
+package policy
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"math/bits"
+	"strconv"
+	"strings"
+)
+
+// Set is a validated, immutable rule set, made by Parse. It is safe for
+// concurrent use. A nil *Set is an empty set: it has no rules and matches
+// nothing, so an agent can call Match before its first policy arrives.
+type Set struct {
+	rules   []*Rule
+	byName  map[string]*Rule
+	index   map[string]*keyIndex
+	version string
+	source  []byte
+}
+
+// keyIndex holds the rules anchored on one descriptor name. Every rule is
+// anchored on exactly one condition it requires (see anchor), so Match
+// visits each rule at most once per occurrence of the descriptor in a
+// request, and only rules whose anchor holds.
+type keyIndex struct {
+	// present lists rules anchored on the descriptor being present.
+	present []int32
+	// exact lists, per value, rules anchored on the descriptor having that
+	// value. Nil when no rule is.
+	exact map[string][]int32
+}
+
+func newSet(rules []*Rule, source []byte) *Set {
+	s := &Set{
+		rules:  rules,
+		byName: make(map[string]*Rule, len(rules)),
+		index:  make(map[string]*keyIndex),
+		source: source,
+	}
+	for i, r := range rules {
+		s.byName[r.Name] = r
+		s.anchor(int32(i), r)
+	}
+	s.version = version(rules)
+	return s
+}
+
+// anchor files rule i under the most selective condition it requires: an
+// exact value if it has one (a value splits requests far more than a name
+// does), else a descriptor's presence; among equals, the one whose list is
+// shortest so far, so rules spread over lists instead of piling onto one.
+func (s *Set) anchor(i int32, r *Rule) {
+	bestKey, bestValue, bestLen := "", "", -1
+	for _, m := range r.Match {
+		if m.Value == Wildcard {
+			continue
+		}
+		n := 0
+		if ki := s.index[m.Key]; ki != nil {
+			n = len(ki.exact[m.Value])
+		}
+		if bestLen < 0 || n < bestLen {
+			bestKey, bestValue, bestLen = m.Key, m.Value, n
+		}
+	}
+	if bestLen >= 0 {
+		ki := s.keyIndex(bestKey)
+		if ki.exact == nil {
+			ki.exact = make(map[string][]int32)
+		}
+		ki.exact[bestValue] = append(ki.exact[bestValue], i)
+		return
+	}
+	// No exact value: anchor on a required name (a Key name, or a Match
+	// name with the wildcard). Validation guarantees Key is not empty.
+	var best *keyIndex
+	for _, name := range r.Key {
+		if ki := s.keyIndex(name); best == nil || len(ki.present) < len(best.present) {
+			best = ki
+		}
+	}
+	for _, m := range r.Match {
+		if ki := s.keyIndex(m.Key); len(ki.present) < len(best.present) {
+			best = ki
+		}
+	}
+	best.present = append(best.present, i)
+}
+
+func (s *Set) keyIndex(name string) *keyIndex {
+	ki := s.index[name]
+	if ki == nil {
+		ki = &keyIndex{}
+		s.index[name] = ki
+	}
+	return ki
+}
+
+// Rules returns the rules in file order. The slice and the rules are
+// shared and must not be modified.
+func (s *Set) Rules() []*Rule {
+	if s == nil {
+		return nil
+	}
+	return s.rules[:len(s.rules):len(s.rules)]
+}
+
+// Rule returns the rule called name, or nil if there is none.
+func (s *Set) Rule(name string) *Rule {
+	if s == nil {
+		return nil
+	}
+	return s.byName[name]
+}
+
+// Version is a hash of the set's canonical form (16 hex digits): the rules
+// in order with every default filled in. It ignores comments, layout, key
+// order within a mapping and line numbers, so it changes exactly when the
+// meaning of the set does. A nil Set's version is "".
+func (s *Set) Version() string {
+	if s == nil {
+		return ""
+	}
+	return s.version
+}
+
+// Source returns the document the set was parsed from. It must not be
+// modified.
+func (s *Set) Source() []byte {
+	if s == nil {
+		return nil
+	}
+	return s.source
+}
+
+// Match appends to dst the rules that apply to the request ds (Rule.Applies),
+// in file order, and returns the extended slice. It does not allocate when
+// dst has capacity for the result. ds may be in any order and may repeat a
+// name; the first occurrence counts.
+//
+// The cost is a map lookup per descriptor plus a check of each rule whose
+// anchor condition holds, not a check of every rule.
+func (s *Set) Match(dst []*Rule, ds []Descriptor) []*Rule {
+	if s == nil || len(s.rules) == 0 {
+		return dst
+	}
+	// A bitmap of candidates, on the stack, yields them in file order with
+	// no sort and no allocation. Small sets use a small one so that zeroing
+	// it costs nothing; MaxRules bounds the large one.
+	if len(s.rules) <= 8*64 {
+		var marks [8]uint64
+		return s.match(dst, ds, marks[:])
+	}
+	var marks [(MaxRules + 63) / 64]uint64
+	return s.match(dst, ds, marks[:])
+}
+
+func (s *Set) match(dst []*Rule, ds []Descriptor, marks []uint64) []*Rule {
+	for i := range ds {
+		ki := s.index[ds[i].Key]
+		if ki == nil {
+			continue
+		}
+		for _, r := range ki.present {
+			marks[r>>6] |= 1 << (r & 63)
+		}
+		if ki.exact != nil {
+			for _, r := range ki.exact[ds[i].Value] {
+				marks[r>>6] |= 1 << (r & 63)
+			}
+		}
+	}
+	for w, word := range marks[:(len(s.rules)+63)/64] {
+		for word != 0 {
+			r := s.rules[w*64+bits.TrailingZeros64(word)]
+			word &= word - 1
+			if r.Applies(ds) {
+				dst = append(dst, r)
+			}
+		}
+	}
+	return dst
+}
+
+// version hashes the canonical form of rules. The form is versioned text,
+// one line per rule with every field in a fixed order, so that a new field
+// changes every Version only when the form's version string changes too.
+func version(rules []*Rule) string {
+	var b strings.Builder
+	b.WriteString("ration-policy v1\n")
+	for _, r := range rules {
+		b.WriteString("rule ")
+		b.WriteString(strconv.Quote(r.Name))
+		b.WriteString(" match")
+		for _, m := range r.Match {
+			b.WriteByte(' ')
+			b.WriteString(strconv.Quote(m.Key))
+			b.WriteByte('=')
+			b.WriteString(strconv.Quote(m.Value))
+		}
+		b.WriteString(" key")
+		for _, k := range r.Key {
+			b.WriteByte(' ')
+			b.WriteString(strconv.Quote(k))
+		}
+		for _, kv := range []struct {
+			name string
+			v    int64
+		}{
+			{"limit", r.Limit},
+			{"period_ns", int64(r.Period)},
+			{"burst", r.Burst},
+			{"cost", r.Cost},
+			{"partition_reclaim_after_ns", int64(r.PartitionReclaimAfter)},
+		} {
+			b.WriteString(" " + kv.name + " " + strconv.FormatInt(kv.v, 10))
+		}
+		b.WriteString(" scope " + string(r.Scope))
+		b.WriteString(" on_error " + string(r.OnError))
+		b.WriteString(" shadow " + strconv.FormatBool(r.Shadow))
+		b.WriteString(" start_empty " + strconv.FormatBool(r.StartEmpty))
+		b.WriteByte('\n')
+	}
+	sum := sha256.Sum256([]byte(b.String()))
+	return hex.EncodeToString(sum[:8])
+}
