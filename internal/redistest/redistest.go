@@ -1,0 +1,233 @@
+// Package redistest finds or starts a real redis-server for tests.
+//
+// Start returns the URL of a Redis to test against: RATION_REDIS_URL when it
+// is set (a shared server: use KeyPrefix for distinct keys and flush
+// nothing), else a redis-server started for the test on a free loopback
+// port, without persistence, and killed when the test ends. StartServer
+// always starts one, for tests that stop, pause or restart it.
+//
+// When redis-server is not installed and RATION_REDIS_URL is unset, tests
+// fail if CI=true and are skipped otherwise.
+package redistest
+
+import (
+	"bufio"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// EnvURL names the environment variable that points tests at an existing
+// Redis (a redis:// URL, or a comma-separated cluster address list).
+const EnvURL = "RATION_REDIS_URL"
+
+// readyTimeout bounds how long a new server may take to answer PING; it
+// is generous because race-enabled test binaries share a small machine.
+const readyTimeout = 10 * time.Second
+
+// Start returns a Redis URL for t: RATION_REDIS_URL if set, else the URL
+// of a redis-server started for t (see StartServer).
+func Start(t testing.TB) string {
+	t.Helper()
+	if u := os.Getenv(EnvURL); u != "" {
+		return u
+	}
+	return StartServer(t).URL()
+}
+
+// KeyPrefix returns a key prefix unique to this test run, for tests that
+// share a server: "ration-test:<test name>:<random>:". It contains no
+// braces, so it never disturbs a Cluster hash tag.
+func KeyPrefix(t testing.TB) string {
+	t.Helper()
+	var b [4]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		t.Fatalf("redistest: random prefix: %v", err)
+	}
+	name := strings.Map(func(r rune) rune {
+		switch r {
+		case '{', '}', ' ', ':':
+			return '_'
+		}
+		return r
+	}, t.Name())
+	return "ration-test:" + name + ":" + hex.EncodeToString(b[:]) + ":"
+}
+
+// Server is a redis-server process started for one test. Its methods are
+// meant for the test's own goroutine.
+type Server struct {
+	t    testing.TB
+	bin  string
+	dir  string
+	port int
+
+	cmd  *exec.Cmd
+	done chan struct{} // closed once cmd has exited and been reaped
+	log  *os.File
+}
+
+// StartServer starts a redis-server on a free 127.0.0.1 port with
+// --save "" --appendonly no, waits until it answers PING, and stops it
+// when the test ends.
+func StartServer(t testing.TB) *Server {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		msg := "redistest: redis-server not found in PATH and " + EnvURL + " is unset"
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("%s: install redis-server (Debian package redis-server)", msg)
+		}
+		t.Skipf("%s: skipping a test that needs a real Redis", msg)
+	}
+	s := &Server{t: t, bin: bin, dir: t.TempDir()}
+	t.Cleanup(s.Stop)
+	// A port found free can be taken before redis binds it; try a few.
+	for attempt := 0; ; attempt++ {
+		s.port = freePort(t)
+		err := s.start()
+		if err == nil {
+			return s
+		}
+		if attempt == 4 {
+			t.Fatalf("redistest: %v", err)
+		}
+	}
+}
+
+// Addr is the server's host:port.
+func (s *Server) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port)) }
+
+// URL is the server's redis:// URL.
+func (s *Server) URL() string { return "redis://" + s.Addr() }
+
+// Stop kills the server (SIGKILL: a crash, not a shutdown) and waits for
+// it to exit. Stopping a stopped server does nothing.
+func (s *Server) Stop() {
+	if s.cmd == nil {
+		return
+	}
+	_ = s.cmd.Process.Kill()
+	<-s.done
+	s.cmd = nil
+	_ = s.log.Close()
+}
+
+// Restart starts a stopped server again on the same port, with an empty
+// dataset (nothing is persisted), and waits until it answers PING. It
+// stops a running server first.
+func (s *Server) Restart() {
+	s.t.Helper()
+	s.Stop()
+	if err := s.start(); err != nil {
+		s.t.Fatalf("redistest: restart: %v", err)
+	}
+}
+
+// Pause freezes the server (SIGSTOP): connections stay open and the kernel
+// still accepts new ones, but nothing is answered, like a hung node.
+func (s *Server) Pause() { s.signal(syscall.SIGSTOP) }
+
+// Resume undoes Pause (SIGCONT).
+func (s *Server) Resume() { s.signal(syscall.SIGCONT) }
+
+func (s *Server) signal(sig syscall.Signal) {
+	s.t.Helper()
+	if s.cmd == nil {
+		s.t.Fatalf("redistest: signal %v to a stopped server", sig)
+	}
+	if err := s.cmd.Process.Signal(sig); err != nil {
+		s.t.Fatalf("redistest: signal %v: %v", sig, err)
+	}
+}
+
+// start runs redis-server on s.port and waits for PING.
+func (s *Server) start() error {
+	logPath := filepath.Join(s.dir, fmt.Sprintf("redis-%d.log", s.port))
+	log, err := os.Create(logPath)
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(s.bin,
+		"--port", strconv.Itoa(s.port),
+		"--bind", "127.0.0.1",
+		"--save", "",
+		"--appendonly", "no",
+		"--dir", s.dir,
+		"--daemonize", "no",
+	)
+	// An *os.File needs no copying goroutine; the log is read on failure.
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		_ = log.Close()
+		return fmt.Errorf("start redis-server: %w", err)
+	}
+	done := make(chan struct{})
+	// Reaps the process; owned by s and finished by Stop, which kills it.
+	go func() {
+		_ = cmd.Wait()
+		close(done)
+	}()
+	s.cmd, s.done, s.log = cmd, done, log
+
+	deadline := time.Now().Add(readyTimeout)
+	for {
+		if ping(s.Addr()) == nil {
+			return nil
+		}
+		select {
+		case <-done:
+			s.cmd = nil
+			_ = log.Close()
+			out, _ := os.ReadFile(logPath)
+			return fmt.Errorf("redis-server on port %d exited before answering PING:\n%s", s.port, out)
+		case <-time.After(5 * time.Millisecond): // poll interval
+		}
+		if time.Now().After(deadline) {
+			s.Stop()
+			out, _ := os.ReadFile(logPath)
+			return fmt.Errorf("redis-server on port %d did not answer PING within %v:\n%s", s.port, readyTimeout, out)
+		}
+	}
+}
+
+// ping sends one PING and expects +PONG, speaking RESP directly so that
+// readiness does not depend on a client library's retry behaviour.
+func ping(addr string) error {
+	c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(200 * time.Millisecond))
+	if _, err := c.Write([]byte("PING\r\n")); err != nil {
+		return err
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return err
+	}
+	if line != "+PONG\r\n" {
+		return fmt.Errorf("PING answered %q", line)
+	}
+	return nil
+}
+
+func freePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("redistest: find a free port: %v", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}

@@ -1,0 +1,234 @@
+package lease
+
+import (
+	"fmt"
+	"math"
+	"time"
+)
+
+// This file is the allocator contract's arithmetic, shared by MemoryStore
+// and by the Go side of RedisStore. The Lua script (bucket.lua) repeats the
+// same expressions in the same order, so that both stores compute the same
+// float64 values from the same inputs.
+//
+// Time inside the contract is an integer count of microseconds on the
+// store's clock (Redis TIME has microsecond resolution); expiry is in
+// milliseconds, as Redis keeps it.
+
+const (
+	// NoRefillRetryAfter is Grant.RetryAfter for a bucket whose rate is 0
+	// (share 0): such a bucket never refills by itself, only a share change
+	// can give it tokens, and the exchange moves shares at most once an
+	// epoch (1 s by default). Asking again earlier than the true refill time
+	// is always safe; it costs a round trip, never an over-admission.
+	NoRefillRetryAfter = time.Second
+	// MaxRetryAfter caps Grant.RetryAfter for very slow buckets, so that a
+	// retry hint stays finite and a share raised meanwhile is noticed.
+	MaxRetryAfter = time.Hour
+
+	// maxTTLMillis is the longest bucket expiry the stores set; a bucket
+	// that would need longer (a tiny rate) never expires, like a rate of 0.
+	// 2^40 ms is about 35 years and stays exact in a Lua double.
+	maxTTLMillis = 1 << 40
+)
+
+// bucket is one regional token bucket's state.
+type bucket struct {
+	tokens float64
+	// last is the store time of the last update, in µs. It never moves
+	// backwards: a store clock that jumps back is clamped to it.
+	last int64
+}
+
+// newBucket is the state of a key without a bucket: full, or empty when the
+// rule asks missing buckets to start empty.
+func newBucket(nowUS int64, capacity float64, startEmpty bool) bucket {
+	b := bucket{tokens: capacity, last: nowUS}
+	if startEmpty {
+		b.tokens = 0
+	}
+	return b
+}
+
+// refill brings b forward to nowUS at rate, capped at capacity. A nowUS
+// before b.last counts as b.last: a backward clock jump adds nothing and
+// takes nothing.
+func (b *bucket) refill(nowUS int64, rate, capacity float64) {
+	if nowUS < b.last {
+		nowUS = b.last
+	}
+	elapsed := float64(nowUS-b.last) / 1e6
+	// The explicit conversion forbids a fused multiply-add, which the Lua
+	// side cannot do, so both stores round alike on every platform.
+	t := b.tokens + float64(elapsed*rate)
+	if t > capacity {
+		t = capacity
+	}
+	b.tokens = t
+	b.last = nowUS
+}
+
+// take debits the largest whole number of costs that both the bucket and
+// want allow, and returns it.
+func (b *bucket) take(want, cost int64) int64 {
+	c := float64(cost)
+	n := math.Floor(b.tokens / c)
+	if w := float64(want / cost); n > w {
+		n = w
+	}
+	granted := int64(n) * cost
+	b.tokens -= float64(granted)
+	return granted
+}
+
+// give credits n returned tokens, capped at capacity.
+func (b *bucket) give(n int64, capacity float64) {
+	t := b.tokens + float64(n)
+	if t > capacity {
+		t = capacity
+	}
+	b.tokens = t
+}
+
+// expireAtMillis is when an idle bucket updated at lastUS may vanish: once
+// it would be full again, 2 × capacity / rate after its last update. It
+// returns 0 when the bucket must never expire (rate 0, or too slow).
+func expireAtMillis(lastUS int64, rate, capacity float64) int64 {
+	if !(rate > 0) {
+		return 0
+	}
+	ttl := math.Ceil(2 * capacity / rate * 1000)
+	if !(ttl <= maxTTLMillis) {
+		return 0
+	}
+	return ceilDiv(lastUS, 1000) + int64(ttl)
+}
+
+// expired reports whether a bucket with the given expiry is gone at nowUS,
+// as Redis decides it: a key expires once the millisecond clock passes its
+// expiry time.
+func expired(expireAtMS, nowUS int64) bool {
+	return expireAtMS != 0 && floorDiv(nowUS, 1000) > expireAtMS
+}
+
+// retryAfter is the time until a bucket holding tokens at rate has one cost
+// again, capped at MaxRetryAfter, or NoRefillRetryAfter at rate 0.
+func retryAfter(tokens float64, cost int64, rate float64) time.Duration {
+	if !(rate > 0) {
+		return NoRefillRetryAfter
+	}
+	us := math.Ceil((float64(cost) - tokens) / rate * 1e6)
+	switch {
+	case us <= 0:
+		return 0
+	case us >= float64(MaxRetryAfter/time.Microsecond):
+		return MaxRetryAfter
+	}
+	return time.Duration(us) * time.Microsecond
+}
+
+// grantResult is the Grant reported for one item, from what the store
+// computed: tokens granted, tokens left and the share in force.
+func grantResult(l Limit, sharePPM, granted int64, tokens float64) Grant {
+	rate, capacity := l.Regional(sharePPM)
+	g := Grant{Granted: granted, Tokens: tokens, Rate: rate, Capacity: capacity}
+	if granted == 0 {
+		g.RetryAfter = retryAfter(tokens, l.Cost, rate)
+	}
+	return g
+}
+
+func ceilDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && (a < 0) == (b < 0) {
+		q++
+	}
+	return q
+}
+
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && (a < 0) != (b < 0) {
+		q--
+	}
+	return q
+}
+
+// validate checks a Limit against the contract.
+func (l Limit) validate() error {
+	switch {
+	case !(l.Rate > 0) || math.IsInf(l.Rate, 0):
+		return fmt.Errorf("%w: rate %v is not a positive finite number", ErrInvalid, l.Rate)
+	case !(l.Burst > 0) || math.IsInf(l.Burst, 0):
+		return fmt.Errorf("%w: burst %v is not a positive finite number", ErrInvalid, l.Burst)
+	case l.Cost <= 0:
+		return fmt.Errorf("%w: cost %d is not positive", ErrInvalid, l.Cost)
+	case float64(l.Cost) > l.Burst:
+		return fmt.Errorf("%w: cost %d is above burst %v", ErrInvalid, l.Cost, l.Burst)
+	case l.InitialShare < 0 || l.InitialShare > PPM:
+		return fmt.Errorf("%w: initial share %d ppm is outside [0, %d]", ErrInvalid, l.InitialShare, PPM)
+	}
+	return nil
+}
+
+// validateGrant checks one grant item. A want below the cost is invalid:
+// grants are whole multiples of the cost, so it could never be granted.
+func validateGrant(r GrantRequest) error {
+	if err := validateKey(r.Key); err != nil {
+		return err
+	}
+	if err := r.Limit.validate(); err != nil {
+		return fmt.Errorf("key %q: %w", r.Key, err)
+	}
+	switch {
+	case r.Want <= 0:
+		return fmt.Errorf("key %q: %w: want %d is not positive", r.Key, ErrInvalid, r.Want)
+	case r.Want < r.Limit.Cost:
+		return fmt.Errorf("key %q: %w: want %d is below cost %d", r.Key, ErrInvalid, r.Want, r.Limit.Cost)
+	}
+	return nil
+}
+
+func validateReturn(r ReturnRequest) error {
+	if err := validateKey(r.Key); err != nil {
+		return err
+	}
+	if err := r.Limit.validate(); err != nil {
+		return fmt.Errorf("key %q: %w", r.Key, err)
+	}
+	if r.Tokens <= 0 {
+		return fmt.Errorf("key %q: %w: returned tokens %d are not positive", r.Key, ErrInvalid, r.Tokens)
+	}
+	return nil
+}
+
+func validateShare(u ShareUpdate) error {
+	if err := validateKey(u.Key); err != nil {
+		return err
+	}
+	if err := u.Limit.validate(); err != nil {
+		return fmt.Errorf("key %q: %w", u.Key, err)
+	}
+	if u.SharePPM < 0 || u.SharePPM > PPM {
+		return fmt.Errorf("key %q: %w: share %d ppm is outside [0, %d]", u.Key, ErrInvalid, u.SharePPM, PPM)
+	}
+	return nil
+}
+
+func validateKey(key string) error {
+	if key == "" {
+		return fmt.Errorf("%w: empty key", ErrInvalid)
+	}
+	return nil
+}
+
+// validateAll checks every item of a Return or SetShares batch; those
+// batches are all or nothing, so the first bad item rejects the call.
+func validateAll[T any](items []T, check func(T) error) error {
+	for i, it := range items {
+		if err := check(it); err != nil {
+			return fmt.Errorf("item %d: %w", i, err)
+		}
+	}
+	return nil
+}

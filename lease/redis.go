@@ -1,0 +1,294 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// RedisConfig configures a RedisStore.
+type RedisConfig struct {
+	// Prefix starts every Redis key the store writes. It must not contain
+	// '{' or '}', which would break the Cluster hash tag. Default "ration:".
+	Prefix string
+	// Timeout bounds each call (Grant, Return, SetShares, Shares, Ping)
+	// from start to answer, on top of the caller's context. Default 50ms.
+	Timeout time.Duration
+}
+
+func (c *RedisConfig) ensureDefaults() {
+	if c.Prefix == "" {
+		c.Prefix = "ration:"
+	}
+	if c.Timeout == 0 {
+		c.Timeout = 50 * time.Millisecond
+	}
+}
+
+func (c *RedisConfig) validate() error {
+	if strings.ContainsAny(c.Prefix, "{}") {
+		return fmt.Errorf("%w: redis prefix %q contains a brace", ErrInvalid, c.Prefix)
+	}
+	if c.Timeout < 0 {
+		return fmt.Errorf("%w: redis timeout %v is negative", ErrInvalid, c.Timeout)
+	}
+	return nil
+}
+
+// RedisStore is the allocator contract on Redis or Redis Cluster: one Lua
+// script call per key (bucket.lua), all keys of one call sent in one
+// pipeline. Refills use the server's clock (TIME), never the caller's. It is
+// safe for concurrent use.
+//
+// Key layout for key k: "<prefix>{<k escaped>}:b", a hash holding tokens and
+// the last update in µs, expiring once the bucket would be full again; and
+// "<prefix>{<k escaped>}:s", the applied share in ppm, without expiry.
+// Escaping turns '%', '{' and '}' into %25, %7B and %7D so that the hash tag
+// is always exactly the key, and both live in one Cluster slot.
+type RedisStore struct {
+	client  redis.UniversalClient
+	cfg     RedisConfig
+	scripts atomic.Bool // the script is believed loaded (SCRIPT LOAD done)
+}
+
+// NewRedisStore returns a store on client, which must honour context
+// deadlines (ContextTimeoutEnabled, as NewRedisClient sets it) so that
+// RedisConfig.Timeout bounds every call.
+func NewRedisStore(client redis.UniversalClient, cfg RedisConfig) (*RedisStore, error) {
+	if client == nil {
+		return nil, fmt.Errorf("%w: nil redis client", ErrInvalid)
+	}
+	cfg.ensureDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if !contextTimeoutEnabled(client) {
+		return nil, fmt.Errorf("%w: redis client must set ContextTimeoutEnabled, or a hung server blocks calls past RedisConfig.Timeout (NewRedisClient sets it)", ErrInvalid)
+	}
+	return &RedisStore{client: client, cfg: cfg}, nil
+}
+
+func contextTimeoutEnabled(c redis.UniversalClient) bool {
+	switch c := c.(type) {
+	case *redis.Client:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.Ring:
+		return c.Options().ContextTimeoutEnabled
+	}
+	return true // a wrapper we cannot inspect: trust it
+}
+
+var keyEscaper = strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D")
+
+func (s *RedisStore) bucketKey(key string) string {
+	return s.cfg.Prefix + "{" + keyEscaper.Replace(key) + "}:b"
+}
+
+func (s *RedisStore) shareKey(key string) string {
+	return s.cfg.Prefix + "{" + keyEscaper.Replace(key) + "}:s"
+}
+
+// Grant answers reqs in order, one Grant per request in out (len(out) must
+// equal len(reqs)). An invalid item gets Grant.Err (wrapping ErrInvalid),
+// is not sent and debits nothing. The call returns an error wrapping
+// ErrUnavailable when Redis cannot be reached within RedisConfig.Timeout;
+// the valid items' results are then unknown (some may have been debited,
+// which costs utilisation, never the bound).
+func (s *RedisStore) Grant(ctx context.Context, reqs []GrantRequest, out []Grant) error {
+	if len(out) != len(reqs) {
+		return fmt.Errorf("%w: %d requests and %d results", ErrInvalid, len(reqs), len(out))
+	}
+	idx := make([]int, 0, len(reqs))
+	for i, r := range reqs {
+		out[i] = Grant{}
+		if err := validateGrant(r); err != nil {
+			out[i].Err = err
+			continue
+		}
+		idx = append(idx, i)
+	}
+	replies, err := s.run(ctx, len(idx), func(i int) (string, Limit, string, int64) {
+		r := reqs[idx[i]]
+		return r.Key, r.Limit, opGrant, r.Want
+	})
+	if err != nil {
+		return err
+	}
+	for i, rep := range replies {
+		r := reqs[idx[i]]
+		out[idx[i]] = grantResult(r.Limit, rep.sharePPM, rep.granted, rep.tokens)
+	}
+	return nil
+}
+
+// Return credits returned tokens, each bucket capped at its capacity. Any
+// invalid item rejects the whole call (ErrInvalid) before anything is sent;
+// an ErrUnavailable failure may leave some items applied.
+func (s *RedisStore) Return(ctx context.Context, reqs []ReturnRequest) error {
+	if err := validateAll(reqs, validateReturn); err != nil {
+		return err
+	}
+	_, err := s.run(ctx, len(reqs), func(i int) (string, Limit, string, int64) {
+		return reqs[i].Key, reqs[i].Limit, opReturn, reqs[i].Tokens
+	})
+	return err
+}
+
+// SetShares applies shares: each bucket is refilled at its old rate up to
+// now, then switches to the new rate and capacity with its tokens clipped
+// to the new capacity. Any invalid item rejects the whole call (ErrInvalid)
+// before anything is sent; an ErrUnavailable failure may leave some items
+// applied, so the exchange retries a failed call with the same shares.
+func (s *RedisStore) SetShares(ctx context.Context, ups []ShareUpdate) error {
+	if err := validateAll(ups, validateShare); err != nil {
+		return err
+	}
+	_, err := s.run(ctx, len(ups), func(i int) (string, Limit, string, int64) {
+		return ups[i].Key, ups[i].Limit, opShare, ups[i].SharePPM
+	})
+	return err
+}
+
+// Shares writes the applied share in ppm of each key to out (len(out) must
+// equal len(keys)); -1 means no share was ever applied.
+func (s *RedisStore) Shares(ctx context.Context, keys []string, out []int64) error {
+	if len(out) != len(keys) {
+		return fmt.Errorf("%w: %d keys and %d results", ErrInvalid, len(keys), len(out))
+	}
+	if err := validateAll(keys, validateKey); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	defer cancel()
+	pipe := s.client.Pipeline()
+	cmds := make([]*redis.StringCmd, len(keys))
+	for i, k := range keys {
+		cmds[i] = pipe.Get(ctx, s.shareKey(k))
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return s.fail("shares", err)
+	}
+	for i, c := range cmds {
+		v, err := c.Result()
+		if errors.Is(err, redis.Nil) {
+			out[i] = -1
+			continue
+		}
+		if err != nil {
+			return s.fail("shares", err)
+		}
+		if out[i], err = strconv.ParseInt(v, 10, 64); err != nil {
+			return fmt.Errorf("lease: redis share of %q is %q: %w", keys[i], v, err)
+		}
+	}
+	return nil
+}
+
+// Ping checks that Redis answers within RedisConfig.Timeout.
+func (s *RedisStore) Ping(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	defer cancel()
+	if err := s.client.Ping(ctx).Err(); err != nil {
+		return s.fail("ping", err)
+	}
+	return nil
+}
+
+// run calls the script for n items in one pipeline and decodes the replies.
+// item(i) gives the i-th item's key, limit, op and ARGV[7].
+//
+// The script is loaded once (SCRIPT LOAD, on every shard of a cluster) and
+// then called by EVALSHA. Items that meet NOSCRIPT (a restarted or failed
+// over server) are sent again in a second pipeline with EVAL, which also
+// caches the script on that server.
+func (s *RedisStore) run(ctx context.Context, n int, item func(int) (string, Limit, string, int64)) ([]scriptReply, error) {
+	if n == 0 {
+		return nil, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	defer cancel()
+	if !s.scripts.Load() {
+		// A failure here is not fatal: EVALSHA will meet NOSCRIPT and fall
+		// back to EVAL, or fail the same way if Redis is unreachable.
+		if err := s.client.ScriptLoad(ctx, bucketScript).Err(); err == nil {
+			s.scripts.Store(true)
+		} else if ctx.Err() != nil {
+			return nil, s.fail("script load", err)
+		}
+	}
+	keys := make([][]string, n)
+	args := make([][]any, n)
+	for i := range n {
+		k, l, op, v := item(i)
+		keys[i] = []string{s.bucketKey(k), s.shareKey(k)}
+		args[i] = scriptArgs(op, l, v)
+	}
+	cmds := make([]*redis.Cmd, n)
+	pipe := s.client.Pipeline()
+	for i := range n {
+		cmds[i] = pipe.EvalSha(ctx, bucketScriptSHA, keys[i], args[i]...)
+	}
+	_, _ = pipe.Exec(ctx) // each command carries its own error
+
+	var retry []int
+	for i, c := range cmds {
+		if isNoScript(c.Err()) {
+			retry = append(retry, i)
+		}
+	}
+	if len(retry) > 0 {
+		s.scripts.Store(false)
+		pipe := s.client.Pipeline()
+		for _, i := range retry {
+			cmds[i] = pipe.Eval(ctx, bucketScript, keys[i], args[i]...)
+		}
+		_, _ = pipe.Exec(ctx)
+	}
+
+	replies := make([]scriptReply, n)
+	for i, c := range cmds {
+		if err := c.Err(); err != nil {
+			return nil, s.fail("script", err)
+		}
+		rep, err := parseScriptReply(c.Val())
+		if err != nil {
+			return nil, err
+		}
+		replies[i] = rep
+	}
+	return replies, nil
+}
+
+func isNoScript(err error) bool {
+	return err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT"))
+}
+
+// fail wraps a Redis error. Anything that means "Redis did not serve this
+// call now" (network errors, timeouts, a closed client, a server that is
+// loading, failing over or read-only) wraps ErrUnavailable, so callers
+// apply their failure mode; other error replies point at a bug or foreign
+// data and are returned as they are.
+func (s *RedisStore) fail(what string, err error) error {
+	var rerr redis.Error
+	if errors.As(err, &rerr) && !transientReply(rerr.Error()) {
+		return fmt.Errorf("lease: redis %s: %w", what, err)
+	}
+	return fmt.Errorf("%w: redis %s: %w", ErrUnavailable, what, err)
+}
+
+func transientReply(msg string) bool {
+	for _, p := range []string{"LOADING", "CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN", "READONLY", "BUSY", "NOREPLICAS"} {
+		if strings.HasPrefix(msg, p) {
+			return true
+		}
+	}
+	return false
+}

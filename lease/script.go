@@ -1,0 +1,79 @@
+package lease
+
+import (
+	"crypto/sha1"
+	_ "embed"
+	"encoding/hex"
+	"fmt"
+	"strconv"
+)
+
+// bucketScript is the allocator contract as one Redis Lua script per key.
+//
+//go:embed bucket.lua
+var bucketScript string
+
+// bucketScriptSHA is the script's SHA1 digest, the name EVALSHA runs it by.
+// Redis names scripts by SHA1; it is an identifier here, not a security
+// measure.
+var bucketScriptSHA = func() string {
+	sum := sha1.Sum([]byte(bucketScript))
+	return hex.EncodeToString(sum[:])
+}()
+
+// Script operations (ARGV[1]).
+const (
+	opGrant  = "g"
+	opReturn = "r"
+	opShare  = "s"
+)
+
+// scriptArgs is ARGV for one call of the script.
+func scriptArgs(op string, l Limit, n int64) []any {
+	empty := "0"
+	if l.StartEmpty {
+		empty = "1"
+	}
+	return []any{
+		op,
+		// 'g' with precision -1 is the shortest string that parses back to
+		// the same float64, which Lua's tonumber then reads exactly.
+		strconv.FormatFloat(l.Rate, 'g', -1, 64),
+		strconv.FormatFloat(l.Burst, 'g', -1, 64),
+		strconv.FormatInt(l.Cost, 10),
+		strconv.FormatInt(l.InitialShare, 10),
+		empty,
+		strconv.FormatInt(n, 10),
+	}
+}
+
+// scriptReply is the script's answer: {granted, tokens, share}.
+type scriptReply struct {
+	granted  int64
+	tokens   float64
+	sharePPM int64
+}
+
+// parseScriptReply decodes what go-redis made of the script's return value.
+// A malformed reply (a different script under the same name, a proxy that
+// mangles replies) is an error, never a panic.
+func parseScriptReply(v any) (scriptReply, error) {
+	arr, ok := v.([]any)
+	if !ok || len(arr) != 3 {
+		return scriptReply{}, fmt.Errorf("lease: unexpected script reply %#v", v)
+	}
+	granted, ok1 := arr[0].(int64)
+	tokensStr, ok2 := arr[1].(string)
+	share, ok3 := arr[2].(int64)
+	if !ok1 || !ok2 || !ok3 {
+		return scriptReply{}, fmt.Errorf("lease: unexpected script reply %#v", v)
+	}
+	tokens, err := strconv.ParseFloat(tokensStr, 64)
+	if err != nil {
+		return scriptReply{}, fmt.Errorf("lease: unexpected tokens in script reply: %w", err)
+	}
+	if granted < 0 || share < 0 || share > PPM || tokens != tokens {
+		return scriptReply{}, fmt.Errorf("lease: script reply out of range %#v", v)
+	}
+	return scriptReply{granted: granted, tokens: tokens, sharePPM: share}, nil
+}
