@@ -151,7 +151,9 @@ func (p *parser) document(data []byte) []*Rule {
 
 // syntaxError turns a YAML parser error into a FieldError. yaml.v3 reports
 // syntax errors as text ("yaml: line 3: did not find expected key"), so the
-// line is read back out of it; a message without one gets line 0.
+// line is read back out of it; a message without one gets line 0. The line
+// is yaml.v3's: where the construct around the problem began, which can be a
+// line or so before the problem itself.
 func (p *parser) syntaxError(err error) {
 	msg := strings.TrimPrefix(err.Error(), "yaml: ")
 	line := 0
