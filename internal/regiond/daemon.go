@@ -1,0 +1,303 @@
+package regiond
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/ration-dev/ration/lease"
+	"github.com/ration-dev/ration/lease/service"
+	"github.com/ration-dev/ration/policy"
+)
+
+//go:embed default-policy.yaml
+var defaultPolicy []byte
+
+
+// Daemon is one regiond replica. Start it, then Shutdown it; Shutdown waits
+// for every goroutine that Start began.
+type Daemon struct {
+	cfg     Config
+	log     *slog.Logger
+	store   service.Store
+	mem     *lease.MemoryStore // nil with Redis
+	closeDB func() error
+	svc     *service.Service
+	watcher *policy.Watcher // nil with the embedded policy
+
+	grpc     *grpc.Server
+	leaseLis net.Listener
+	admin    *http.Server
+	adminLis net.Listener
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	shutdownOnce sync.Once
+	shutdownErr  error
+}
+
+// New builds a daemon from cfg: it connects the store and loads the policy,
+// but binds no socket and starts no goroutine until Start.
+func New(cfg Config) (*Daemon, error) {
+	cfg.ensureDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Registry == nil {
+		cfg.Registry = prometheus.NewRegistry()
+		cfg.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	d := &Daemon{cfg: cfg, log: cfg.Logger.With("region", cfg.Region)}
+
+	var pol *policy.Set
+	var err error
+	if cfg.PolicyFile == "" {
+		pol, err = policy.Parse("embedded:default-policy.yaml", defaultPolicy)
+	} else {
+		d.watcher, err = policy.NewWatcher(policy.WatcherConfig{Path: cfg.PolicyFile, Interval: cfg.PolicyInterval, Logger: d.log})
+		if err == nil {
+			pol = d.watcher.Current()
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("regiond: loading policy: %w", err)
+	}
+
+	if cfg.RedisURL == "" {
+		d.mem = lease.NewMemoryStore(lease.MemoryConfig{})
+		d.store = d.mem
+		d.closeDB = func() error { return nil }
+	} else {
+		client, err := lease.NewRedisClient(cfg.RedisURL)
+		if err != nil {
+			return nil, fmt.Errorf("regiond: redis: %w", err)
+		}
+		rs, err := lease.NewRedisStore(client, lease.RedisConfig{Timeout: cfg.StoreTimeout})
+		if err != nil {
+			client.Close()
+			return nil, fmt.Errorf("regiond: redis: %w", err)
+		}
+		d.store = rs
+		d.closeDB = client.Close
+	}
+
+	d.svc, err = service.New(service.Config{
+		Region:       cfg.Region,
+		Store:        d.store,
+		Policy:       pol,
+		LeaseTTL:     cfg.LeaseTTL,
+		StoreTimeout: cfg.StoreTimeout,
+		Registerer:   cfg.Registry,
+		Logger:       d.log,
+	})
+	if err != nil {
+		d.closeDB()
+		return nil, fmt.Errorf("regiond: %w", err)
+	}
+	return d, nil
+}
+
+// Service returns the lease service, for in-process wiring.
+func (d *Daemon) Service() *service.Service { return d.svc }
+
+// Start binds the listeners and starts serving. The daemon runs until
+// Shutdown; ctx only bounds the start.
+func (d *Daemon) Start(ctx context.Context) error {
+	var lc net.ListenConfig
+	lis, err := lc.Listen(ctx, "tcp", d.cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("regiond: lease API: %w", err)
+	}
+	d.leaseLis = lis
+	if d.cfg.Admin != "-" {
+		alis, err := lc.Listen(ctx, "tcp", d.cfg.Admin)
+		if err != nil {
+			lis.Close()
+			return fmt.Errorf("regiond: admin: %w", err)
+		}
+		d.adminLis = alis
+	}
+
+	d.grpc = grpc.NewServer(
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+		grpc.MaxRecvMsgSize(8<<20),
+	)
+	d.svc.Register(d.grpc)
+
+	runCtx, cancel := context.WithCancel(context.Background())
+	d.cancel = cancel
+	d.goRun("lease-api", func() error {
+		if err := d.grpc.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			return err
+		}
+		return nil
+	})
+	if d.adminLis != nil {
+		d.admin = &http.Server{Handler: d.adminHandler(), ReadHeaderTimeout: 5 * time.Second}
+		d.goRun("admin", func() error {
+			if err := d.admin.Serve(d.adminLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+			return nil
+		})
+	}
+	if d.watcher != nil {
+		d.goRun("policy-watch", func() error { return d.watcher.Run(runCtx) })
+		d.goRun("policy-apply", func() error { d.applyPolicy(runCtx); return nil })
+	}
+	if d.mem != nil {
+		d.goRun("sweep", func() error { d.sweep(runCtx); return nil })
+	}
+	d.log.Info("regiond started", "lease_api", d.LeaseAddr(), "admin", d.AdminAddr(), "store", d.storeName(), "policy", d.policyName())
+	return nil
+}
+
+func (d *Daemon) goRun(name string, f func() error) {
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		if err := f(); err != nil {
+			d.log.Error("regiond: "+name+" stopped", "err", err)
+		}
+	}()
+}
+
+// applyPolicy hands every new policy from the file watcher to the service.
+func (d *Daemon) applyPolicy(ctx context.Context) {
+	cur, changed, cancel := d.watcher.Subscribe()
+	defer cancel()
+	for {
+		d.svc.SetPolicy(cur)
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+			cur = d.watcher.Current()
+			d.log.Info("policy applied", "version", cur.Version(), "rules", len(cur.Rules()))
+		}
+	}
+}
+
+func (d *Daemon) sweep(ctx context.Context) {
+	t := time.NewTicker(d.cfg.SweepInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			d.mem.Sweep(now)
+		}
+	}
+}
+
+// Reload re-reads the policy file now (SIGHUP). A file that fails
+// validation is logged and the running policy stays.
+func (d *Daemon) Reload() error {
+	if d.watcher == nil {
+		return nil
+	}
+	return d.watcher.Reload()
+}
+
+// LeaseAddr is the lease API's bound address.
+func (d *Daemon) LeaseAddr() string {
+	if d.leaseLis == nil {
+		return ""
+	}
+	return d.leaseLis.Addr().String()
+}
+
+// AdminAddr is the admin HTTP server's bound address ("" when disabled).
+func (d *Daemon) AdminAddr() string {
+	if d.adminLis == nil {
+		return ""
+	}
+	return d.adminLis.Addr().String()
+}
+
+func (d *Daemon) storeName() string {
+	if d.mem != nil {
+		return "memory"
+	}
+	return "redis"
+}
+
+func (d *Daemon) policyName() string {
+	if d.watcher == nil {
+		return "embedded example"
+	}
+	return d.cfg.PolicyFile
+}
+
+// Ready reports whether the daemon can serve leases: policy loaded and the
+// store answering.
+func (d *Daemon) Ready(ctx context.Context) error {
+	if d.svc.Policy() == nil {
+		return errors.New("no policy loaded")
+	}
+	ctx, cancel := context.WithTimeout(ctx, max(d.cfg.StoreTimeout, 250*time.Millisecond))
+	defer cancel()
+	if err := d.store.Ping(ctx); err != nil {
+		return fmt.Errorf("store: %w", err)
+	}
+	return nil
+}
+
+// Shutdown stops accepting calls, lets in-flight calls finish (until ctx is
+// done, then cuts them), stops every goroutine and waits for them.
+func (d *Daemon) Shutdown(ctx context.Context) error {
+	d.shutdownOnce.Do(func() { d.shutdownErr = d.shutdown(ctx) })
+	return d.shutdownErr
+}
+
+func (d *Daemon) shutdown(ctx context.Context) error {
+	var errs []error
+	if d.cancel != nil {
+		d.svc.Close() // ends policy streams, which a graceful stop would wait for
+		stopped := make(chan struct{})
+		go func() { d.grpc.GracefulStop(); close(stopped) }()
+		select {
+		case <-stopped:
+		case <-ctx.Done():
+			d.grpc.Stop()
+			<-stopped
+			errs = append(errs, fmt.Errorf("lease API: %w", ctx.Err()))
+		}
+		if d.admin != nil {
+			if err := d.admin.Shutdown(ctx); err != nil {
+				errs = append(errs, fmt.Errorf("admin: %w", err))
+			}
+		}
+		d.cancel()
+		d.wg.Wait()
+	}
+	if err := d.closeDB(); err != nil {
+		errs = append(errs, fmt.Errorf("store: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+// Run starts the daemon and serves until ctx is done, then shuts down,
+// giving in-flight calls up to grace to finish.
+func (d *Daemon) Run(ctx context.Context, grace time.Duration) error {
+	if err := d.Start(ctx); err != nil {
+		return err
+	}
+	<-ctx.Done()
+	sctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	return d.Shutdown(sctx)
+}

@@ -1,0 +1,278 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/ration-dev/ration/lease"
+	leasev1 "github.com/ration-dev/ration/lease/v1"
+	"github.com/ration-dev/ration/policy"
+)
+
+// batch is the per-call scratch space, pooled so that a steady stream of
+// lease calls does not allocate its slices anew each time.
+type batch struct {
+	rules  []*policy.Rule
+	keys   []string
+	grants []lease.GrantRequest
+	out    []lease.Grant
+	rets   []lease.ReturnRequest
+	buf    []byte
+}
+
+func (s *Service) getBatch(n int) *batch {
+	b := s.bufs.Get().(*batch)
+	b.rules = b.rules[:0]
+	b.keys = b.keys[:0]
+	b.grants = b.grants[:0]
+	b.rets = b.rets[:0]
+	if cap(b.out) < n {
+		b.out = make([]lease.Grant, n)
+	}
+	b.out = b.out[:n]
+	return b
+}
+
+func (s *Service) putBatch(b *batch) {
+	clear(b.rules[:cap(b.rules)])
+	clear(b.keys[:cap(b.keys)])
+	clear(b.grants[:cap(b.grants)])
+	clear(b.rets[:cap(b.rets)])
+	s.bufs.Put(b)
+}
+
+// limitFor is the allocator's view of one rule for one key in this region.
+func (s *Service) limitFor(key string, r *policy.Rule) lease.Limit {
+	share := int64(lease.PPM)
+	if r.Scope != policy.ScopeRegion {
+		share = s.cfg.InitialShare
+		if s.cfg.InitialShareFor != nil {
+			share = s.cfg.InitialShareFor(key, r)
+		}
+	}
+	return lease.Limit{
+		Rate:         r.Rate(),
+		Burst:        float64(r.Burst),
+		Cost:         r.Cost,
+		InitialShare: share,
+		StartEmpty:   r.StartEmpty,
+	}
+}
+
+func invalid(format string, args ...any) error {
+	return status.Errorf(codes.InvalidArgument, format, args...)
+}
+
+// checkBatch validates what every call shares: the agent and the batch size.
+func (s *Service) checkBatch(agent *leasev1.Agent, n int) error {
+	if agent.GetId() == "" {
+		return invalid("agent.id is required")
+	}
+	if len(agent.GetId()) > 256 {
+		return invalid("agent.id is longer than 256 bytes")
+	}
+	if n == 0 {
+		return invalid("no items")
+	}
+	if n > s.cfg.MaxItems {
+		return invalid("%d items, more than the %d one call may carry", n, s.cfg.MaxItems)
+	}
+	return nil
+}
+
+// checkItem validates the rule and key of item i and returns its rule.
+func (s *Service) checkItem(pol *policy.Set, i int, rule, key string) (*policy.Rule, error) {
+	if pol == nil {
+		return nil, status.Errorf(codes.Unavailable, "region has no policy loaded yet")
+	}
+	r := pol.Rule(rule)
+	if r == nil {
+		return nil, invalid("items[%d].rule: unknown rule %q", i, rule)
+	}
+	if key == "" {
+		return nil, invalid("items[%d].key: empty", i)
+	}
+	if len(key) > s.cfg.MaxKeyLen {
+		return nil, invalid("items[%d].key: %d bytes, more than %d", i, len(key), s.cfg.MaxKeyLen)
+	}
+	return r, nil
+}
+
+// storeError maps a store failure to a gRPC status. Every failure to reach
+// the store in time is Unavailable, so that agents apply their failure mode.
+func storeError(ctx context.Context, err error) error {
+	switch {
+	case errors.Is(err, lease.ErrInvalid):
+		return status.Errorf(codes.InvalidArgument, "%v", err)
+	case ctx.Err() != nil && errors.Is(ctx.Err(), context.Canceled):
+		return status.Errorf(codes.Canceled, "%v", err)
+	default:
+		return status.Errorf(codes.Unavailable, "region store: %v", err)
+	}
+}
+
+// Lease implements leasev1.LeaseServiceServer. A batch with any invalid item
+// is rejected whole, before the store is called, so it debits nothing.
+func (s *Service) Lease(ctx context.Context, req *leasev1.LeaseRequest) (*leasev1.LeaseResponse, error) {
+	items := req.GetItems()
+	if err := s.checkBatch(req.GetAgent(), len(items)); err != nil {
+		s.metrics.requests.WithLabelValues("lease", "invalid").Inc()
+		return nil, err
+	}
+	pol := s.Policy()
+	b := s.getBatch(len(items))
+	defer s.putBatch(b)
+	for i, it := range items {
+		r, err := s.checkItem(pol, i, it.GetRule(), it.GetKey())
+		if err == nil {
+			switch {
+			case it.GetWant() <= 0:
+				err = invalid("items[%d].want: %d, must be > 0", i, it.GetWant())
+			case it.GetDemand() < 0 || it.GetAdmitted() < 0:
+				err = invalid("items[%d]: demand and admitted must not be negative", i)
+			case it.GetAdmitted() > it.GetDemand():
+				err = invalid("items[%d].admitted: %d, more than demand %d", i, it.GetAdmitted(), it.GetDemand())
+			}
+		}
+		if err != nil {
+			s.metrics.requests.WithLabelValues("lease", "invalid").Inc()
+			s.metrics.items.WithLabelValues("invalid").Add(float64(len(items)))
+			return nil, err
+		}
+		b.buf = storeKey(b.buf, r.Name, it.GetKey())
+		key := string(b.buf)
+		b.rules = append(b.rules, r)
+		b.keys = append(b.keys, key)
+		b.grants = append(b.grants, lease.GrantRequest{Key: key, Want: it.GetWant(), Limit: s.limitFor(key, r)})
+	}
+	now := s.cfg.Clock()
+	s.agents.saw(req.GetAgent().GetId(), now)
+
+	sctx, cancel := context.WithTimeout(ctx, s.cfg.StoreTimeout)
+	start := time.Now()
+	err := s.cfg.Store.Grant(sctx, b.grants, b.out)
+	cancel()
+	s.metrics.storeLatency.WithLabelValues("grant").Observe(time.Since(start).Seconds())
+	if err != nil {
+		s.metrics.storeErrors.WithLabelValues("grant").Inc()
+		s.metrics.requests.WithLabelValues("lease", "store_error").Inc()
+		return nil, storeError(ctx, err)
+	}
+
+	resp := &leasev1.LeaseResponse{
+		Grants: make([]*leasev1.LeaseGrant, len(items)),
+		Agents: int32(min(s.agents.count(now), 1<<31-1)),
+		Region: s.cfg.Region,
+	}
+	ttl := durationpb.New(s.cfg.LeaseTTL)
+	var granted int64
+	for i, g := range b.out {
+		r := b.rules[i]
+		lg := &leasev1.LeaseGrant{
+			Granted:   g.Granted,
+			Ttl:       ttl,
+			Rate:      g.Rate,
+			Capacity:  g.Capacity,
+			Remaining: g.Tokens,
+			Limit:     r.Limit,
+			Period:    durationpb.New(r.Period),
+		}
+		switch {
+		case g.Err != nil:
+			// Policy validation makes this unreachable; if a store still
+			// refuses an item, the agent sees a plain denial.
+			s.cfg.Logger.Error("store rejected a validated item", "key", b.keys[i], "err", g.Err)
+			s.metrics.items.WithLabelValues("invalid").Inc()
+			lg.Granted = 0
+		case g.Granted == 0:
+			lg.RetryAfter = durationpb.New(g.RetryAfter)
+			s.metrics.items.WithLabelValues("denied").Inc()
+		case g.Granted < items[i].GetWant():
+			s.metrics.items.WithLabelValues("partial").Inc()
+		default:
+			s.metrics.items.WithLabelValues("granted").Inc()
+		}
+		granted += lg.Granted
+		resp.Grants[i] = lg
+		if s.cfg.Observer != nil && r.Scope != policy.ScopeRegion {
+			s.cfg.Observer.Observe(b.keys[i], r, items[i].GetDemand(), lg.Granted)
+		}
+	}
+	s.metrics.tokensGranted.Add(float64(granted))
+	s.metrics.requests.WithLabelValues("lease", "ok").Inc()
+	return resp, nil
+}
+
+// Return implements leasev1.LeaseServiceServer.
+func (s *Service) Return(ctx context.Context, req *leasev1.ReturnRequest) (*leasev1.ReturnResponse, error) {
+	items := req.GetItems()
+	if err := s.checkBatch(req.GetAgent(), len(items)); err != nil {
+		s.metrics.requests.WithLabelValues("return", "invalid").Inc()
+		return nil, err
+	}
+	pol := s.Policy()
+	b := s.getBatch(0)
+	defer s.putBatch(b)
+	var total int64
+	for i, it := range items {
+		r, err := s.checkItem(pol, i, it.GetRule(), it.GetKey())
+		if err == nil && it.GetTokens() <= 0 {
+			err = invalid("items[%d].tokens: %d, must be > 0", i, it.GetTokens())
+		}
+		if err != nil {
+			s.metrics.requests.WithLabelValues("return", "invalid").Inc()
+			return nil, err
+		}
+		b.buf = storeKey(b.buf, r.Name, it.GetKey())
+		key := string(b.buf)
+		b.rets = append(b.rets, lease.ReturnRequest{Key: key, Tokens: it.GetTokens(), Limit: s.limitFor(key, r)})
+		total += it.GetTokens()
+	}
+	s.agents.saw(req.GetAgent().GetId(), s.cfg.Clock())
+	sctx, cancel := context.WithTimeout(ctx, s.cfg.StoreTimeout)
+	start := time.Now()
+	err := s.cfg.Store.Return(sctx, b.rets)
+	cancel()
+	s.metrics.storeLatency.WithLabelValues("return").Observe(time.Since(start).Seconds())
+	if err != nil {
+		s.metrics.storeErrors.WithLabelValues("return").Inc()
+		s.metrics.requests.WithLabelValues("return", "store_error").Inc()
+		return nil, storeError(ctx, err)
+	}
+	s.metrics.tokensReturned.Add(float64(total))
+	s.metrics.requests.WithLabelValues("return", "ok").Inc()
+	return &leasev1.ReturnResponse{}, nil
+}
+
+// WatchPolicy implements leasev1.LeaseServiceServer: the current policy at
+// once, then every change, until the client goes away or Close.
+func (s *Service) WatchPolicy(req *leasev1.WatchPolicyRequest, stream leasev1.LeaseService_WatchPolicyServer) error {
+	if req.GetAgent().GetId() == "" {
+		return invalid("agent.id is required")
+	}
+	ctx := stream.Context()
+	var sent *policy.Set
+	for {
+		pol, changed := s.policyAndChange()
+		if pol != nil && pol != sent {
+			snap := &leasev1.PolicySnapshot{Version: pol.Version(), Yaml: pol.Source(), Region: s.cfg.Region}
+			if err := stream.Send(snap); err != nil {
+				return fmt.Errorf("service: sending policy: %w", err)
+			}
+			sent = pol
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		case <-s.closed:
+			return status.Error(codes.Unavailable, "region is shutting down")
+		}
+	}
+}

@@ -1,0 +1,220 @@
+// Package service serves the lease API (lease/v1) of one region: it validates
+// each batch against the policy, runs the allocator on the region's store and
+// answers with pre-debited leases. It holds no token state of its own, so any
+// number of replicas of a region can serve the same store.
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+
+	"github.com/ration-dev/ration/lease"
+	leasev1 "github.com/ration-dev/ration/lease/v1"
+	"github.com/ration-dev/ration/policy"
+)
+
+// Store is the region's allocator as the service uses it: lease.MemoryStore
+// and lease.RedisStore both satisfy it.
+type Store interface {
+	Grant(ctx context.Context, reqs []lease.GrantRequest, out []lease.Grant) error
+	Return(ctx context.Context, reqs []lease.ReturnRequest) error
+	Ping(ctx context.Context) error
+}
+
+// Observer receives the demand and grants of every leased global key, for
+// the cross-region exchange. Observe must be cheap and must not block.
+type Observer interface {
+	Observe(key string, rule *policy.Rule, demand, granted int64)
+}
+
+// ErrClosed is returned by methods called after Close.
+var ErrClosed = errors.New("service: closed")
+
+// Config configures a Service. The zero value of every optional field means
+// its default.
+type Config struct {
+	// Region is this region's name. Required.
+	Region string
+	// Store is the region's allocator. Required.
+	Store Store
+	// Policy is the rule set in force at start; SetPolicy replaces it. Nil
+	// means no rules yet: every item is rejected as an unknown rule.
+	Policy *policy.Set
+	// InitialShare is the share, in ppm, that this region holds of a
+	// scope: global key before the exchange has moved any share (default
+	// lease.PPM: a single region holds the whole quota). scope: region keys
+	// always hold lease.PPM.
+	InitialShare int64
+	// InitialShareFor, when set, overrides InitialShare per key (the
+	// exchange knows each key's initial split).
+	InitialShareFor func(key string, rule *policy.Rule) int64
+	// LeaseTTL is τ, how long an agent may spend a lease, measured from when
+	// it sent the request (default 100ms).
+	LeaseTTL time.Duration
+	// StoreTimeout bounds each store call; when it passes the call fails with
+	// codes.Unavailable (default 50ms).
+	StoreTimeout time.Duration
+	// MaxItems is the largest batch one Lease or Return call may carry
+	// (default 1000).
+	MaxItems int
+	// MaxKeyLen is the longest key accepted, in bytes (default 1024).
+	MaxKeyLen int
+	// AgentWindow is how recently an agent must have called to be counted
+	// among the region's agents (default 10s).
+	AgentWindow time.Duration
+	// MaxAgents bounds the agents remembered (default 100,000); beyond it the
+	// oldest are forgotten, so a flood of identities costs bounded memory.
+	MaxAgents int
+	// Observer, if set, is told the demand and grants of every global key.
+	Observer Observer
+	// Registerer receives the service's metrics; nil registers none.
+	Registerer prometheus.Registerer
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+	// Clock defaults to time.Now. It only dates agents; refills use the
+	// store's clock.
+	Clock func() time.Time
+}
+
+func (c *Config) ensureDefaults() {
+	if c.InitialShare == 0 {
+		c.InitialShare = lease.PPM
+	}
+	if c.LeaseTTL == 0 {
+		c.LeaseTTL = 100 * time.Millisecond
+	}
+	if c.StoreTimeout == 0 {
+		c.StoreTimeout = 50 * time.Millisecond
+	}
+	if c.MaxItems == 0 {
+		c.MaxItems = 1000
+	}
+	if c.MaxKeyLen == 0 {
+		c.MaxKeyLen = 1024
+	}
+	if c.AgentWindow == 0 {
+		c.AgentWindow = 10 * time.Second
+	}
+	if c.MaxAgents == 0 {
+		c.MaxAgents = 100_000
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Clock == nil {
+		c.Clock = time.Now
+	}
+}
+
+func (c *Config) validate() error {
+	switch {
+	case c.Region == "":
+		return errors.New("service: Config.Region is required")
+	case c.Store == nil:
+		return errors.New("service: Config.Store is required")
+	case c.InitialShare < 0 || c.InitialShare > lease.PPM:
+		return fmt.Errorf("service: Config.InitialShare %d outside [0, %d]", c.InitialShare, lease.PPM)
+	case c.LeaseTTL < 0, c.StoreTimeout < 0, c.AgentWindow < 0:
+		return errors.New("service: durations must not be negative")
+	case c.MaxItems < 0, c.MaxKeyLen < 0, c.MaxAgents < 0:
+		return errors.New("service: limits must not be negative")
+	}
+	return nil
+}
+
+// Service implements leasev1.LeaseServiceServer. Safe for concurrent use.
+type Service struct {
+	leasev1.UnimplementedLeaseServiceServer
+
+	cfg     Config
+	metrics *metrics
+	agents  *agentSet
+
+	mu      sync.Mutex
+	pol     *policy.Set
+	changed chan struct{} // closed and replaced when pol changes
+	closed  chan struct{} // closed by Close: ends every watch stream
+
+	bufs sync.Pool // *batch
+}
+
+// New returns a Service for cfg.
+func New(cfg Config) (*Service, error) {
+	cfg.ensureDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	s := &Service{
+		cfg:     cfg,
+		metrics: m,
+		agents:  newAgentSet(cfg.AgentWindow, cfg.MaxAgents),
+		pol:     cfg.Policy,
+		changed: make(chan struct{}),
+		closed:  make(chan struct{}),
+	}
+	s.bufs.New = func() any { return new(batch) }
+	return s, nil
+}
+
+// Register adds the service to a gRPC server.
+func (s *Service) Register(g *grpc.Server) { leasev1.RegisterLeaseServiceServer(g, s) }
+
+// SetPolicy replaces the rule set in force and streams it to every watching
+// agent. Leases already granted stay valid until they expire.
+func (s *Service) SetPolicy(p *policy.Set) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if p == s.pol {
+		return
+	}
+	s.pol = p
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+// Policy returns the rule set in force (nil before the first one).
+func (s *Service) Policy() *policy.Set {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.pol
+}
+
+func (s *Service) policyAndChange() (*policy.Set, <-chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.pol, s.changed
+}
+
+// Agents returns how many distinct agents called within AgentWindow.
+func (s *Service) Agents() int { return s.agents.count(s.cfg.Clock()) }
+
+// Close ends every WatchPolicy stream, so that a graceful stop of the gRPC
+// server does not wait for them forever. Unary calls are unaffected.
+func (s *Service) Close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	select {
+	case <-s.closed:
+	default:
+		close(s.closed)
+	}
+}
+
+// storeKey is the allocator key of one rule's key. Rule names cannot contain
+// '/', so the joined form is unambiguous.
+func storeKey(buf []byte, rule, key string) []byte {
+	buf = append(buf[:0], rule...)
+	buf = append(buf, '/')
+	return append(buf, key...)
+}
