@@ -24,7 +24,6 @@ import (
 //go:embed default-policy.yaml
 var defaultPolicy []byte
 
-
 // Daemon is one regiond replica. Start it, then Shutdown it; Shutdown waits
 // for every goroutine that Start began.
 type Daemon struct {
