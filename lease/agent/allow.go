@@ -1,0 +1,269 @@
+package agent
+
+import (
+	"context"
+	"math"
+	"time"
+
+	"github.com/ration-dev/ration/policy"
+)
+
+// scratch is one decision's working memory, pooled so that a decision on
+// leased keys allocates nothing.
+type scratch struct {
+	rules  []*policy.Rule
+	res    []ruleResult
+	buf    []byte // the ids of the matched keys, back to back
+	stripe *stripe
+	synced bool // the decision needed a round trip
+}
+
+// ruleResult is what one matched rule said about the request.
+type ruleResult struct {
+	rule       *policy.Rule
+	k          *keyState
+	need       int64 // tokens: hits × cost
+	start, end int   // the key's id in scratch.buf
+	nameLen    int
+
+	done  bool // decided
+	ok    bool // allowed (for a shadow rule: would have allowed)
+	path  Path
+	retry int64 // nanos, for a denial
+
+	f    *flight  // the round trip the slow path waited for
+
+	undo undoKind // how to give back what was taken if another rule denies
+	slot int
+	word uint64
+}
+
+type undoKind uint8
+
+const (
+	undoNone undoKind = iota
+	undoSlot
+	undoFallback
+	undoExtra
+)
+
+// Allow decides one request described by ds, spending hits × cost tokens of
+// every rule that matches (hits below 1 count as 1). Every matching rule
+// must allow; tokens are taken only when all do.
+//
+// A request whose keys hold leased tokens is decided with atomics on local
+// memory, allocating nothing. A key without tokens costs one synchronous
+// round trip bounded by RoundTripTimeout; while the region is unreachable
+// each rule's on_error decides. ctx bounds only that round trip's wait.
+func (a *Agent) Allow(ctx context.Context, ds []policy.Descriptor, hits int64) Decision {
+	now := a.now()
+	s := a.scratch.Get().(*scratch)
+	d := a.decide(ctx, s, now, ds, hits)
+	a.record(s, now, d)
+	s.rules = s.rules[:0]
+	clear(s.res)
+	s.res = s.res[:0]
+	s.synced = false
+	a.scratch.Put(s)
+	return d
+}
+
+func (a *Agent) decide(ctx context.Context, s *scratch, now int64, ds []policy.Descriptor, hits int64) Decision {
+	s.rules = a.pol.Load().Match(s.rules[:0], ds)
+	if len(s.rules) == 0 {
+		return Decision{Allowed: true}
+	}
+	hits = max(hits, 1)
+	s.buf = s.buf[:0]
+	for _, r := range s.rules {
+		start := len(s.buf)
+		s.buf = append(s.buf, r.Name...)
+		s.buf = append(s.buf, 0)
+		s.buf = r.AppendKey(s.buf, ds)
+		s.res = append(s.res, ruleResult{rule: r, need: tokens(hits, r.Cost), start: start, end: len(s.buf), nameLen: len(r.Name)})
+	}
+	slow := false
+	for i := range s.res {
+		rr := &s.res[i]
+		rr.k = a.keys.get(s.buf[rr.start:rr.end])
+		if rr.k == nil {
+			slow = true
+			continue
+		}
+		if j, w, ok := rr.k.slots.spend(now, rr.need); ok {
+			rr.done, rr.ok, rr.path = true, true, PathLease
+			rr.undo, rr.slot, rr.word = undoSlot, j, w
+			if balance(w) < rr.k.lowWater.Load() {
+				a.queueRefresh(rr.k)
+			}
+			continue
+		}
+		if du := rr.k.denyUntil.Load(); now < du {
+			rr.done, rr.path, rr.retry = true, PathDenyCache, du-now
+			rr.k.denied.Add(rr.need)
+			if !rr.rule.Shadow {
+				return a.finish(s, now)
+			}
+			continue
+		}
+		slow = true
+	}
+	if slow {
+		now = a.slowPath(ctx, s, now)
+	}
+	return a.finish(s, now)
+}
+
+// tokens is hits × cost, saturating instead of overflowing.
+func tokens(hits, cost int64) int64 {
+	if hits > math.MaxInt64/cost {
+		return math.MaxInt64
+	}
+	return hits * cost
+}
+
+// finish turns the rules' results into the Decision. A denial by an
+// enforced rule gives back every token taken (from leases this agent holds,
+// never from the region: the region already debited them when it leased
+// them, so putting them back locally cannot admit anything the region did
+// not grant), and is described by the denying rule with the longest wait.
+func (a *Agent) finish(s *scratch, now int64) Decision {
+	var deny, shadow, tight *ruleResult
+	tightness := math.Inf(1)
+	path := PathLease
+	for i := range s.res {
+		rr := &s.res[i]
+		if !rr.done {
+			continue
+		}
+		if rr.rule.Shadow {
+			if !rr.ok && shadow == nil {
+				shadow = rr
+			}
+			continue
+		}
+		if !rr.ok {
+			if deny == nil || rr.retry > deny.retry {
+				deny = rr
+			}
+			continue
+		}
+		if rr.path > path {
+			path = rr.path // FALLBACK_LOCAL and FAILED_OPEN outrank LEASE
+		}
+		rem := a.remaining(rr, now)
+		if t := float64(rem) / float64(rr.rule.Limit); t < tightness {
+			tight, tightness = rr, t
+		}
+	}
+	if deny != nil {
+		a.undoAll(s)
+		return Decision{
+			Limit:      deny.rule.Limit,
+			Period:     deny.rule.Period,
+			Reset:      deny.rule.Period,
+			RetryAfter: time.Duration(max(deny.retry, 0)),
+			Rule:       deny.rule.Name,
+			Path:       deny.path,
+		}
+	}
+	if shadow != nil {
+		return Decision{
+			Allowed:    true,
+			Limit:      shadow.rule.Limit,
+			Period:     shadow.rule.Period,
+			Reset:      shadow.rule.Period,
+			RetryAfter: time.Duration(max(shadow.retry, 0)),
+			Rule:       shadow.rule.Name,
+			Path:       PathShadow,
+		}
+	}
+	if tight == nil {
+		// Only shadow rules matched, and they all would have allowed.
+		for i := range s.res {
+			if rr := &s.res[i]; rr.done {
+				tight = rr
+				break
+			}
+		}
+	}
+	r := tight.rule
+	rem := a.remaining(tight, now)
+	return Decision{
+		Allowed:   true,
+		Limit:     r.Limit,
+		Period:    r.Period,
+		Remaining: rem,
+		Reset:     time.Duration(float64(r.Limit-rem) / float64(r.Limit) * float64(r.Period)),
+		Rule:      r.Name,
+		Path:      path,
+	}
+}
+
+// remaining estimates a key's tokens left for headers: its live leased
+// tokens plus the regional bucket's tokens at the last grant, at most the
+// rule's limit.
+func (a *Agent) remaining(rr *ruleResult, now int64) int64 {
+	if rr.k == nil {
+		return rr.rule.Limit
+	}
+	rem := float64(rr.k.slots.live(now)) + rr.k.regionRemaining()
+	return int64(min(max(rem, 0), float64(rr.rule.Limit)))
+}
+
+// undoAll gives back what a denied request took.
+func (a *Agent) undoAll(s *scratch) {
+	for i := range s.res {
+		rr := &s.res[i]
+		if !rr.done || !rr.ok {
+			continue
+		}
+		switch rr.undo {
+		case undoSlot:
+			if !rr.k.slots.putBack(rr.slot, rr.word, rr.need) {
+				rr.k.lost.Add(rr.need)
+				a.ctr.dropped.Add(rr.need)
+			}
+		case undoFallback:
+			rr.k.mu.Lock()
+			_, capacity := a.emergencyParams(rr.k, rr.rule, rr.need)
+			rr.k.fallback.give(rr.need, capacity)
+			rr.k.mu.Unlock()
+			rr.k.extra.Add(-rr.need)
+		case undoExtra:
+			rr.k.extra.Add(-rr.need)
+		}
+		rr.undo = undoNone
+	}
+}
+
+// queueRefresh asks the refresher to renew k's lease, once until the
+// renewal completes.
+func (a *Agent) queueRefresh(k *keyState) {
+	if k.queued.Load() || !k.queued.CompareAndSwap(false, true) {
+		return
+	}
+	a.qmu.Lock()
+	a.queue = append(a.queue, k)
+	a.qmu.Unlock()
+	select {
+	case a.wake <- struct{}{}:
+	default:
+	}
+}
+
+// record counts the decision by path and outcome on the caller's stripe,
+// and times one decision in 64 for the latency histogram.
+func (a *Agent) record(s *scratch, now int64, d Decision) {
+	o := 0
+	if d.Allowed {
+		o = 1
+	}
+	n := s.stripe.decisions[d.Path][o].Add(1)
+	if s.synced {
+		s.stripe.synced.Add(1)
+	}
+	if n%64 == 0 && a.metrics.latency != nil {
+		a.metrics.latency.Observe(float64(a.now()-now) / 1e9)
+	}
+}

@@ -1,0 +1,147 @@
+package agent
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+)
+
+// ErrInvalidConfig is wrapped by New's error when the Config is invalid.
+var ErrInvalidConfig = errors.New("agent: invalid config")
+
+// ErrClosed is returned by Wait, WaitPolicy and Close once the agent is closed.
+var ErrClosed = errors.New("agent: closed")
+
+// Config configures an Agent. Zero values mean the documented default; New
+// fills them on a copy and validates the result.
+type Config struct {
+	// Target is the region's lease API address, as grpc.NewClient takes it
+	// ("regiond.eu.svc:7400", "dns:///..."). Exactly one of Target and Conn
+	// must be set.
+	Target string
+	// DialOptions are passed to grpc.NewClient with Target. Default: plain
+	// text (insecure.NewCredentials()), as agents and regiond usually share
+	// a private network; pass TLS credentials otherwise.
+	DialOptions []grpc.DialOption
+	// Conn is an existing connection to the lease API, used instead of
+	// Target (tests, or a gateway that already holds one). The agent does
+	// not close it.
+	Conn grpc.ClientConnInterface
+
+	// AgentID names this agent to the region, which counts distinct agents
+	// to size everyone's emergency bucket. Default host:pid:random. At most
+	// 256 bytes.
+	AgentID string
+
+	// LeasePeriod is T_lease: a lease is sized to cover this much of the
+	// key's recent spend. Default 50ms.
+	LeasePeriod time.Duration
+	// LeaseTTL is τ, how long a lease may be spent from when its request was
+	// sent, used when the region's grant carries no ttl. Default 100ms.
+	LeaseTTL time.Duration
+	// RoundTripTimeout bounds the synchronous round trip of a request whose
+	// key holds no tokens (a cold key); when it passes, the rule's failure
+	// mode decides. Default 5ms: agents and regiond share a region, where a
+	// round trip takes well under a millisecond, and a request should not
+	// wait much longer than that.
+	RoundTripTimeout time.Duration
+	// RefreshTimeout bounds a background refresh or return call. Default
+	// LeasePeriod: a refresh slower than a lease period is useless.
+	RefreshTimeout time.Duration
+	// IdleAfter is how long a key may see no request before it is evicted
+	// from memory. Its unused tokens go back to the region earlier, as soon
+	// as a whole lease period passes without a spend. Default 10s.
+	IdleAfter time.Duration
+	// FallbackHeadroom multiplies an agent's fair share of the regional
+	// rate (rate ÷ agents) to give the emergency bucket's rate. Default 2.
+	FallbackHeadroom float64
+	// BreakerFailures is how many round trips in a row must fail before the
+	// agent stops trying the region and decides by failure mode at once.
+	// Default 3.
+	BreakerFailures int
+	// ProbeInterval is how often an open breaker lets one call through to
+	// see whether the region is back. Default 2 × LeasePeriod.
+	ProbeInterval time.Duration
+	// CloseTimeout bounds the return of unused tokens on Close. Default 500ms.
+	CloseTimeout time.Duration
+
+	// Registerer receives the agent's metrics (ration_agent_...); nil
+	// registers none.
+	Registerer prometheus.Registerer
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+	// Clock is read once per decision and dates leases and the deny cache.
+	// Default time.Now. Timers (refresh ticks, backoff) use real time.
+	Clock func() time.Time
+}
+
+func (c *Config) ensureDefaults() error {
+	if c.AgentID == "" {
+		host, _ := os.Hostname()
+		var b [4]byte
+		if _, err := rand.Read(b[:]); err != nil {
+			return fmt.Errorf("agent: random agent id: %w", err)
+		}
+		c.AgentID = host + ":" + strconv.Itoa(os.Getpid()) + ":" + hex.EncodeToString(b[:])
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&c.LeasePeriod, 50*time.Millisecond)
+	def(&c.LeaseTTL, 100*time.Millisecond)
+	def(&c.RoundTripTimeout, 5*time.Millisecond)
+	def(&c.RefreshTimeout, c.LeasePeriod)
+	def(&c.IdleAfter, 10*time.Second)
+	def(&c.ProbeInterval, 2*c.LeasePeriod)
+	def(&c.CloseTimeout, 500*time.Millisecond)
+	if c.FallbackHeadroom == 0 {
+		c.FallbackHeadroom = 2
+	}
+	if c.BreakerFailures == 0 {
+		c.BreakerFailures = 3
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Clock == nil {
+		c.Clock = time.Now
+	}
+	return nil
+}
+
+// Validate reports whether c, with defaults filled, is usable. The error
+// wraps ErrInvalidConfig.
+func (c *Config) Validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case (c.Target == "") == (c.Conn == nil):
+		return bad("exactly one of Target and Conn must be set")
+	case len(c.AgentID) > 256:
+		return bad("AgentID is %d bytes, more than 256", len(c.AgentID))
+	case c.LeasePeriod <= 0, c.LeaseTTL <= 0, c.RoundTripTimeout <= 0, c.RefreshTimeout <= 0,
+		c.IdleAfter <= 0, c.ProbeInterval <= 0, c.CloseTimeout <= 0:
+		return bad("durations must be positive")
+	case c.LeaseTTL < c.LeasePeriod:
+		return bad("LeaseTTL %v is shorter than LeasePeriod %v: every lease would expire before it is used", c.LeaseTTL, c.LeasePeriod)
+	case c.IdleAfter < c.LeaseTTL:
+		return bad("IdleAfter %v is shorter than LeaseTTL %v", c.IdleAfter, c.LeaseTTL)
+	case !(c.FallbackHeadroom > 0) || math.IsInf(c.FallbackHeadroom, 0):
+		return bad("FallbackHeadroom %v must be a positive finite number", c.FallbackHeadroom)
+	case c.BreakerFailures < 1:
+		return bad("BreakerFailures %d must be at least 1", c.BreakerFailures)
+	}
+	return nil
+}

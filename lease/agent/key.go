@@ -1,0 +1,97 @@
+package agent
+
+import (
+	"math"
+	"sync"
+	"sync/atomic"
+
+	"github.com/ration-dev/ration/policy"
+)
+
+const cacheLine = 64
+
+// keyState is one rate-limited key as this agent holds it: leased tokens,
+// the deny cache, demand counters and what the region said last.
+//
+// The request path reads the first block and spends from slots with atomics
+// only; everything under mu belongs to the slow path and the refresher.
+// The blocks are padded apart so that the CAS traffic on slots does not
+// evict the read-mostly fields from other cores' caches.
+type keyState struct {
+	// Read on every decision, written when a grant is applied.
+	denyUntil atomic.Int64  // agent nanos: without tokens, deny locally until then
+	lowWater  atomic.Int64  // tokens: a spend leaving fewer queues a refresh
+	remaining atomic.Uint64 // float64 bits: the regional bucket's tokens at the last grant
+	queued    atomic.Bool   // a background refresh is queued or in flight
+	evicted   atomic.Bool
+	_         [cacheLine]byte
+
+	slots slots
+	_     [cacheLine]byte
+
+	id   string // rule name, NUL, key: the map key
+	rule string
+	key  string
+
+	// Demand outside the leases, counted where it happens (never on the
+	// leased path): tokens denied, and tokens admitted by failure modes.
+	denied atomic.Int64
+	extra  atomic.Int64
+	// lost counts tokens a put-back could not return because their lease
+	// was replaced meanwhile.
+	lost atomic.Int64
+
+	mu sync.Mutex
+	// flight is the round trip in progress for this key, sync or
+	// background; at most one at a time.
+	flight *flight
+	// Cumulative token accounting: spent = granted − held − dropped − returned.
+	granted, dropped, returned int64
+	// Demand already reported to the region.
+	reportedAsked, reportedAdmitted int64
+	rate                            spendRate
+	// What the last grant said.
+	hasGrant             bool
+	regionRate, capacity float64
+	fallback             emergency
+	// Activity, for returning an unused lease and evicting an idle key.
+	checkedAsked int64
+	lastActive   int64
+	// Position in the refresher's schedule: due time and heap index (-1
+	// when not scheduled).
+	due     int64
+	heapIdx int
+}
+
+func newKeyState(id string, ruleLen int, now int64) *keyState {
+	return &keyState{id: id, rule: id[:ruleLen], key: id[ruleLen+1:], lastActive: now, heapIdx: -1}
+}
+
+func (k *keyState) isEvicted() bool { return k.evicted.Load() }
+
+// spent is the tokens requests took from this key's leases so far.
+func (k *keyState) spentLocked() int64 {
+	return k.granted - k.slots.total() - k.dropped - k.returned - k.lost.Load()
+}
+
+// askedLocked is the key's cumulative demand in tokens: spent from leases,
+// admitted by a failure mode, or denied.
+func (k *keyState) askedLocked() int64 {
+	return k.spentLocked() + k.extra.Load() + k.denied.Load()
+}
+
+func (k *keyState) regionRemaining() float64 {
+	return math.Float64frombits(k.remaining.Load())
+}
+
+// flight is one round trip that several requests may wait for.
+type flight struct {
+	done chan struct{}
+	err  error // set before done is closed
+
+	// The keys asked for, their rules and the tokens the asking request
+	// needs (a background refresh needs one cost).
+	keys  []*keyState
+	rules []*policy.Rule
+	needs []int64
+}

@@ -1,0 +1,162 @@
+package agent
+
+import (
+	"hash/maphash"
+	"sync"
+	"sync/atomic"
+)
+
+// keyMap maps a key's id (rule name, NUL, key) to its state. Reads take no
+// lock and write no shared memory, so a hot key read from every core costs
+// no cache-line traffic; this is sync.Map's read-mostly design, typed so
+// that a lookup with a []byte id does not allocate (m[string(b)] does not
+// copy) and sharded so that inserting cold keys rarely contends.
+type keyMap struct {
+	seed   maphash.Seed
+	shards [keyShards]keyShard
+}
+
+const keyShards = 64
+
+type keyShard struct {
+	read atomic.Pointer[readTable]
+	mu   sync.Mutex
+	// dirty, when not nil, holds every key of the shard, read's and newer
+	// ones; read.amended says so. Readers that miss read look here, under
+	// mu, and once they have missed as often as dirty has entries, dirty is
+	// promoted to read: copying is amortised over the misses it saves.
+	dirty  map[string]*keyState
+	misses int
+	count  int
+	_      [64]byte
+}
+
+type readTable struct {
+	m       map[string]*keyState
+	amended bool
+}
+
+func newKeyMap() *keyMap {
+	km := &keyMap{seed: maphash.MakeSeed()}
+	for i := range km.shards {
+		km.shards[i].read.Store(&readTable{m: map[string]*keyState{}})
+	}
+	return km
+}
+
+func (km *keyMap) shard(id []byte) *keyShard {
+	return &km.shards[maphash.Bytes(km.seed, id)%keyShards]
+}
+
+// get returns the state of id, or nil. A state found may have been evicted
+// meanwhile; its slots are then empty, so the caller's spend fails and the
+// slow path looks again.
+func (km *keyMap) get(id []byte) *keyState {
+	sh := km.shard(id)
+	t := sh.read.Load()
+	if k := t.m[string(id)]; k != nil || !t.amended {
+		return k
+	}
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	return sh.lookupLocked(id)
+}
+
+// lookupLocked finds id when read may be stale for it: read lacks it, or
+// holds an evicted state while dirty has its successor.
+func (sh *keyShard) lookupLocked(id []byte) *keyState {
+	t := sh.read.Load()
+	k := t.m[string(id)]
+	if (k != nil && !k.isEvicted()) || !t.amended {
+		return k
+	}
+	k = sh.dirty[string(id)]
+	sh.misses++
+	if sh.misses >= len(sh.dirty) {
+		sh.read.Store(&readTable{m: sh.dirty})
+		sh.dirty, sh.misses = nil, 0
+	}
+	return k
+}
+
+// getOrCreate returns the live state of id, creating it with mk when there
+// is none. mk runs under the shard's lock.
+func (km *keyMap) getOrCreate(id []byte, mk func(id string) *keyState) *keyState {
+	sh := km.shard(id)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if k := sh.lookupLocked(id); k != nil && !k.isEvicted() {
+		return k
+	}
+	sh.dirtyLocked()
+	k := mk(string(id))
+	sh.dirty[k.id] = k
+	sh.count++
+	t := sh.read.Load()
+	if !t.amended {
+		sh.read.Store(&readTable{m: t.m, amended: true})
+	}
+	return k
+}
+
+// dirtyLocked makes dirty a full copy of the shard, without evicted keys.
+func (sh *keyShard) dirtyLocked() {
+	if sh.dirty != nil {
+		return
+	}
+	t := sh.read.Load()
+	sh.dirty = make(map[string]*keyState, len(t.m)+1)
+	for id, k := range t.m {
+		if !k.isEvicted() {
+			sh.dirty[id] = k
+		}
+	}
+}
+
+// remove deletes k if it is still the state stored for its id.
+func (km *keyMap) remove(k *keyState) {
+	sh := km.shard([]byte(k.id))
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	sh.dirtyLocked()
+	if sh.dirty[k.id] == k {
+		delete(sh.dirty, k.id)
+		sh.count--
+	}
+	t := sh.read.Load()
+	if !t.amended {
+		sh.read.Store(&readTable{m: t.m, amended: true})
+	}
+}
+
+// len returns the number of keys held.
+func (km *keyMap) len() int {
+	n := 0
+	for i := range km.shards {
+		sh := &km.shards[i]
+		sh.mu.Lock()
+		n += sh.count
+		sh.mu.Unlock()
+	}
+	return n
+}
+
+// each calls f for every key held (at least those present throughout).
+func (km *keyMap) each(f func(*keyState)) {
+	for i := range km.shards {
+		sh := &km.shards[i]
+		sh.mu.Lock()
+		m := sh.dirty
+		if m == nil {
+			m = sh.read.Load().m
+		}
+		ks := make([]*keyState, 0, len(m))
+		for _, k := range m {
+			ks = append(ks, k)
+		}
+		sh.mu.Unlock()
+		for _, k := range ks {
+			f(k)
+		}
+	}
+}

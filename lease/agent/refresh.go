@@ -1,0 +1,257 @@
+package agent
+
+import (
+	"container/heap"
+	"context"
+	"time"
+
+	"github.com/ration-dev/ration/policy"
+)
+
+// The refresher is the goroutine that keeps leases ahead of demand. It
+// wakes when a spend leaves a key below its low-water mark, and on a tick
+// for keys whose scheduled check is due (a lease about to expire, a key
+// that may have gone idle). All the keys that need a lease at one wake-up
+// go in one Lease call, and one call is in flight at a time.
+
+func (a *Agent) refreshLoop() {
+	defer a.wg.Done()
+	tick := time.NewTicker(max(a.cfg.LeasePeriod/5, time.Millisecond))
+	defer tick.Stop()
+	var work []*keyState
+	for {
+		select {
+		case <-a.ctx.Done():
+			return
+		case <-a.wake:
+		case <-tick.C:
+		}
+		work = a.refreshOnce(work[:0])
+	}
+}
+
+type action uint8
+
+const (
+	actNone action = iota
+	actRefresh
+)
+
+// refreshOnce handles the queued and due keys at the current time.
+func (a *Agent) refreshOnce(work []*keyState) []*keyState {
+	now := a.now()
+	a.qmu.Lock()
+	work = append(work, a.queue...)
+	clear(a.queue)
+	a.queue = a.queue[:0]
+	a.qmu.Unlock()
+	work = a.popDue(now, work)
+	pol := a.pol.Load()
+
+	var rets returnBatch
+	var renew []*keyState
+	for _, k := range work {
+		if a.check(k, pol, now, &rets) == actRefresh {
+			renew = append(renew, k)
+		}
+	}
+	clear(work)
+	if a.down.Load() && len(renew) == 0 {
+		if k := a.probeKey.Load(); k != nil && !k.isEvicted() {
+			renew = append(renew, k)
+		}
+	}
+	if len(renew) > 0 {
+		a.renew(pol, now, renew)
+	}
+	if len(rets.items) > 0 {
+		ctx, cancel := context.WithTimeout(a.ctx, a.cfg.RefreshTimeout)
+		a.sendReturns(ctx, &rets)
+		cancel()
+	}
+	return work
+}
+
+// renew sends background Lease calls for keys, if the breaker allows.
+func (a *Agent) renew(pol *policy.Set, now int64, keys []*keyState) {
+	if call, _ := a.mayCall(now); !call {
+		for _, k := range keys {
+			a.scheduleAt(k, now+int64(a.cfg.ProbeInterval))
+		}
+		return
+	}
+	var f *flight
+	for _, k := range keys {
+		r := pol.Rule(k.rule)
+		k.mu.Lock()
+		if r != nil && k.flight == nil && !k.evicted.Load() {
+			if f == nil {
+				f = &flight{done: make(chan struct{})}
+			}
+			k.flight = f
+			f.keys = append(f.keys, k)
+			f.rules = append(f.rules, r)
+			f.needs = append(f.needs, r.Cost)
+		}
+		k.mu.Unlock()
+		if f != nil && len(f.keys) == maxBatch {
+			a.leaseCall(f, a.cfg.RefreshTimeout)
+			f = nil
+		}
+	}
+	if f != nil {
+		a.leaseCall(f, a.cfg.RefreshTimeout)
+	} else if a.down.Load() {
+		a.releaseProbe()
+	}
+}
+
+// check decides what k needs at now: a renewed lease, its unused tokens
+// returned, eviction, or nothing until a later check, which it schedules.
+// Tokens to return are added to rets.
+func (a *Agent) check(k *keyState, pol *policy.Set, now int64, rets *returnBatch) action {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.evicted.Load() {
+		return actNone
+	}
+	a.dropLocked(k, k.slots.collect(now))
+	active := false
+	if asked := k.askedLocked(); asked != k.checkedAsked {
+		k.checkedAsked, k.lastActive, active = asked, max(k.lastActive, now), true
+	}
+	switch {
+	case k.flight != nil:
+		return actNone // its completion schedules the next check
+	case pol.Rule(k.rule) == nil:
+		a.evictLocked(k, now, rets) // the rule is gone
+		return actNone
+	case active || k.queued.Load():
+		return a.checkActive(k, now)
+	case now-k.lastActive >= int64(a.cfg.IdleAfter):
+		a.evictLocked(k, now, rets)
+		return actNone
+	}
+	if live := k.slots.live(now); live > 0 {
+		if renewAt := k.slots.firstExpiry(now) - a.lead.Load(); now < renewAt {
+			a.scheduleAt(k, renewAt)
+			return actNone
+		}
+		// Unused since the last check and about to expire: give the
+		// tokens back while someone can still spend them.
+		live, dropped := k.slots.drain(now)
+		a.dropLocked(k, dropped)
+		k.returned += live
+		rets.add(k, live)
+	}
+	a.scheduleAt(k, k.lastActive+int64(a.cfg.IdleAfter))
+	return actNone
+}
+
+// checkActive handles a key that saw requests since its last check, or
+// whose balance fell below its low-water mark: it is renewed when it is
+// low or its lease is about to expire, unless the deny cache says to wait.
+func (a *Agent) checkActive(k *keyState, now int64) action {
+	live := k.slots.live(now)
+	if k.queued.Load() && live >= k.lowWater.Load() {
+		k.queued.Store(false) // the other slot still holds enough
+	}
+	renewAt := k.slots.firstExpiry(now) - a.lead.Load()
+	switch {
+	case k.queued.Load():
+	case live > 0 && now >= renewAt:
+	case live > 0:
+		a.scheduleAt(k, renewAt)
+		return actNone
+	default:
+		// No lease, no low-water signal: demand that was denied or decided
+		// by a failure mode. The next request asks for itself.
+		a.scheduleAt(k, k.lastActive+int64(a.cfg.IdleAfter))
+		return actNone
+	}
+	if du := k.denyUntil.Load(); now < du {
+		a.scheduleAt(k, du)
+		return actNone
+	}
+	return actRefresh
+}
+
+// evictLocked forgets k, returning its live tokens.
+func (a *Agent) evictLocked(k *keyState, now int64, rets *returnBatch) {
+	k.evicted.Store(true)
+	live, dropped := k.slots.drain(now)
+	a.dropLocked(k, dropped)
+	k.returned += live
+	rets.add(k, live)
+	a.unschedule(k)
+	a.keys.remove(k)
+	a.ctr.evicted.Add(1)
+}
+
+// firstExpiry is the earliest expiry among slots holding live tokens at
+// now, or now when none does.
+func (s *slots) firstExpiry(now int64) int64 {
+	first := int64(-1)
+	for i := range s {
+		if e := s[i].exp.Load(); e > now && balance(s[i].word.Load()) > 0 && (first < 0 || e < first) {
+			first = e
+		}
+	}
+	if first < 0 {
+		return now
+	}
+	return first
+}
+
+// schedule is a min-heap of keys by due time, guarded by Agent.smu.
+type schedule []*keyState
+
+func (s schedule) Len() int           { return len(s) }
+func (s schedule) Less(i, j int) bool { return s[i].due < s[j].due }
+func (s schedule) Swap(i, j int) {
+	s[i], s[j] = s[j], s[i]
+	s[i].heapIdx, s[j].heapIdx = i, j
+}
+func (s *schedule) Push(x any) {
+	k := x.(*keyState)
+	k.heapIdx = len(*s)
+	*s = append(*s, k)
+}
+func (s *schedule) Pop() any {
+	old := *s
+	k := old[len(old)-1]
+	old[len(old)-1] = nil
+	*s = old[:len(old)-1]
+	k.heapIdx = -1
+	return k
+}
+
+// scheduleAt sets k's next check to at, replacing any earlier plan.
+func (a *Agent) scheduleAt(k *keyState, at int64) {
+	a.smu.Lock()
+	k.due = at
+	if k.heapIdx >= 0 {
+		heap.Fix(&a.sched, k.heapIdx)
+	} else {
+		heap.Push(&a.sched, k)
+	}
+	a.smu.Unlock()
+}
+
+func (a *Agent) unschedule(k *keyState) {
+	a.smu.Lock()
+	if k.heapIdx >= 0 {
+		heap.Remove(&a.sched, k.heapIdx)
+	}
+	a.smu.Unlock()
+}
+
+// popDue appends the keys due at now to dst, removing them from the heap.
+func (a *Agent) popDue(now int64, dst []*keyState) []*keyState {
+	a.smu.Lock()
+	defer a.smu.Unlock()
+	for len(a.sched) > 0 && a.sched[0].due <= now {
+		dst = append(dst, heap.Pop(&a.sched).(*keyState))
+	}
+	return dst
+}

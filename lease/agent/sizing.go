@@ -1,0 +1,116 @@
+package agent
+
+import (
+	"math"
+	"sync"
+	"time"
+)
+
+// spendRate is ρ̂, an exponentially weighted average of a key's demand in
+// tokens per second (asked, admitted or not: demand is what a lease must
+// cover). It rises fast, so that a key that becomes hot gets big leases
+// within a few refreshes, and falls slowly, so that a short lull does not
+// shrink leases into one round trip per request.
+//
+// Observations are cumulative counters, so it needs no hook on the request
+// path: the refresher and the slow path observe the key's asked total when
+// they size a lease.
+type spendRate struct {
+	rate   float64 // tokens per second
+	at     int64   // time of the last observation, agent nanos
+	asked  int64   // cumulative asked tokens at that time
+	primed bool
+}
+
+// rateParams are the time constants of spendRate.
+type rateParams struct {
+	// window is the shortest interval a rate is measured over: a burst of
+	// requests within a few microseconds must not read as millions per
+	// second.
+	window time.Duration
+	// up and down are the averaging time constants when the measured rate
+	// is above and below the estimate.
+	up, down time.Duration
+}
+
+func newRateParams(leasePeriod time.Duration) rateParams {
+	return rateParams{window: leasePeriod / 10, up: leasePeriod / 10, down: 20 * leasePeriod}
+}
+
+// observe folds in the demand up to now, given as the key's cumulative
+// asked tokens.
+func (e *spendRate) observe(now, asked int64, p rateParams) {
+	if !e.primed {
+		e.primed, e.at, e.asked = true, now, asked
+		return
+	}
+	dt := now - e.at
+	if dt <= 0 {
+		return
+	}
+	eff := max(time.Duration(dt), p.window)
+	inst := float64(asked-e.asked) / eff.Seconds()
+	tau := p.down
+	if inst > e.rate {
+		tau = p.up
+	}
+	alpha := 1 - math.Exp(-float64(eff)/float64(tau))
+	e.rate += alpha * (inst - e.rate)
+	e.at, e.asked = now, asked
+}
+
+// leaseSize returns how many tokens to ask for: enough for the key's rate
+// over one lease period plus the refresh lead, clamped to [need, fair] where
+// need is what the asking request must have and fair is the key's regional
+// capacity divided among the region's agents, and rounded up to whole
+// costs, because the region grants only whole costs.
+func leaseSize(rate float64, period, lead time.Duration, need, cost int64, capacity float64, agents int64) int64 {
+	want := math.Ceil(rate * (period + lead).Seconds())
+	if capacity > 0 {
+		fair := capacity / float64(max(agents, 1))
+		want = min(want, fair)
+	}
+	want = min(want, float64(maxLeaseTokens))
+	w := max(int64(want), need, cost)
+	if r := w % cost; r != 0 {
+		w += cost - r
+	}
+	return w
+}
+
+// lowWater is the balance below which a key's lease is refreshed in the
+// background: what the key spends during a slow round trip plus a margin,
+// and at least one cost so that taking the last whole request's tokens
+// always starts a refresh.
+func lowWater(rate float64, lead time.Duration, cost int64) int64 {
+	return max(int64(math.Ceil(rate*lead.Seconds())), cost)
+}
+
+// rttTracker estimates the p99 round trip as the largest of the last
+// len(ring) samples, which over 64 samples sits at about the 98th
+// percentile and, unlike a mean, does not hide a slow tail.
+type rttTracker struct {
+	mu   sync.Mutex
+	ring [64]time.Duration
+	next int
+	p99  time.Duration
+}
+
+func (r *rttTracker) record(d time.Duration) time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.ring[r.next] = d
+	r.next = (r.next + 1) % len(r.ring)
+	var m time.Duration
+	for _, v := range r.ring {
+		m = max(m, v)
+	}
+	r.p99 = m
+	return m
+}
+
+func (r *rttTracker) get() time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.p99
+}

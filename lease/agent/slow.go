@@ -1,0 +1,238 @@
+package agent
+
+import (
+	"context"
+	"time"
+
+	"github.com/ration-dev/ration/policy"
+)
+
+// maxAttempts bounds the round trips one request makes: after a grant,
+// other requests may take the tokens first; a request tries again a couple
+// of times within its deadline, then gives up.
+const maxAttempts = 3
+
+// slowPath decides the rules that the leased path could not: keys without
+// tokens and without a deny cache entry. It makes one round trip for all of
+// them (joining a round trip already in flight for a key, so that one key
+// never has two), bounded by RoundTripTimeout, and falls back to each
+// rule's failure mode when the region cannot answer. It returns the time
+// after the round trip.
+func (a *Agent) slowPath(ctx context.Context, s *scratch, now int64) int64 {
+	wctx, cancel := context.WithTimeout(ctx, a.cfg.RoundTripTimeout)
+	defer cancel()
+	for attempt := 0; attempt < maxAttempts; attempt++ {
+		if !a.pendingRules(s) {
+			return now
+		}
+		call, probe := a.mayCall(now)
+		if !call {
+			for i := range s.res {
+				if rr := &s.res[i]; !rr.done {
+					a.failMode(rr, now)
+				}
+			}
+			return now
+		}
+		s.synced = true
+		own := a.joinOrStart(s, now)
+		if own != nil {
+			a.leaseCall(own, a.cfg.RoundTripTimeout)
+		} else if probe {
+			a.releaseProbe()
+		}
+		timedOut := false
+		for i := range s.res {
+			rr := &s.res[i]
+			if rr.done || rr.f == nil {
+				continue
+			}
+			select {
+			case <-rr.f.done:
+			case <-wctx.Done():
+				timedOut = true
+			}
+		}
+		now = a.now()
+		for i := range s.res {
+			rr := &s.res[i]
+			if rr.done {
+				continue
+			}
+			f := rr.f
+			rr.f = nil
+			select {
+			case <-f.done:
+			default:
+				a.failMode(rr, now) // the region did not answer in time
+				continue
+			}
+			if f.err != nil {
+				a.failMode(rr, now)
+				continue
+			}
+			if j, w, ok := rr.k.slots.spend(now, rr.need); ok {
+				rr.done, rr.ok, rr.path = true, true, PathLease
+				rr.undo, rr.slot, rr.word = undoSlot, j, w
+				continue
+			}
+			if du := rr.k.denyUntil.Load(); now < du {
+				// The region just granted too little: a denial on the lease
+				// path; later requests meet the deny cache.
+				rr.done, rr.path, rr.retry = true, PathLease, du-now
+				rr.k.denied.Add(rr.need)
+				if !rr.rule.Shadow {
+					return now
+				}
+			}
+		}
+		if timedOut {
+			break
+		}
+	}
+	// Still undecided: the tokens granted went to other requests each time.
+	for i := range s.res {
+		if rr := &s.res[i]; !rr.done {
+			rr.done, rr.path, rr.retry = true, PathLease, int64(time.Millisecond)
+			rr.k.denied.Add(rr.need)
+		}
+	}
+	return now
+}
+
+func (a *Agent) pendingRules(s *scratch) bool {
+	for i := range s.res {
+		if !s.res[i].done {
+			return true
+		}
+	}
+	return false
+}
+
+// joinOrStart makes every undecided rule wait for a round trip of its key:
+// the key's flight in progress, or a new flight of this request, returned
+// for the caller to run.
+func (a *Agent) joinOrStart(s *scratch, now int64) *flight {
+	var own *flight
+	for i := range s.res {
+		rr := &s.res[i]
+		if rr.done {
+			continue
+		}
+		for {
+			if rr.k == nil || rr.k.isEvicted() {
+				nameLen := rr.nameLen
+				rr.k = a.keys.getOrCreate(s.buf[rr.start:rr.end], func(id string) *keyState {
+					return newKeyState(id, nameLen, now)
+				})
+			}
+			k := rr.k
+			k.mu.Lock()
+			if k.evicted.Load() {
+				k.mu.Unlock()
+				continue
+			}
+			k.lastActive = now
+			if k.flight == nil {
+				if own == nil {
+					own = &flight{done: make(chan struct{})}
+				}
+				k.flight = own
+				own.keys = append(own.keys, k)
+				own.rules = append(own.rules, rr.rule)
+				own.needs = append(own.needs, rr.need)
+			}
+			rr.f = k.flight
+			k.mu.Unlock()
+			break
+		}
+	}
+	return own
+}
+
+// mayCall reports whether the region may be called now: the breaker is
+// closed, or it is open and this call is its probe.
+func (a *Agent) mayCall(now int64) (call, probe bool) {
+	if a.closed.Load() {
+		return false, false
+	}
+	if !a.down.Load() {
+		return true, false
+	}
+	a.bmu.Lock()
+	defer a.bmu.Unlock()
+	call = a.br.allow(now)
+	return call, call && a.br.open
+}
+
+func (a *Agent) releaseProbe() {
+	a.bmu.Lock()
+	a.br.probing = false
+	a.bmu.Unlock()
+}
+
+// callDone feeds a round trip's outcome to the breaker.
+func (a *Agent) callDone(now int64, ok bool) {
+	a.bmu.Lock()
+	opened, closed := a.br.done(now, ok)
+	if opened || closed {
+		a.down.Store(a.br.open)
+	}
+	a.bmu.Unlock()
+	if opened {
+		a.ctr.breakerOpened.Add(1)
+		a.cfg.Logger.Warn("region unreachable: deciding by each rule's failure mode", "target", a.cfg.Target)
+	}
+	if closed {
+		a.cfg.Logger.Info("region reachable again")
+	}
+}
+
+// failMode decides a rule by its on_error, for a key that needs the region
+// while the region cannot be reached (DESIGN.md, "Failure modes").
+func (a *Agent) failMode(rr *ruleResult, now int64) {
+	rr.done = true
+	k := rr.k
+	a.probeKey.Store(k)
+	switch rr.rule.OnError {
+	case policy.OnErrorOpen:
+		rr.ok, rr.path, rr.undo = true, PathFailedOpen, undoExtra
+		k.extra.Add(rr.need)
+	case policy.OnErrorClosed:
+		rr.path, rr.retry = PathFailedClosed, int64(a.cfg.ProbeInterval)
+		k.denied.Add(rr.need)
+	default:
+		k.mu.Lock()
+		rate, capacity := a.emergencyParams(k, rr.rule, rr.need)
+		ok, activated, wait := k.fallback.take(now, rr.need, rate, capacity)
+		k.mu.Unlock()
+		if activated {
+			a.ctr.fallbacks.Add(1)
+		}
+		rr.path = PathFallbackLocal
+		if ok {
+			rr.ok, rr.undo = true, undoFallback
+			k.extra.Add(rr.need)
+		} else {
+			rr.retry = wait
+			if wait < 0 {
+				rr.retry = int64(a.cfg.ProbeInterval)
+			}
+			k.denied.Add(rr.need)
+		}
+	}
+}
+
+// emergencyParams is the rate and capacity of k's emergency bucket: the
+// regional rate from the last grant (the rule's global rate if there was
+// none) divided among the region's agents, times the headroom, with a
+// capacity of one lease TTL at that rate (at least the request's tokens).
+// Called with k.mu held.
+func (a *Agent) emergencyParams(k *keyState, r *policy.Rule, need int64) (rate, capacity float64) {
+	rate = r.Rate()
+	if k.hasGrant {
+		rate = k.regionRate
+	}
+	rate = rate / float64(max(a.agents.Load(), 1)) * a.cfg.FallbackHeadroom
+	return rate, max(float64(need), rate*a.cfg.LeaseTTL.Seconds())
+}

@@ -1,0 +1,101 @@
+package agent
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// stripe holds decision counters written by the request path. Each pooled
+// scratch is tied to one stripe, and sync.Pool hands a P its own scratch,
+// so counting a decision is an uncontended atomic add rather than a cache
+// line bouncing between cores.
+type stripe struct {
+	decisions [numPaths][2]atomic.Uint64 // [path][allowed]
+	synced    atomic.Uint64
+	_         [cacheLine]byte
+}
+
+// counters are the agent's cumulative events off the request path.
+type counters struct {
+	leaseCalls, leaseItems, returnCalls, callErrors atomic.Int64
+	granted, dropped, returned                      atomic.Int64
+	fallbacks, breakerOpened, evicted               atomic.Int64
+	policyUpdates, policyErrors                     atomic.Int64
+}
+
+// Stats is a snapshot of an agent's counters since New.
+type Stats struct {
+	// Decisions counts decisions by path, as [path][0] denied and
+	// [path][1] allowed.
+	Decisions [numPaths][2]uint64
+	// SyncDecisions counts decisions that waited for a round trip.
+	SyncDecisions uint64
+	// LeaseCalls counts Lease calls (each may carry many keys) and
+	// LeaseItems the keys they carried; ReturnCalls counts Return calls.
+	LeaseCalls, LeaseItems, ReturnCalls int64
+	// CallErrors counts Lease and Return calls that failed.
+	CallErrors int64
+	// TokensGranted, TokensDropped and TokensReturned count tokens leased,
+	// dropped unspent (at lease expiry, or lost with a failed return) and
+	// given back.
+	TokensGranted, TokensDropped, TokensReturned int64
+	// FallbackActivations counts keys switching to their emergency bucket.
+	FallbackActivations int64
+	// BreakerOpenings counts the times the region became unreachable.
+	BreakerOpenings int64
+	// BreakerOpen reports whether the region is unreachable now.
+	BreakerOpen bool
+	// Keys is the number of keys held; Evictions counts idle keys forgotten.
+	Keys      int
+	Evictions int64
+	// Agents is the number of agents in the region, as it last said.
+	Agents int64
+	// RoundTripP99 is the agent's estimate of the p99 Lease round trip.
+	RoundTripP99 time.Duration
+	// PolicyVersion is the version of the policy in force ("" before one).
+	PolicyVersion string
+	// PolicyUpdates and PolicyErrors count policies applied and refused.
+	PolicyUpdates, PolicyErrors int64
+}
+
+// Total returns the number of decisions made.
+func (s Stats) Total() uint64 {
+	var n uint64
+	for p := range s.Decisions {
+		n += s.Decisions[p][0] + s.Decisions[p][1]
+	}
+	return n
+}
+
+// SyncShare returns the share of decisions that needed a round trip.
+func (s Stats) SyncShare() float64 {
+	if t := s.Total(); t > 0 {
+		return float64(s.SyncDecisions) / float64(t)
+	}
+	return 0
+}
+
+// Stats returns the agent's counters.
+func (a *Agent) Stats() Stats {
+	var s Stats
+	for i := range a.stripes {
+		st := &a.stripes[i]
+		for p := range st.decisions {
+			s.Decisions[p][0] += st.decisions[p][0].Load()
+			s.Decisions[p][1] += st.decisions[p][1].Load()
+		}
+		s.SyncDecisions += st.synced.Load()
+	}
+	c := &a.ctr
+	s.LeaseCalls, s.LeaseItems, s.ReturnCalls = c.leaseCalls.Load(), c.leaseItems.Load(), c.returnCalls.Load()
+	s.CallErrors = c.callErrors.Load()
+	s.TokensGranted, s.TokensDropped, s.TokensReturned = c.granted.Load(), c.dropped.Load(), c.returned.Load()
+	s.FallbackActivations, s.BreakerOpenings, s.Evictions = c.fallbacks.Load(), c.breakerOpened.Load(), c.evicted.Load()
+	s.PolicyUpdates, s.PolicyErrors = c.policyUpdates.Load(), c.policyErrors.Load()
+	s.BreakerOpen = a.down.Load() && !a.closed.Load()
+	s.Keys = a.keys.len()
+	s.Agents = a.agents.Load()
+	s.RoundTripP99 = a.rtt.get()
+	s.PolicyVersion = a.pol.Load().Version()
+	return s
+}
