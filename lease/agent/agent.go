@@ -42,7 +42,7 @@ type Agent struct {
 
 	bmu      sync.Mutex
 	br       breaker
-	down     atomic.Bool               // the breaker is open
+	down     atomic.Bool              // the breaker is open
 	probeKey atomic.Pointer[keyState] // a key that needed the region while it was down
 
 	qmu   sync.Mutex

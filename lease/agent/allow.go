@@ -31,7 +31,7 @@ type ruleResult struct {
 	path  Path
 	retry int64 // nanos, for a denial
 
-	f    *flight  // the round trip the slow path waited for
+	f *flight // the round trip the slow path waited for
 
 	undo undoKind // how to give back what was taken if another rule denies
 	slot int
