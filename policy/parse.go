@@ -28,6 +28,10 @@ const (
 	// float64 holds exactly, because the allocator does its arithmetic in
 	// float64.
 	MaxTokens = 1 << 53
+	// MaxProblems is the most problems Parse reports for one document; a
+	// final problem counts the rest. It keeps a hostile document from
+	// producing megabytes of error text (and of logs).
+	MaxProblems = 100
 	// MaxDescriptors bounds the entries of one rule's match and of its key,
 	// which bounds the work Match does per candidate rule.
 	MaxDescriptors = 32
@@ -68,7 +72,8 @@ func readFile(path string) ([]byte, os.FileInfo, error) {
 }
 
 // Parse validates a whole policy document and returns its Set, or Errors
-// holding every problem found; file is used only in messages.
+// holding every problem found (up to MaxProblems, then one that counts the
+// rest), sorted by line; file is used only in messages.
 //
 // The document is a mapping with one field, rules: a list (empty means no
 // limits). Unknown fields at any level, duplicate keys, aliases, and more
@@ -82,17 +87,26 @@ func Parse(file string, data []byte) (*Set, error) {
 	rules := p.document(data)
 	if len(p.errs) > 0 {
 		slices.SortStableFunc(p.errs, func(a, b *FieldError) int { return cmp.Compare(a.Line, b.Line) })
+		if p.dropped > 0 {
+			p.errs = append(p.errs, &FieldError{File: p.file,
+				Msg: fmt.Sprintf("%d more problems not shown (at most %d are reported)", p.dropped, MaxProblems)})
+		}
 		return nil, p.errs
 	}
 	return newSet(rules, bytes.Clone(data)), nil
 }
 
 type parser struct {
-	file string
-	errs Errors
+	file    string
+	errs    Errors
+	dropped int // problems beyond MaxProblems
 }
 
 func (p *parser) errorf(line int, field, format string, args ...any) {
+	if len(p.errs) >= MaxProblems {
+		p.dropped++
+		return
+	}
 	p.errs = append(p.errs, &FieldError{File: p.file, Line: line, Field: field, Msg: fmt.Sprintf(format, args...)})
 }
 
@@ -330,7 +344,7 @@ func (p *parser) match(f field, path string) []Descriptor {
 	out := make([]Descriptor, 0, len(fs))
 	for _, e := range fs {
 		k := e.name
-		field := path + "." + k
+		field := path + "." + pathElem(k)
 		if !p.descriptorName(e.key.Line, field, k) {
 			continue
 		}

@@ -123,6 +123,7 @@ func TestParseErrors(t *testing.T) {
 		{"syntax error", "rules:\n  - name: a\n    key: [t\n    limit: 1\n", "r.yaml:2: YAML syntax error: did not find expected ',' or ']'"},
 		{"second document", "rules: []\n---\nrules: []\n", "r.yaml:3: only one YAML document is allowed"},
 		{"non-string key", "rules: []\n1: x\n", "r.yaml:2: keys must be strings (got integer 1)"},
+		{"unprintable key", "rules: []\n\"a\\nb\": x\n", `r.yaml:2: "a\nb": unknown field (known: rules)`},
 		{"merge key", "rules: [{<<: {limit: 1}, name: a, key: [t], limit: 1}]\n", "r.yaml:1: rules[0]: merge keys (<<) are not supported"},
 		{"alias", "rules:\n  - {name: a, key: [t], limit: &n 5}\n  - {name: b, key: [t], limit: *n}\n",
 			"r.yaml:3: rules[1].limit: aliases are not supported\n" +
@@ -165,7 +166,7 @@ func TestParseErrors(t *testing.T) {
 				"r.yaml:3: rules[0].match.d: must be a string (got null)\n" +
 				"r.yaml:3: rules[0].match.e: must not be empty (use \"*\" for any value)\n" +
 				"r.yaml:3: rules[0].match.f: must be a string (got a list)"},
-		{"match bad name", rule("    match: {'a b': x}\n    key: [t]\n    limit: 1\n"), `r.yaml:3: rules[0].match.a b: descriptor name must match [A-Za-z0-9_.:/-]+ (got "a b")`},
+		{"match bad name", rule("    match: {'a b': x}\n    key: [t]\n    limit: 1\n"), `r.yaml:3: rules[0].match."a b": descriptor name must match [A-Za-z0-9_.:/-]+ (got "a b")`},
 		{"match duplicate", rule("    match:\n      route: /a\n      route: /b\n    key: [t]\n    limit: 1\n"), "r.yaml:5: rules[0].match.route: duplicate key (first at line 4)"},
 		{"match value too long", rule("    match: {a: " + strings.Repeat("v", 1025) + "}\n    key: [t]\n    limit: 1\n"), "r.yaml:3: rules[0].match.a: must be at most 1024 bytes (got 1025)"},
 
@@ -207,6 +208,15 @@ func TestParseErrors(t *testing.T) {
 				"r.yaml:3: rules[1].name: must match [a-z0-9][a-z0-9._-]* (got \"A\")\n" +
 				"r.yaml:4: rules[1].key: must not be empty"},
 		{"too many rules", "rules:\n" + strings.Repeat("- {}\n", MaxRules+1), "r.yaml:1: rules: too many rules (10001; the limit is 10000)"},
+		{"too many problems", "rules: []\n" + strings.Repeat("k: 1\n", 2+MaxProblems),
+			"r.yaml:2: k: unknown field (known: rules)\n" +
+				func() (s string) {
+					for line := 3; line <= MaxProblems+1; line++ {
+						s += "r.yaml:" + strconv.Itoa(line) + ": k: duplicate key (first at line 2)\n"
+					}
+					return s
+				}() +
+				"r.yaml: 2 more problems not shown (at most 100 are reported)"},
 		{"too large", "rules: []\n" + strings.Repeat("#", MaxDocumentSize), "r.yaml: document is larger than 4194304 bytes (4 MiB)"},
 	}
 	for _, tc := range tests {

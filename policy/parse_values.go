@@ -45,9 +45,9 @@ func (p *parser) fields(m *yaml.Node, path string, known ...string) fieldSet {
 			continue
 		}
 		name := k.Value
-		fieldPath := name
+		fieldPath := pathElem(name)
 		if path != "" {
-			fieldPath = path + "." + name
+			fieldPath = path + "." + fieldPath
 		}
 		if first, dup := seen[name]; dup {
 			p.errorf(k.Line, fieldPath, "duplicate key (first at line %d)", first)
@@ -65,6 +65,15 @@ func (p *parser) fields(m *yaml.Node, path string, known ...string) fieldSet {
 		out = append(out, field{name: name, key: k, val: v})
 	}
 	return out
+}
+
+// pathElem renders a mapping key in a field path, quoted unless it is a
+// plain name, so a key holding spaces or newlines cannot garble a message.
+func pathElem(name string) string {
+	if len(name) > 0 && len(name) <= maxDescriptorNameLen && validDescriptorName(name) {
+		return name
+	}
+	return strconv.Quote(clip(name))
 }
 
 func (p *parser) str(f field, path string) (string, bool) {

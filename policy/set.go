@@ -74,18 +74,24 @@ func (s *Set) anchor(i int32, r *Rule) {
 	}
 	// No exact value: anchor on a required name (a Key name, or a Match
 	// name with the wildcard). Validation guarantees Key is not empty.
-	var best *keyIndex
-	for _, name := range r.Key {
-		if ki := s.keyIndex(name); best == nil || len(ki.present) < len(best.present) {
-			best = ki
+	best := "" // bestLen is still -1
+	consider := func(name string) {
+		n := 0
+		if ki := s.index[name]; ki != nil {
+			n = len(ki.present)
 		}
+		if bestLen < 0 || n < bestLen {
+			best, bestLen = name, n
+		}
+	}
+	for _, name := range r.Key {
+		consider(name)
 	}
 	for _, m := range r.Match {
-		if ki := s.keyIndex(m.Key); len(ki.present) < len(best.present) {
-			best = ki
-		}
+		consider(m.Key)
 	}
-	best.present = append(best.present, i)
+	ki := s.keyIndex(best)
+	ki.present = append(ki.present, i)
 }
 
 func (s *Set) keyIndex(name string) *keyIndex {

@@ -90,6 +90,7 @@ func NewWatcher(cfg WatcherConfig) (*Watcher, error) {
 		return nil, err
 	}
 	w.cur = set
+	cfg.Logger.Info("policy loaded", "path", cfg.Path, "version", set.Version(), "rules", len(set.rules))
 	return w, nil
 }
 
