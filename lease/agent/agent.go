@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
 
 	leasev1 "github.com/ration-dev/ration/lease/v1"
@@ -103,10 +104,13 @@ func New(cfg Config) (*Agent, error) {
 	a.metrics = m
 	conn := cfg.Conn
 	if conn == nil {
-		opts := cfg.DialOptions
-		if len(opts) == 0 {
-			opts = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
-		}
+		opts := append([]grpc.DialOption{
+			grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithConnectParams(grpc.ConnectParams{
+				Backoff:           backoff.Config{BaseDelay: 20 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+				MinConnectTimeout: time.Second,
+			}),
+		}, cfg.DialOptions...)
 		cc, err := grpc.NewClient(cfg.Target, opts...)
 		if err != nil {
 			m.unregister()

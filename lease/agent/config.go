@@ -28,9 +28,12 @@ type Config struct {
 	// ("regiond.eu.svc:7400", "dns:///..."). Exactly one of Target and Conn
 	// must be set.
 	Target string
-	// DialOptions are passed to grpc.NewClient with Target. Default: plain
-	// text (insecure.NewCredentials()), as agents and regiond usually share
-	// a private network; pass TLS credentials otherwise.
+	// DialOptions are passed to grpc.NewClient with Target, after the
+	// defaults, which they override: plain text (agents and regiond usually
+	// share a private network; pass TLS credentials otherwise) and a
+	// reconnect backoff of 20ms growing to 1s, so that the agent notices a
+	// region that came back within about a second, not gRPC's default two
+	// minutes.
 	DialOptions []grpc.DialOption
 	// Conn is an existing connection to the lease API, used instead of
 	// Target (tests, or a gateway that already holds one). The agent does

@@ -27,7 +27,6 @@ type keyShard struct {
 	// promoted to read: copying is amortised over the misses it saves.
 	dirty  map[string]*keyState
 	misses int
-	count  int
 	_      [64]byte
 }
 
@@ -91,7 +90,6 @@ func (km *keyMap) getOrCreate(id []byte, mk func(id string) *keyState) *keyState
 	sh.dirtyLocked()
 	k := mk(string(id))
 	sh.dirty[k.id] = k
-	sh.count++
 	t := sh.read.Load()
 	if !t.amended {
 		sh.read.Store(&readTable{m: t.m, amended: true})
@@ -121,7 +119,6 @@ func (km *keyMap) remove(k *keyState) {
 	sh.dirtyLocked()
 	if sh.dirty[k.id] == k {
 		delete(sh.dirty, k.id)
-		sh.count--
 	}
 	t := sh.read.Load()
 	if !t.amended {
@@ -135,7 +132,11 @@ func (km *keyMap) len() int {
 	for i := range km.shards {
 		sh := &km.shards[i]
 		sh.mu.Lock()
-		n += sh.count
+		if sh.dirty != nil {
+			n += len(sh.dirty)
+		} else {
+			n += len(sh.read.Load().m)
+		}
 		sh.mu.Unlock()
 	}
 	return n

@@ -180,6 +180,7 @@ func (a *Agent) sendReturns(ctx context.Context, b *returnBatch) {
 		n := min(len(b.items), maxBatch)
 		_, err := a.client.Return(ctx, &leasev1.ReturnRequest{Agent: a.id, Items: b.items[:n]})
 		a.ctr.returnCalls.Add(1)
+		a.ctr.returnItems.Add(int64(n))
 		for i, it := range b.items[:n] {
 			if err == nil {
 				a.ctr.returned.Add(it.Tokens)

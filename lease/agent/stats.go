@@ -17,7 +17,7 @@ type stripe struct {
 
 // counters are the agent's cumulative events off the request path.
 type counters struct {
-	leaseCalls, leaseItems, returnCalls, callErrors atomic.Int64
+	leaseCalls, leaseItems, returnCalls, returnItems, callErrors atomic.Int64
 	granted, dropped, returned                      atomic.Int64
 	fallbacks, breakerOpened, evicted               atomic.Int64
 	policyUpdates, policyErrors                     atomic.Int64
@@ -31,8 +31,9 @@ type Stats struct {
 	// SyncDecisions counts decisions that waited for a round trip.
 	SyncDecisions uint64
 	// LeaseCalls counts Lease calls (each may carry many keys) and
-	// LeaseItems the keys they carried; ReturnCalls counts Return calls.
-	LeaseCalls, LeaseItems, ReturnCalls int64
+	// LeaseItems the keys they carried (one allocator operation each);
+	// ReturnCalls and ReturnItems the same for returns.
+	LeaseCalls, LeaseItems, ReturnCalls, ReturnItems int64
 	// CallErrors counts Lease and Return calls that failed.
 	CallErrors int64
 	// TokensGranted, TokensDropped and TokensReturned count tokens leased,
@@ -57,6 +58,10 @@ type Stats struct {
 	// PolicyUpdates and PolicyErrors count policies applied and refused.
 	PolicyUpdates, PolicyErrors int64
 }
+
+// StoreOps returns the allocator operations the agent caused: one per key
+// of every Lease and Return call.
+func (s Stats) StoreOps() int64 { return s.LeaseItems + s.ReturnItems }
 
 // Total returns the number of decisions made.
 func (s Stats) Total() uint64 {
@@ -87,7 +92,7 @@ func (a *Agent) Stats() Stats {
 		s.SyncDecisions += st.synced.Load()
 	}
 	c := &a.ctr
-	s.LeaseCalls, s.LeaseItems, s.ReturnCalls = c.leaseCalls.Load(), c.leaseItems.Load(), c.returnCalls.Load()
+	s.LeaseCalls, s.LeaseItems, s.ReturnCalls, s.ReturnItems = c.leaseCalls.Load(), c.leaseItems.Load(), c.returnCalls.Load(), c.returnItems.Load()
 	s.CallErrors = c.callErrors.Load()
 	s.TokensGranted, s.TokensDropped, s.TokensReturned = c.granted.Load(), c.dropped.Load(), c.returned.Load()
 	s.FallbackActivations, s.BreakerOpenings, s.Evictions = c.fallbacks.Load(), c.breakerOpened.Load(), c.evicted.Load()

@@ -1,0 +1,369 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// testConfig gives round trips a generous deadline, so that a slow
+// race-enabled run on a small machine never mistakes a slow region for a
+// dead one in tests that are not about that.
+func testConfig() Config {
+	return Config{RoundTripTimeout: time.Second, RefreshTimeout: time.Second}
+}
+
+const slowPolicy = `
+rules:
+  - name: per-tenant
+    key: [tenant]
+    limit: 10
+    period: 1h
+`
+
+func TestAllowGrantsUpToTheLimitThenDenies(t *testing.T) {
+	r := startRegion(t, slowPolicy, nil)
+	a := newAgent(t, r, testConfig())
+	ctx := context.Background()
+	allowed := 0
+	for i := 0; i < 15; i++ {
+		d := a.Allow(ctx, ds("tenant", "acme"), 1)
+		if d.Rule != "per-tenant" || d.Limit != 10 || d.Period != time.Hour {
+			t.Fatalf("request %d: got rule %q limit %d period %v, want per-tenant 10 1h", i, d.Rule, d.Limit, d.Period)
+		}
+		if d.Allowed {
+			allowed++
+			if d.Path != PathLease {
+				t.Errorf("request %d allowed by path %v, want LEASE", i, d.Path)
+			}
+			continue
+		}
+		if d.RetryAfter <= 0 || (d.Path != PathLease && d.Path != PathDenyCache) {
+			t.Errorf("request %d denied with path %v retry %v, want LEASE or DENY_CACHE and a retry", i, d.Path, d.RetryAfter)
+		}
+	}
+	if allowed != 10 {
+		t.Errorf("allowed %d of 15, want 10", allowed)
+	}
+	// A key nobody's rule matches is allowed without a rule.
+	if d := a.Allow(ctx, ds("user", "x"), 1); !d.Allowed || d.Rule != "" || d.Path != PathNone {
+		t.Errorf("unmatched request got %+v, want allowed, no rule, NONE", d)
+	}
+}
+
+func TestDenyCacheAnswersWithoutRoundTrips(t *testing.T) {
+	r := startRegion(t, slowPolicy, nil)
+	a := newAgent(t, r, testConfig())
+	ctx := context.Background()
+	for i := 0; i < 10; i++ {
+		if d := a.Allow(ctx, ds("tenant", "acme"), 1); !d.Allowed {
+			t.Fatalf("request %d denied: %+v", i, d)
+		}
+	}
+	first := a.Allow(ctx, ds("tenant", "acme"), 1)
+	if first.Allowed {
+		t.Fatal("11th request allowed")
+	}
+	calls := a.Stats().LeaseCalls
+	for i := 0; i < 100; i++ {
+		d := a.Allow(ctx, ds("tenant", "acme"), 1)
+		if d.Allowed || d.Path != PathDenyCache || d.RetryAfter <= 0 {
+			t.Fatalf("denied request %d got %+v, want a DENY_CACHE denial with a retry", i, d)
+		}
+	}
+	if got := a.Stats().LeaseCalls; got != calls {
+		t.Errorf("deny cache made %d lease calls, want 0", got-calls)
+	}
+}
+
+func TestAllRulesMustPassAndDenialsSpendNothing(t *testing.T) {
+	r := startRegion(t, `
+rules:
+  - name: tenant
+    key: [tenant]
+    limit: 20
+    period: 1h
+  - name: route
+    key: [route]
+    limit: 3
+    period: 1h
+`, nil)
+	a := newAgent(t, r, testConfig())
+	ctx := context.Background()
+	var got []bool
+	for i := 0; i < 6; i++ {
+		got = append(got, a.Allow(ctx, ds("tenant", "acme", "route", "/x"), 1).Allowed)
+	}
+	if diff := cmp.Diff([]bool{true, true, true, false, false, false}, got); diff != "" {
+		t.Errorf("allowed (-want +got):\n%s", diff)
+	}
+	d := a.Allow(ctx, ds("tenant", "acme", "route", "/x"), 1)
+	if d.Rule != "route" {
+		t.Errorf("denial decided by %q, want route", d.Rule)
+	}
+	// The three denied requests took nothing from the tenant's 20.
+	n := 0
+	for i := 0; i < 30; i++ {
+		if a.Allow(ctx, ds("tenant", "acme", "route", "/y"), 1).Allowed {
+			n++
+		}
+	}
+	// /y has its own route limit of 3, so n is 3; the tenant alone then
+	// has 20 − 3 (/x) − 3 (/y) left.
+	m := 0
+	for i := 0; i < 30; i++ {
+		if a.Allow(ctx, ds("tenant", "acme"), 1).Allowed {
+			m++
+		}
+	}
+	if n+m != 17 {
+		t.Errorf("tenant admitted %d more after 3, want 17: denied requests must not spend", n+m)
+	}
+}
+
+func TestTightestRuleSetsTheDecision(t *testing.T) {
+	r := startRegion(t, `
+rules:
+  - name: loose
+    key: [tenant]
+    limit: 1000
+    period: 1h
+  - name: tight
+    key: [route]
+    limit: 5
+    period: 1h
+`, nil)
+	a := newAgent(t, r, testConfig())
+	d := a.Allow(context.Background(), ds("tenant", "acme", "route", "/x"), 1)
+	if !d.Allowed || d.Rule != "tight" || d.Limit != 5 || d.Remaining > 4 {
+		t.Errorf("got %+v, want allowed by the tight rule with at most 4 remaining", d)
+	}
+	if d.Reset <= 0 || d.Reset > time.Hour {
+		t.Errorf("reset %v, want within (0, 1h]", d.Reset)
+	}
+}
+
+func TestShadowRulesNeverDeny(t *testing.T) {
+	r := startRegion(t, `
+rules:
+  - name: trial
+    key: [tenant]
+    limit: 2
+    period: 1h
+    shadow: true
+`, nil)
+	a := newAgent(t, r, testConfig())
+	var paths []Path
+	for i := 0; i < 4; i++ {
+		d := a.Allow(context.Background(), ds("tenant", "acme"), 1)
+		if !d.Allowed {
+			t.Fatalf("request %d denied by a shadow rule: %+v", i, d)
+		}
+		paths = append(paths, d.Path)
+	}
+	if diff := cmp.Diff([]Path{PathLease, PathLease, PathShadow, PathShadow}, paths); diff != "" {
+		t.Errorf("paths (-want +got):\n%s", diff)
+	}
+}
+
+func TestCostAndHits(t *testing.T) {
+	r := startRegion(t, `
+rules:
+  - name: expensive
+    key: [tenant]
+    limit: 100
+    period: 1h
+    cost: 10
+`, nil)
+	a := newAgent(t, r, testConfig())
+	ctx := context.Background()
+	if d := a.Allow(ctx, ds("tenant", "acme"), 3); !d.Allowed { // 30 tokens
+		t.Fatalf("3 hits denied: %+v", d)
+	}
+	if d := a.Allow(ctx, ds("tenant", "acme"), 7); !d.Allowed { // 70 more: 100
+		t.Fatalf("7 hits denied: %+v", d)
+	}
+	if d := a.Allow(ctx, ds("tenant", "acme"), 1); d.Allowed {
+		t.Errorf("101st..110th token allowed: %+v", d)
+	}
+}
+
+func TestWaitBlocksUntilAllowed(t *testing.T) {
+	r := startRegion(t, `
+rules:
+  - name: fast
+    key: [tenant]
+    limit: 100
+    period: 1s
+    burst: 1
+`, nil)
+	a := newAgent(t, r, testConfig())
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for i := 0; i < 5; i++ {
+		if d, err := a.Wait(ctx, ds("tenant", "acme"), 1); err != nil || !d.Allowed {
+			t.Fatalf("Wait %d got %+v, %v", i, d, err)
+		}
+	}
+	short, cancel2 := context.WithTimeout(context.Background(), time.Millisecond)
+	defer cancel2()
+	r2 := startRegion(t, slowPolicy, nil)
+	b := newAgent(t, r2, testConfig())
+	for i := 0; i < 10; i++ {
+		b.Allow(ctx, ds("tenant", "acme"), 1)
+	}
+	if _, err := b.Wait(short, ds("tenant", "acme"), 1); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Wait on an exhausted key got %v, want context.DeadlineExceeded", err)
+	}
+}
+
+func TestCloseReturnsUnusedTokens(t *testing.T) {
+	r := startRegion(t, `
+rules:
+  - name: pool
+    key: [tenant]
+    limit: 100000
+    period: 1h
+`, nil)
+	a := newAgent(t, r, testConfig())
+	ctx := context.Background()
+	for i := 0; i < 2000; i++ {
+		a.Allow(ctx, ds("tenant", "acme"), 1)
+	}
+	eventually(t, 5*time.Second, "a lease bigger than one request", func() bool {
+		a.Allow(ctx, ds("tenant", "acme"), 1)
+		return uint64(a.Stats().TokensGranted) > a.Stats().Decisions[PathLease][1]+10
+	})
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Close(); !errors.Is(err, ErrClosed) {
+		t.Errorf("second Close got %v, want ErrClosed", err)
+	}
+	s := a.Stats()
+	spent := s.Decisions[PathLease][1]
+	if s.TokensReturned == 0 {
+		t.Fatalf("Close returned nothing: %+v", s)
+	}
+	if got := int64(spent) + s.TokensReturned + s.TokensDropped; got != s.TokensGranted {
+		t.Errorf("spent %d + returned %d + dropped %d = %d, want granted %d", spent, s.TokensReturned, s.TokensDropped, got, s.TokensGranted)
+	}
+	// The returned tokens are in the region again: a second agent gets all
+	// but what the first spent or dropped.
+	b := newAgent(t, r, testConfig())
+	n := 0
+	for i := 0; i < 200; i++ {
+		d := b.Allow(ctx, ds("tenant", "acme"), 1000)
+		if d.Allowed {
+			n += 1000
+		}
+	}
+	left := 100000 - int64(spent) - s.TokensDropped
+	if int64(n) < left-1000 || int64(n) > left+1000 {
+		t.Errorf("second agent admitted %d, want about %d (within one request of 1000)", n, left)
+	}
+}
+
+func TestIdleKeysAreReturnedAndEvicted(t *testing.T) {
+	r := startRegion(t, `
+rules:
+  - name: pool
+    key: [tenant]
+    limit: 100000
+    period: 1h
+`, nil)
+	cfg := testConfig()
+	cfg.LeasePeriod, cfg.LeaseTTL, cfg.IdleAfter = 20*time.Millisecond, 500*time.Millisecond, 600*time.Millisecond
+	a := newAgent(t, r, cfg)
+	ctx := context.Background()
+	for i := 0; i < 500; i++ {
+		a.Allow(ctx, ds("tenant", "idle"), 1)
+	}
+	if a.Stats().Keys != 1 {
+		t.Fatalf("keys got %d, want 1", a.Stats().Keys)
+	}
+	eventually(t, 10*time.Second, "idle key evicted", func() bool { return a.Stats().Keys == 0 })
+	s := a.Stats()
+	if s.Evictions != 1 {
+		t.Errorf("evictions got %d, want 1", s.Evictions)
+	}
+	if s.TokensReturned == 0 {
+		t.Errorf("no tokens returned before the lease expired: %+v", s)
+	}
+	// The key comes back on demand.
+	if d := a.Allow(ctx, ds("tenant", "idle"), 1); !d.Allowed {
+		t.Errorf("evicted key denied: %+v", d)
+	}
+}
+
+func TestMetricsRegistered(t *testing.T) {
+	r := startRegion(t, slowPolicy, nil)
+	reg := prometheus.NewRegistry()
+	cfg := testConfig()
+	cfg.Registerer = reg
+	a := newAgent(t, r, cfg)
+	for i := 0; i < 12; i++ {
+		a.Allow(context.Background(), ds("tenant", "acme"), 1)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			name := mf.GetName()
+			for _, l := range m.GetLabel() {
+				name += "," + l.GetName() + "=" + l.GetValue()
+			}
+			switch {
+			case m.GetCounter() != nil:
+				got[name] = m.GetCounter().GetValue()
+			case m.GetGauge() != nil:
+				got[name] = m.GetGauge().GetValue()
+			case m.GetHistogram() != nil:
+				got[name] = float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	want := map[string]float64{
+		"ration_agent_decisions_total,outcome=allowed,path=LEASE": 10,
+		"ration_agent_fallback_activations_total":                 0,
+		"ration_agent_keys":                                       1,
+		"ration_agent_region_unreachable":                         0,
+	}
+	for name, v := range want {
+		if got[name] != v {
+			t.Errorf("%s got %v, want %v", name, got[name], v)
+		}
+	}
+	if got["ration_agent_round_trips_total,method=lease"] < 1 {
+		t.Errorf("no lease round trips counted: %v", got)
+	}
+	a.Close()
+	// Close unregisters, so a new agent can use the same registry.
+	b := newAgent(t, r, cfg)
+	b.Close()
+}
+
+func TestConfigValidation(t *testing.T) {
+	tests := []struct {
+		name string
+		cfg  Config
+	}{
+		{"no target", Config{}},
+		{"negative period", Config{Target: "x", LeasePeriod: -1}},
+		{"ttl below period", Config{Target: "x", LeasePeriod: time.Second, LeaseTTL: time.Millisecond}},
+		{"bad headroom", Config{Target: "x", FallbackHeadroom: -1}},
+		{"long id", Config{Target: "x", AgentID: string(make([]byte, 300))}},
+	}
+	for _, tt := range tests {
+		if _, err := New(tt.cfg); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("%s: got %v, want ErrInvalidConfig", tt.name, err)
+		}
+	}
+}
