@@ -79,9 +79,9 @@ func readFile(path string) ([]byte, os.FileInfo, error) {
 // limits). Unknown fields at any level, duplicate keys, aliases, and more
 // than one YAML document are errors. Numbers must be integers (floats are
 // errors). Match values must be YAML strings: a number or boolean there is
-// an error rather than silently stringified, because "1.10" and 1.10 would
-// otherwise be different rules; quote it. Durations are Go duration strings
-// ("1s", "250ms", "1m").
+// an error rather than silently stringified, because the text a YAML number
+// stands for is ambiguous (1.10 is 1.1 to most tools, 0x10 is 16); quote it.
+// Durations are Go duration strings ("1s", "250ms", "1m").
 func Parse(file string, data []byte) (*Set, error) {
 	p := &parser{file: file}
 	rules := p.document(data)

@@ -265,13 +265,22 @@ func TestLoadFile(t *testing.T) {
 	if err != nil {
 		t.Fatalf("LoadFile(example.yaml): got error %v, want none", err)
 	}
-	var names []string
-	for _, r := range s.Rules() {
-		names = append(names, r.Name)
-	}
-	want := []string{"requests-per-tenant", "transfers-per-tenant", "requests-per-ip", "search-per-tenant-shadow"}
-	if diff := cmp.Diff(want, names); diff != "" {
-		t.Errorf("rule names (-want +got):\n%s", diff)
+	// regiond embeds a copy of this file as its default policy.
+	want := []*Rule{{
+		Name: "requests-per-tenant", Key: []string{"tenant"}, Limit: 1000, Period: time.Second, Burst: 2000, Cost: 1,
+		Scope: ScopeGlobal, OnError: OnErrorLocal, Line: 8,
+	}, {
+		Name: "transfers-per-tenant", Match: []Descriptor{{"method", "POST"}, {"route", "/v1/transfers"}}, Key: []string{"tenant"},
+		Limit: 500, Period: time.Second, Burst: 1000, Cost: 10, Scope: ScopeGlobal, OnError: OnErrorClosed, Line: 17,
+	}, {
+		Name: "requests-per-ip", Key: []string{"ip"}, Limit: 20, Period: time.Second, Burst: 40, Cost: 1,
+		Scope: ScopeRegion, OnError: OnErrorOpen, Line: 29,
+	}, {
+		Name: "search-per-tenant-shadow", Match: []Descriptor{{"route", "/v1/search"}}, Key: []string{"tenant", "plan"},
+		Limit: 6000, Period: time.Minute, Burst: 200, Cost: 1, Scope: ScopeGlobal, OnError: OnErrorLocal, Shadow: true, Line: 38,
+	}}
+	if diff := cmp.Diff(want, s.Rules()); diff != "" {
+		t.Errorf("example.yaml rules (-want +got):\n%s", diff)
 	}
 
 	_, err = LoadFile(filepath.Join(t.TempDir(), "missing.yaml"))

@@ -214,13 +214,26 @@ func (w *Watcher) load(force bool) (set *Set, changed bool, err error) {
 	return set, changed, err
 }
 
+// apply makes set Current and notifies subscribers, unless it means the
+// same as the current set. The caller holds reloadMu.
 func (w *Watcher) apply(set *Set) {
+	old := w.swap(set)
+	if old == nil {
+		return
+	}
+	w.cfg.Logger.Info("policy loaded", "path", w.cfg.Path, "version", set.Version(),
+		"previous_version", old.Version(), "rules", len(set.rules))
+}
+
+// swap is apply's critical section; it returns the replaced set, or nil if
+// set is not a change.
+func (w *Watcher) swap(set *Set) (old *Set) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if set.Version() == w.cur.Version() {
-		return
+		return nil
 	}
-	old := w.cur
+	old = w.cur
 	w.cur = set
 	for ch := range w.subs {
 		select {
@@ -236,8 +249,7 @@ func (w *Watcher) apply(set *Set) {
 		}
 		w.updates <- set
 	}
-	w.cfg.Logger.Info("policy loaded", "path", w.cfg.Path, "version", set.Version(),
-		"previous_version", old.Version(), "rules", len(set.rules))
+	return old
 }
 
 func (w *Watcher) logError(err error) {
