@@ -73,6 +73,11 @@ func (b *bucket) refill(nowUS int64, rate, capacity float64) {
 func (b *bucket) take(want, cost int64) int64 {
 	c := float64(cost)
 	n := math.Floor(b.tokens / c)
+	if n*c > b.tokens {
+		// The quotient rounded up to a whole number just above the truth;
+		// granting it would leave a (tiny) negative balance.
+		n--
+	}
 	if w := float64(want / cost); n > w {
 		n = w
 	}

@@ -84,6 +84,10 @@ end
 local granted = 0
 if op == 'g' then
   local k = math.floor(tokens / cost)
+  if k * cost > tokens then
+    -- The quotient rounded up past the truth (see bucket.go's take).
+    k = k - 1
+  end
   local w = math.floor(n / cost)
   if k > w then
     k = w

@@ -152,8 +152,11 @@ func (m *MemoryStore) SetSharesAt(now time.Time, ups []ShareUpdate) error {
 }
 
 // Sweep drops the buckets that have expired at store time now and returns
-// how many it dropped, so that memory follows the active keys. Dropping an
-// expired bucket changes no answer: an expired bucket counts as missing.
+// how many it dropped, so that memory follows the active keys. An expired
+// bucket already counts as missing, so dropping it changes no answer,
+// unless the clock later goes back before its expiry: a dropped bucket then
+// starts afresh where a kept one would be clamped. Redis, which deletes
+// expired keys when it chooses, behaves the same way.
 func (m *MemoryStore) Sweep(now time.Time) int {
 	nowUS := now.UnixMicro()
 	n := 0

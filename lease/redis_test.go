@@ -1,0 +1,93 @@
+package lease
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/redis/go-redis/v9"
+)
+
+func TestNewRedisStoreConfig(t *testing.T) {
+	good, err := NewRedisClient("redis://127.0.0.1:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer good.Close()
+	plain := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	defer plain.Close()
+
+	s, err := NewRedisStore(good, RedisConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(RedisConfig{Prefix: "ration:", Timeout: 50 * time.Millisecond}, s.cfg); diff != "" {
+		t.Errorf("defaults (-want +got):\n%s", diff)
+	}
+	if got, want := s.bucketKey("t{e}n%ant"), "ration:{t%7Be%7Dn%25ant}:b"; got != want {
+		t.Errorf("got bucket key %q, want %q", got, want)
+	}
+	if got, want := s.shareKey("acme"), "ration:{acme}:s"; got != want {
+		t.Errorf("got share key %q, want %q", got, want)
+	}
+	for name, tc := range map[string]struct {
+		client redis.UniversalClient
+		cfg    RedisConfig
+	}{
+		"nil client":         {nil, RedisConfig{}},
+		"brace in prefix":    {good, RedisConfig{Prefix: "r{x}:"}},
+		"negative timeout":   {good, RedisConfig{Timeout: -time.Second}},
+		"no context timeout": {plain, RedisConfig{}},
+	} {
+		if _, err := NewRedisStore(tc.client, tc.cfg); !errors.Is(err, ErrInvalid) {
+			t.Errorf("%s: got %v, want ErrInvalid", name, err)
+		}
+	}
+}
+
+func TestParseRedisAddr(t *testing.T) {
+	type want struct {
+		Single  string   // Addr of a single-node client
+		Cluster []string // Addrs of a cluster client
+		TLS     bool
+		Dial    time.Duration
+	}
+	for _, tc := range []struct {
+		in   string
+		want want
+	}{
+		{"redis://127.0.0.1:6379", want{Single: "127.0.0.1:6379", Dial: defaultDialTimeout}},
+		{"redis://h?dial_timeout=2s", want{Single: "h:6379", Dial: 2 * time.Second}},
+		{"rediss://user:pw@cache.example:6380/2", want{Single: "cache.example:6380", TLS: true, Dial: defaultDialTimeout}},
+		{"unix:///run/redis.sock", want{Single: "/run/redis.sock", Dial: defaultDialTimeout}},
+		{"a:7000, b:7001,c:7002", want{Cluster: []string{"a:7000", "b:7001", "c:7002"}, Dial: defaultDialTimeout}},
+		{"rediss://u:p@a:7000,b:7001", want{Cluster: []string{"a:7000", "b:7001"}, TLS: true, Dial: defaultDialTimeout}},
+	} {
+		single, cluster, err := parseRedisAddr(tc.in)
+		if err != nil {
+			t.Errorf("parseRedisAddr(%q): %v", tc.in, err)
+			continue
+		}
+		var got want
+		if single != nil {
+			got = want{Single: single.Addr, TLS: single.TLSConfig != nil, Dial: single.DialTimeout}
+			if !single.ContextTimeoutEnabled {
+				t.Errorf("%q: ContextTimeoutEnabled not set", tc.in)
+			}
+		} else {
+			got = want{Cluster: cluster.Addrs, TLS: cluster.TLSConfig != nil, Dial: cluster.DialTimeout}
+			if !cluster.ContextTimeoutEnabled {
+				t.Errorf("%q: ContextTimeoutEnabled not set", tc.in)
+			}
+		}
+		if diff := cmp.Diff(tc.want, got); diff != "" {
+			t.Errorf("parseRedisAddr(%q) (-want +got):\n%s", tc.in, diff)
+		}
+	}
+	for _, bad := range []string{"", "  ", "http://x", "redis://h/1/2", "a:1,,b:2", "a:1,nohost", "a:1,unix:///s", "redis://h?bogus=1"} {
+		if _, _, err := parseRedisAddr(bad); !errors.Is(err, ErrInvalid) {
+			t.Errorf("parseRedisAddr(%q): got %v, want ErrInvalid", bad, err)
+		}
+	}
+}

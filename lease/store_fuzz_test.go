@@ -1,0 +1,117 @@
+package lease
+
+import (
+	"errors"
+	"math"
+	"strings"
+	"testing"
+	"time"
+)
+
+// unescapeKey inverts keyEscaper, to show that escaping is injective.
+var unescapeKey = strings.NewReplacer("%7D", "}", "%7B", "{", "%25", "%")
+
+// FuzzRedisKeyEscape: whatever a key contains, its Redis names carry one
+// hash tag that is exactly the escaped key, and escaping is injective, so
+// two keys never share state and a key's two names share a Cluster slot.
+func FuzzRedisKeyEscape(f *testing.F) {
+	for _, k := range []string{"acme", "{", "}", "{a}", "}{", "%7B", "%%7D{", "tenant=acme|route=/v1/{id}"} {
+		f.Add(k)
+	}
+	s := &RedisStore{cfg: RedisConfig{Prefix: "ration:"}}
+	f.Fuzz(func(t *testing.T, key string) {
+		esc := keyEscaper.Replace(key)
+		if strings.ContainsAny(esc, "{}") {
+			t.Fatalf("escaped %q to %q, which contains a brace", key, esc)
+		}
+		if got := unescapeKey.Replace(esc); got != key {
+			t.Fatalf("escaped %q to %q, which unescapes to %q", key, esc, got)
+		}
+		for _, name := range []string{s.bucketKey(key), s.shareKey(key)} {
+			open, close := strings.IndexByte(name, '{'), strings.IndexByte(name, '}')
+			if open < 0 || close < open || name[open+1:close] != esc {
+				t.Fatalf("name %q: hash tag is not the escaped key %q", name, esc)
+			}
+		}
+	})
+}
+
+// FuzzParseRedisAddr: any address string gives an error or exactly one
+// usable client configuration, never a panic.
+func FuzzParseRedisAddr(f *testing.F) {
+	for _, a := range []string{"redis://127.0.0.1:6379", "rediss://u:p@h:1/0?dial_timeout=1s", "a:1,b:2", "redis://a:1,b:2", "unix:///s", ",", "redis://[::1]", "%"} {
+		f.Add(a)
+	}
+	f.Fuzz(func(t *testing.T, addr string) {
+		single, cluster, err := parseRedisAddr(addr)
+		if err != nil {
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("parseRedisAddr(%q): error %v does not wrap ErrInvalid", addr, err)
+			}
+			return
+		}
+		switch {
+		case (single == nil) == (cluster == nil):
+			t.Fatalf("parseRedisAddr(%q): got single %v and cluster %v, want exactly one", addr, single, cluster)
+		case single != nil && (single.Addr == "" || !single.ContextTimeoutEnabled):
+			t.Fatalf("parseRedisAddr(%q): got %+v", addr, single)
+		case cluster != nil && (len(cluster.Addrs) < 2 || !cluster.ContextTimeoutEnabled):
+			t.Fatalf("parseRedisAddr(%q): got %+v", addr, cluster)
+		}
+	})
+}
+
+// FuzzParseScriptReply: a malformed script reply is an error, never a
+// panic or a grant of a negative or non-numeric amount.
+func FuzzParseScriptReply(f *testing.F) {
+	f.Add(int64(3), "0.5", int64(PPM), false)
+	f.Add(int64(-1), "NaN", int64(-5), true)
+	f.Add(int64(0), "1e400", int64(PPM+1), false)
+	f.Fuzz(func(t *testing.T, granted int64, tokens string, share int64, short bool) {
+		reply := []any{granted, tokens, share}
+		if short {
+			reply = reply[:2]
+		}
+		r, err := parseScriptReply(reply)
+		if err != nil {
+			return
+		}
+		if short || r.granted < 0 || r.sharePPM < 0 || r.sharePPM > PPM || math.IsNaN(r.tokens) {
+			t.Fatalf("parseScriptReply(%#v) = %+v, want an error", reply, r)
+		}
+	})
+}
+
+// FuzzMemoryGrant: for any limit, share, want and elapsed time, a grant is
+// a whole number of costs, never above want or capacity, never leaves a
+// negative or NaN balance, and is rejected with ErrInvalid (debiting
+// nothing) exactly when the contract says the item is invalid.
+func FuzzMemoryGrant(f *testing.F) {
+	f.Add(10.0, 20.0, int64(1), int64(PPM), int64(15), int64(5), int64(1_000_000), false)
+	f.Add(math.NaN(), 20.0, int64(1), int64(PPM), int64(1), int64(1), int64(0), false)
+	f.Add(1e-300, 1e300, int64(7), int64(1), int64(1<<40), int64(9), int64(-5_000_000), true)
+	f.Add(1e9, 3.0, int64(3), int64(0), int64(3), int64(3), int64(1<<50), false)
+	f.Fuzz(func(t *testing.T, rate, burst float64, cost, share, want1, want2, elapsedUS int64, empty bool) {
+		l := Limit{Rate: rate, Burst: burst, Cost: cost, InitialShare: share, StartEmpty: empty}
+		m := NewMemoryStore(MemoryConfig{Shards: 1})
+		elapsedUS %= 1 << 45 // about a year either way
+		out := make([]Grant, 2)
+		m.GrantAt(epoch, []GrantRequest{{Key: "k", Want: want1, Limit: l}}, out[:1])
+		m.GrantAt(epoch.Add(time.Duration(elapsedUS)*time.Microsecond), []GrantRequest{{Key: "k", Want: want2, Limit: l}}, out[1:])
+		for i, want := range []int64{want1, want2} {
+			g := out[i]
+			valid := validateGrant(GrantRequest{Key: "k", Want: want, Limit: l}) == nil
+			if !valid {
+				if !errors.Is(g.Err, ErrInvalid) || g.Granted != 0 {
+					t.Fatalf("grant %d of %d with %+v: got %+v, want ErrInvalid", i, want, l, g)
+				}
+				continue
+			}
+			if g.Err != nil || g.Granted < 0 || g.Granted > want || g.Granted%cost != 0 ||
+				float64(g.Granted) > g.Capacity || !(g.Tokens >= 0) || g.Tokens > g.Capacity || g.RetryAfter < 0 ||
+				(g.Granted == 0) != (g.RetryAfter > 0) {
+				t.Fatalf("grant %d of %d with %+v: got %+v", i, want, l, g)
+			}
+		}
+	})
+}

@@ -1,0 +1,270 @@
+package lease
+
+import (
+	"flag"
+	"math"
+	"math/rand/v2"
+	"testing"
+	"time"
+)
+
+var modelSeed = flag.Uint64("model.seed", 0, "seed for TestMemoryStoreMatchesModel (0: random)")
+
+// model is a deliberately naive allocator: plain maps, time.Time and
+// Duration.Seconds, no sharding, no clamping tricks beyond the contract's
+// words. The MemoryStore must answer like it.
+type model struct {
+	buckets map[string]*modelBucket
+	shares  map[string]int64
+}
+
+type modelBucket struct {
+	tokens   float64
+	last     time.Time
+	expireAt int64 // ms; 0 never
+}
+
+func newModel() *model {
+	return &model{buckets: map[string]*modelBucket{}, shares: map[string]int64{}}
+}
+
+func (m *model) clone() *model {
+	c := newModel()
+	for k, b := range m.buckets {
+		cp := *b
+		c.buckets[k] = &cp
+	}
+	for k, v := range m.shares {
+		c.shares[k] = v
+	}
+	return c
+}
+
+func (m *model) params(key string, l Limit) (rate, capacity float64, share int64) {
+	share = l.InitialShare
+	if s, ok := m.shares[key]; ok {
+		share = s
+	}
+	frac := float64(share) / 1e6
+	return l.Rate * frac, math.Max(l.Burst*frac, float64(l.Cost)), share
+}
+
+// bucket returns key's bucket refilled to now, creating it if it is
+// missing or idle past its expiry.
+func (m *model) bucket(now time.Time, key string, l Limit, rate, capacity float64) *modelBucket {
+	b, ok := m.buckets[key]
+	if ok && b.expireAt != 0 && now.UnixMilli() > b.expireAt {
+		ok = false
+	}
+	if !ok {
+		b = &modelBucket{tokens: capacity, last: now}
+		if l.StartEmpty {
+			b.tokens = 0
+		}
+		m.buckets[key] = b
+	}
+	if now.After(b.last) {
+		b.tokens = math.Min(capacity, b.tokens+now.Sub(b.last).Seconds()*rate)
+		b.last = now
+	} else {
+		b.tokens = math.Min(capacity, b.tokens)
+	}
+	return b
+}
+
+// sweep forgets expired buckets. It matters only when the clock later
+// goes back before their expiry: a forgotten bucket starts afresh, one
+// still held is clamped (as Redis, which expires keys lazily, may do).
+func (m *model) sweep(now time.Time) {
+	for k, b := range m.buckets {
+		if b.expireAt != 0 && now.UnixMilli() > b.expireAt {
+			delete(m.buckets, k)
+		}
+	}
+}
+
+func (m *model) setExpiry(b *modelBucket, rate, capacity float64) {
+	b.expireAt = 0
+	if rate > 0 {
+		ttl := math.Ceil(2 * capacity / rate * 1000)
+		if ttl <= maxTTLMillis {
+			lastMS := (b.last.UnixMicro() + 999) / 1000
+			b.expireAt = lastMS + int64(ttl)
+		}
+	}
+}
+
+func modelValid(key string, l Limit) bool {
+	return key != "" && l.Rate > 0 && !math.IsInf(l.Rate, 1) && l.Burst > 0 && !math.IsInf(l.Burst, 1) &&
+		l.Cost > 0 && float64(l.Cost) <= l.Burst && l.InitialShare >= 0 && l.InitialShare <= PPM
+}
+
+// grant returns granted, tokens left, retryAfter and whether the item is
+// valid; near a whole-cost boundary float rounding may go either way, so
+// it also reports how far tokens/cost is from the nearest integer.
+func (m *model) grant(now time.Time, r GrantRequest) (granted int64, g Grant, margin float64, ok bool) {
+	if !modelValid(r.Key, r.Limit) || r.Want < r.Limit.Cost {
+		return 0, Grant{}, 0, false
+	}
+	rate, capacity, _ := m.params(r.Key, r.Limit)
+	b := m.bucket(now, r.Key, r.Limit, rate, capacity)
+	n := math.Floor(b.tokens / float64(r.Limit.Cost))
+	margin = math.Abs(b.tokens/float64(r.Limit.Cost) - math.Round(b.tokens/float64(r.Limit.Cost)))
+	granted = min(int64(n), r.Want/r.Limit.Cost) * r.Limit.Cost
+	b.tokens -= float64(granted)
+	m.setExpiry(b, rate, capacity)
+	g = Grant{Granted: granted, Tokens: b.tokens, Rate: rate, Capacity: capacity}
+	if granted == 0 {
+		switch {
+		case rate == 0:
+			g.RetryAfter = NoRefillRetryAfter
+		default:
+			us := math.Ceil((float64(r.Limit.Cost) - b.tokens) / rate * 1e6)
+			g.RetryAfter = MaxRetryAfter
+			if us < float64(MaxRetryAfter/time.Microsecond) {
+				g.RetryAfter = time.Duration(us) * time.Microsecond
+			}
+		}
+	}
+	return granted, g, margin, true
+}
+
+func (m *model) ret(now time.Time, r ReturnRequest) {
+	rate, capacity, _ := m.params(r.Key, r.Limit)
+	b := m.bucket(now, r.Key, r.Limit, rate, capacity)
+	b.tokens = math.Min(capacity, b.tokens+float64(r.Tokens))
+	m.setExpiry(b, rate, capacity)
+}
+
+func (m *model) setShare(now time.Time, u ShareUpdate) {
+	rate, capacity, _ := m.params(u.Key, u.Limit)
+	b, had := m.buckets[u.Key]
+	if had && b.expireAt != 0 && now.UnixMilli() > b.expireAt {
+		delete(m.buckets, u.Key)
+		had = false
+	}
+	if had {
+		b = m.bucket(now, u.Key, u.Limit, rate, capacity)
+	}
+	m.shares[u.Key] = u.SharePPM
+	if had {
+		rate, capacity, _ = m.params(u.Key, u.Limit)
+		b.tokens = math.Min(b.tokens, capacity)
+		m.setExpiry(b, rate, capacity)
+	}
+}
+
+func randomLimit(rng *rand.Rand) Limit {
+	cost := []int64{1, 1, 3, 10}[rng.IntN(4)]
+	l := Limit{
+		Rate:         []float64{0.5, 10, 1000, 1e5}[rng.IntN(4)],
+		Burst:        float64(cost) * float64(1+rng.IntN(100)),
+		Cost:         cost,
+		InitialShare: []int64{0, 1, 250_000, 333_333, PPM}[rng.IntN(5)],
+		StartEmpty:   rng.IntN(4) == 0,
+	}
+	if rng.IntN(20) == 0 { // an invalid limit now and then
+		l.Cost = int64(l.Burst) + 1
+	}
+	return l
+}
+
+// TestMemoryStoreMatchesModel runs seeded random operations against the
+// MemoryStore and the naive model and compares every answer. Rerun a
+// failure with -model.seed=N.
+func TestMemoryStoreMatchesModel(t *testing.T) {
+	seed := *modelSeed
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano())
+	}
+	t.Logf("seed %d (rerun with -model.seed=%d)", seed, seed)
+	rng := rand.New(rand.NewPCG(seed, seed>>1))
+
+	keys := []string{"a", "b", "c", "d", ""}
+	limits := map[string]Limit{}
+	for _, k := range keys {
+		limits[k] = randomLimit(rng)
+	}
+	store, mod := NewMemoryStore(MemoryConfig{Shards: 2}), newModel()
+	var snapStore *MemoryStore
+	var snapModel *model
+	now := epoch
+	const ops = 20_000
+	for op := range ops {
+		key := keys[rng.IntN(len(keys))]
+		switch p := rng.IntN(100); {
+		case p < 35: // advance the clock, sometimes backwards
+			now = now.Add(time.Duration(rng.Int64N(300_000)) * time.Microsecond)
+			if rng.IntN(30) == 0 {
+				now = now.Add(-time.Duration(rng.Int64N(1_000_000)) * time.Microsecond)
+			}
+		case p < 75: // a batch of grants
+			reqs := make([]GrantRequest, 1+rng.IntN(4))
+			for i := range reqs {
+				k := keys[rng.IntN(len(keys))]
+				reqs[i] = GrantRequest{Key: k, Want: rng.Int64N(60) - 2, Limit: limits[k]}
+			}
+			out := make([]Grant, len(reqs))
+			store.GrantAt(now, reqs, out)
+			for i, r := range reqs {
+				granted, want, margin, valid := mod.grant(now, r)
+				got := out[i]
+				if (got.Err == nil) != valid {
+					t.Fatalf("op %d item %d %+v: got err %v, model says valid=%v", op, i, r, got.Err, valid)
+				}
+				if !valid {
+					continue
+				}
+				tol := 1e-9 * math.Max(1, want.Capacity)
+				near := margin < 1e-9
+				if (got.Granted != granted && !near) || math.Abs(got.Tokens-want.Tokens) > tol && !near ||
+					got.Rate != want.Rate || got.Capacity != want.Capacity ||
+					(!near && absDur(got.RetryAfter-want.RetryAfter) > time.Microsecond) {
+					t.Fatalf("op %d at %v item %d %+v:\ngot  %+v\nwant %+v", op, now.Sub(epoch), i, r, got, want)
+				}
+				// Carry the store's exact value on, so float drift does not
+				// compound across thousands of operations.
+				mod.buckets[r.Key].tokens = got.Tokens
+			}
+		case p < 85:
+			r := ReturnRequest{Key: key, Tokens: rng.Int64N(20) - 1, Limit: limits[key]}
+			err := store.ReturnAt(now, []ReturnRequest{r})
+			valid := modelValid(r.Key, r.Limit) && r.Tokens > 0
+			if (err == nil) != valid {
+				t.Fatalf("op %d: Return %+v: got err %v, model says valid=%v", op, r, err, valid)
+			}
+			if valid {
+				mod.ret(now, r)
+			}
+		case p < 92:
+			u := ShareUpdate{Key: key, SharePPM: rng.Int64N(PPM+2) - 1, Limit: limits[key]}
+			err := store.SetSharesAt(now, []ShareUpdate{u})
+			valid := modelValid(u.Key, u.Limit) && u.SharePPM >= 0 && u.SharePPM <= PPM
+			if (err == nil) != valid {
+				t.Fatalf("op %d: SetShares %+v: got err %v, model says valid=%v", op, u, err, valid)
+			}
+			if valid {
+				mod.setShare(now, u)
+			}
+		case p < 94: // the policy changes a key's limit
+			limits[key] = randomLimit(rng)
+		case p < 96: // sweeping drops what has expired
+			store.Sweep(now)
+			mod.sweep(now)
+		case p < 98:
+			snapStore, snapModel = store.Clone(), mod.clone()
+		default: // a failover loses the writes since the snapshot
+			if snapStore != nil {
+				store.Restore(snapStore)
+				mod = snapModel.clone()
+			}
+		}
+	}
+}
+
+func absDur(d time.Duration) time.Duration {
+	if d < 0 {
+		return -d
+	}
+	return d
+}
