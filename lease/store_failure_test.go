@@ -39,11 +39,15 @@ func TestRedisStoreUnavailable(t *testing.T) {
 	checkDown := func(how string) {
 		t.Helper()
 		calls := map[string]func(ctx context.Context) error{
-			"Grant":     func(ctx context.Context) error { return s.Grant(ctx, reqs, out) },
-			"Return":    func(ctx context.Context) error { return s.Return(ctx, []ReturnRequest{{Key: "a", Tokens: 1, Limit: l}}) },
-			"SetShares": func(ctx context.Context) error { return s.SetShares(ctx, []ShareUpdate{{Key: "a", SharePPM: 5, Limit: l}}) },
-			"Shares":    func(ctx context.Context) error { return s.Shares(ctx, []string{"a"}, make([]int64, 1)) },
-			"Ping":      func(ctx context.Context) error { return s.Ping(ctx) },
+			"Grant": func(ctx context.Context) error { return s.Grant(ctx, reqs, out) },
+			"Return": func(ctx context.Context) error {
+				return s.Return(ctx, []ReturnRequest{{Key: "a", Tokens: 1, Limit: l}})
+			},
+			"SetShares": func(ctx context.Context) error {
+				return s.SetShares(ctx, []ShareUpdate{{Key: "a", SharePPM: 5, Limit: l}})
+			},
+			"Shares": func(ctx context.Context) error { return s.Shares(ctx, []string{"a"}, make([]int64, 1)) },
+			"Ping":   func(ctx context.Context) error { return s.Ping(ctx) },
 		}
 		for name, call := range calls {
 			start := time.Now()
