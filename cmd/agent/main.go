@@ -1,0 +1,139 @@
+// Command agent is ration's gateway agent as a sidecar: it serves Envoy's
+// rate limit service API (envoy.service.ratelimit.v3.RateLimitService), so
+// Envoy, Istio and other Envoy-based gateways decide requests from tokens
+// leased from their region's regiond, with no code.
+//
+//	agent -regiond 127.0.0.1:7070 -listen 127.0.0.1:8081 -admin 127.0.0.1:8082
+//
+// Point Envoy's rate limit filter at -listen (a gRPC cluster) with
+// failure_mode_deny: true and status_on_error: 503, so that rules with
+// on_error: closed answer 503 when the region cannot be reached.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+
+	"github.com/ration-dev/ration/lease/agent"
+	"github.com/ration-dev/ration/lease/envoyrls"
+)
+
+func main() {
+	if err := run(context.Background(), os.Args[1:], os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "agent:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string, stdout *os.File) error {
+	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
+	regiond := fs.String("regiond", "127.0.0.1:7070", "the region's lease API address")
+	listen := fs.String("listen", "127.0.0.1:8081", "Envoy rate limit service (gRPC) address")
+	admin := fs.String("admin", "127.0.0.1:8082", "admin HTTP address (/healthz, /readyz, /metrics); - disables it")
+	domainKey := fs.String("domain-key", "domain", "descriptor key that carries Envoy's domain; - passes none")
+	leasePeriod := fs.Duration("lease-period", 50*time.Millisecond, "T_lease: leases cover this much of a key's recent spend")
+	grace := fs.Duration("grace", 5*time.Second, "how long in-flight calls may take to finish at shutdown")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		return fmt.Errorf("-log-level: %w", err)
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	a, err := agent.New(agent.Config{Target: *regiond, LeasePeriod: *leasePeriod, Registerer: reg, Logger: log})
+	if err != nil {
+		return err
+	}
+	defer a.Close()
+	rls, err := envoyrls.New(a, envoyrls.Config{DomainKey: *domainKey})
+	if err != nil {
+		return err
+	}
+
+	var lc net.ListenConfig
+	lis, err := lc.Listen(ctx, "tcp", *listen)
+	if err != nil {
+		return err
+	}
+	g := grpc.NewServer()
+	rls.Register(g)
+	serveErr := make(chan error, 2)
+	go func() { serveErr <- g.Serve(lis) }()
+
+	var hs *http.Server
+	adminAddr := "-"
+	if *admin != "-" {
+		alis, err := lc.Listen(ctx, "tcp", *admin)
+		if err != nil {
+			g.Stop()
+			return err
+		}
+		adminAddr = alis.Addr().String()
+		mux := http.NewServeMux()
+		mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") })
+		mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+			if err := a.Ready(); err != nil {
+				http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+				return
+			}
+			fmt.Fprintln(w, "ready")
+		})
+		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+		hs = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go func() {
+			if err := hs.Serve(alis); !errors.Is(err, http.ErrServerClosed) {
+				serveErr <- err
+			}
+		}()
+	}
+	fmt.Fprintf(stdout, "agent: Envoy rate limit service on %s, admin on http://%s, region at %s\n", lis.Addr(), adminAddr, *regiond)
+
+	sig, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	select {
+	case <-sig.Done():
+	case err := <-serveErr:
+		log.Error("server stopped", "err", err)
+	}
+	log.Info("shutting down")
+	sctx, cancel := context.WithTimeout(context.Background(), *grace)
+	defer cancel()
+	stopped := make(chan struct{})
+	go func() { g.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-sctx.Done():
+		g.Stop()
+		<-stopped
+	}
+	if hs != nil {
+		hs.Shutdown(sctx)
+	}
+	// Close returns the unused leased tokens to the region.
+	if err := a.Close(); err != nil && !errors.Is(err, agent.ErrClosed) {
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,217 @@
+// Package envoyrls serves Envoy's rate limit service API
+// (envoy.service.ratelimit.v3.RateLimitService) from a ration agent, so that
+// Envoy, Istio and other Envoy-based gateways use ration with no code.
+//
+// Each Envoy descriptor becomes one ration decision: its entries become
+// ration descriptors, plus the request's domain under DomainKey (default
+// "domain"), so rules can match `domain: edge`. hits_addend (the
+// descriptor's, else the request's, default 1) is the number of hits.
+// The response is OVER_LIMIT when any descriptor is denied.
+//
+// Fail-closed rules: when a rule with on_error: closed cannot reach its
+// region, ShouldRateLimit returns codes.Unavailable rather than OVER_LIMIT,
+// because the client is not over its quota. Configure Envoy's rate limit
+// filter with failure_mode_deny: true and status_on_error: 503 so that such
+// requests get a 503, as with the HTTP middleware.
+//
+// Envoy decides each descriptor on its own, and so does this adapter: a
+// request whose first descriptor is admitted and second denied has spent the
+// first's tokens. (Within one descriptor every matching ration rule must
+// pass, and tokens are debited only when all pass.)
+package envoyrls
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/ration-dev/ration/lease/agent"
+	"github.com/ration-dev/ration/policy"
+)
+
+// Decider makes ration decisions; *agent.Agent is one.
+type Decider interface {
+	Allow(ctx context.Context, ds []policy.Descriptor, hits int64) agent.Decision
+}
+
+// Config configures a Server. Zero values mean the defaults.
+type Config struct {
+	// DomainKey is the descriptor key under which the request's domain is
+	// passed to ration (default "domain"; "-" passes no domain).
+	DomainKey string
+	// MaxDescriptors bounds the descriptors of one request (default 64).
+	MaxDescriptors int
+	// MaxEntries bounds the entries of one descriptor (default 32).
+	MaxEntries int
+	// MaxHits bounds hits_addend (default 1,000,000): a larger value is a
+	// client bug, not a request.
+	MaxHits int64
+}
+
+// Server implements rlsv3.RateLimitServiceServer. Safe for concurrent use.
+type Server struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+	dec Decider
+	cfg Config
+}
+
+// New returns a Server deciding with d.
+func New(d Decider, cfg Config) (*Server, error) {
+	if d == nil {
+		return nil, errors.New("envoyrls: nil Decider")
+	}
+	if cfg.DomainKey == "" {
+		cfg.DomainKey = "domain"
+	}
+	if cfg.MaxDescriptors == 0 {
+		cfg.MaxDescriptors = 64
+	}
+	if cfg.MaxEntries == 0 {
+		cfg.MaxEntries = 32
+	}
+	if cfg.MaxHits == 0 {
+		cfg.MaxHits = 1_000_000
+	}
+	if cfg.MaxDescriptors < 0 || cfg.MaxEntries < 0 || cfg.MaxHits < 0 {
+		return nil, errors.New("envoyrls: limits must not be negative")
+	}
+	return &Server{dec: d, cfg: cfg}, nil
+}
+
+// Register adds the server to a gRPC server.
+func (s *Server) Register(g *grpc.Server) { rlsv3.RegisterRateLimitServiceServer(g, s) }
+
+// ShouldRateLimit implements rlsv3.RateLimitServiceServer.
+func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	descs := req.GetDescriptors()
+	if len(descs) == 0 {
+		return nil, status.Error(codes.InvalidArgument, "no descriptors")
+	}
+	if len(descs) > s.cfg.MaxDescriptors {
+		return nil, status.Errorf(codes.InvalidArgument, "%d descriptors, more than %d", len(descs), s.cfg.MaxDescriptors)
+	}
+	resp := &rlsv3.RateLimitResponse{
+		OverallCode: rlsv3.RateLimitResponse_OK,
+		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(descs)),
+	}
+	ds := make([]policy.Descriptor, 0, s.cfg.MaxEntries+1)
+	for i, d := range descs {
+		hits, err := s.hits(req, d)
+		if err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "descriptors[%d]: %v", i, err)
+		}
+		ds, err = s.descriptors(ds[:0], req.GetDomain(), d)
+		if err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "descriptors[%d]: %v", i, err)
+		}
+		dec := s.dec.Allow(ctx, ds, hits)
+		if dec.Path == agent.PathFailedClosed {
+			return nil, status.Errorf(codes.Unavailable, "rule %q: region unreachable and the rule fails closed", dec.Rule)
+		}
+		st := descriptorStatus(dec)
+		if !dec.Allowed {
+			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+		}
+		resp.Statuses[i] = st
+	}
+	return resp, nil
+}
+
+func (s *Server) hits(req *rlsv3.RateLimitRequest, d *ratelimitv3.RateLimitDescriptor) (int64, error) {
+	hits := int64(req.GetHitsAddend())
+	if h := d.GetHitsAddend(); h != nil {
+		if h.GetValue() > uint64(s.cfg.MaxHits) {
+			return 0, fmt.Errorf("hits_addend %d, more than %d", h.GetValue(), s.cfg.MaxHits)
+		}
+		hits = int64(h.GetValue())
+	}
+	if d.GetIsNegativeHits() {
+		return 0, errors.New("negative hits are not supported: ration debits tokens only when all rules pass, so nothing needs refunding")
+	}
+	if hits == 0 {
+		hits = 1 // Envoy's default: an unset hits_addend means one hit
+	}
+	if hits > s.cfg.MaxHits {
+		return 0, fmt.Errorf("hits_addend %d, more than %d", hits, s.cfg.MaxHits)
+	}
+	return hits, nil
+}
+
+func (s *Server) descriptors(ds []policy.Descriptor, domain string, d *ratelimitv3.RateLimitDescriptor) ([]policy.Descriptor, error) {
+	entries := d.GetEntries()
+	if len(entries) == 0 {
+		return nil, errors.New("no entries")
+	}
+	if len(entries) > s.cfg.MaxEntries {
+		return nil, fmt.Errorf("%d entries, more than %d", len(entries), s.cfg.MaxEntries)
+	}
+	if s.cfg.DomainKey != "-" && domain != "" {
+		ds = append(ds, policy.Descriptor{Key: s.cfg.DomainKey, Value: domain})
+	}
+	for j, e := range entries {
+		if e.GetKey() == "" {
+			return nil, fmt.Errorf("entries[%d]: empty key", j)
+		}
+		ds = append(ds, policy.Descriptor{Key: e.GetKey(), Value: e.GetValue()})
+	}
+	return ds, nil
+}
+
+// descriptorStatus describes one decision in Envoy's terms.
+func descriptorStatus(dec agent.Decision) *rlsv3.RateLimitResponse_DescriptorStatus {
+	st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+	if !dec.Allowed {
+		st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+	}
+	if dec.Rule == "" {
+		return st // no rule matched: no limit to describe
+	}
+	st.CurrentLimit = currentLimit(dec.Rule, dec.Limit, dec.Period)
+	st.LimitRemaining = uint32(min(max(dec.Remaining, 0), math.MaxUint32))
+	reset := dec.Reset
+	if !dec.Allowed && dec.RetryAfter > reset {
+		reset = dec.RetryAfter
+	}
+	st.DurationUntilReset = durationpb.New(reset)
+	return st
+}
+
+var units = []struct {
+	d    time.Duration
+	unit rlsv3.RateLimitResponse_RateLimit_Unit
+}{
+	{24 * time.Hour, rlsv3.RateLimitResponse_RateLimit_DAY},
+	{time.Hour, rlsv3.RateLimitResponse_RateLimit_HOUR},
+	{time.Minute, rlsv3.RateLimitResponse_RateLimit_MINUTE},
+	{time.Second, rlsv3.RateLimitResponse_RateLimit_SECOND},
+}
+
+// currentLimit expresses limit per period in Envoy's units: the largest
+// unit that divides the period, with a multiplier; a period of less than a
+// whole second becomes the equivalent rate per second.
+func currentLimit(name string, limit int64, period time.Duration) *rlsv3.RateLimitResponse_RateLimit {
+	rl := &rlsv3.RateLimitResponse_RateLimit{Name: name, RequestsPerUnit: uint32(min(limit, math.MaxUint32))}
+	for _, u := range units {
+		if period >= u.d && period%u.d == 0 {
+			rl.Unit = u.unit
+			if m := period / u.d; m != 1 {
+				rl.UnitMultiplier = wrapperspb.UInt32(uint32(min(int64(m), math.MaxUint32)))
+			}
+			return rl
+		}
+	}
+	rl.Unit = rlsv3.RateLimitResponse_RateLimit_SECOND
+	perSecond := float64(limit) * float64(time.Second) / float64(period)
+	rl.RequestsPerUnit = uint32(min(perSecond, math.MaxUint32))
+	return rl
+}
