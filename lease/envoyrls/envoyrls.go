@@ -198,7 +198,7 @@ var units = []struct {
 
 // currentLimit expresses limit per period in Envoy's units: the largest
 // unit that divides the period, with a multiplier; a period of less than a
-// whole second becomes the equivalent rate per second.
+// whole unit becomes the same rate in the smallest unit that holds a request.
 func currentLimit(name string, limit int64, period time.Duration) *rlsv3.RateLimitResponse_RateLimit {
 	rl := &rlsv3.RateLimitResponse_RateLimit{Name: name, RequestsPerUnit: uint32(min(limit, math.MaxUint32))}
 	for _, u := range units {
@@ -210,8 +210,14 @@ func currentLimit(name string, limit int64, period time.Duration) *rlsv3.RateLim
 			return rl
 		}
 	}
-	rl.Unit = rlsv3.RateLimitResponse_RateLimit_SECOND
-	perSecond := float64(limit) * float64(time.Second) / float64(period)
-	rl.RequestsPerUnit = uint32(min(perSecond, math.MaxUint32))
+	// The same rate in the smallest unit that holds at least one request.
+	for i := len(units) - 1; i >= 0; i-- {
+		perUnit := float64(limit) * float64(units[i].d) / float64(period)
+		if perUnit >= 1 || i == 0 {
+			rl.Unit = units[i].unit
+			rl.RequestsPerUnit = uint32(min(perUnit, math.MaxUint32))
+			break
+		}
+	}
 	return rl
 }

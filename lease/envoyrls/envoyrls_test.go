@@ -25,7 +25,7 @@ func TestCurrentLimitUnits(t *testing.T) {
 		{100, 2 * time.Hour, &rl{Name: "r", RequestsPerUnit: 100, Unit: rlsv3.RateLimitResponse_RateLimit_HOUR, UnitMultiplier: wrapperspb.UInt32(2)}},
 		// Less than a whole second: the same rate per second.
 		{10, 100 * time.Millisecond, &rl{Name: "r", RequestsPerUnit: 100, Unit: rlsv3.RateLimitResponse_RateLimit_SECOND}},
-		{1, 1500 * time.Millisecond, &rl{Name: "r", RequestsPerUnit: 0, Unit: rlsv3.RateLimitResponse_RateLimit_SECOND}},
+		{1, 1500 * time.Millisecond, &rl{Name: "r", RequestsPerUnit: 40, Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}},
 	}
 	for _, tc := range cases {
 		got := currentLimit("r", tc.limit, tc.period)
