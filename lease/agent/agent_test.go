@@ -333,8 +333,8 @@ func TestMetricsRegistered(t *testing.T) {
 	want := map[string]float64{
 		"ration_agent_decisions_total,outcome=allowed,path=LEASE": 10,
 		"ration_agent_fallback_activations_total":                 0,
-		"ration_agent_keys":                                       1,
-		"ration_agent_region_unreachable":                         0,
+		"ration_agent_keys":               1,
+		"ration_agent_region_unreachable": 0,
 	}
 	for name, v := range want {
 		if got[name] != v {

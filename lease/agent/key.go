@@ -50,6 +50,7 @@ type keyState struct {
 	// Demand already reported to the region.
 	reportedAsked, reportedAdmitted int64
 	rate                            spendRate
+	lastWant                        int64 // the previous lease's size, which caps the next
 	// What the last grant said.
 	hasGrant             bool
 	regionRate, capacity float64

@@ -31,7 +31,8 @@ func (a *Agent) leaseCall(f *flight, timeout time.Duration) {
 		if !k.hasGrant {
 			capacity = float64(r.Burst)
 		}
-		wants[i] = leaseSize(k.rate.rate, a.cfg.LeasePeriod, lead, f.needs[i], r.Cost, capacity, agents)
+		wants[i] = leaseSize(k.rate.rate, a.cfg.LeasePeriod, lead, f.needs[i], r.Cost, capacity, agents, k.lastWant)
+		k.lastWant = wants[i]
 		admitted := asked - k.denied.Load()
 		demand := max(asked-k.reportedAsked, 0)
 		req.Items[i] = &leasev1.LeaseItem{
@@ -122,7 +123,7 @@ func (a *Agent) applyLocked(k *keyState, r *policy.Rule, g *leasev1.LeaseGrant, 
 		k.denyUntil.Store(0)
 	}
 	if granted > 0 && exp > now {
-		a.scheduleAt(k, exp-lead)
+		a.scheduleAt(k, exp-a.renewLead())
 	} else {
 		a.scheduleAt(k, now+max(hold, int64(a.cfg.LeasePeriod)))
 	}

@@ -91,7 +91,9 @@ func runLoad(t *testing.T, target string, spec loadSpec) loadResult {
 	t.Helper()
 	cfg := spec.cfg
 	cfg.Target = target
-	cfg.Logger = quietLogger()
+	if cfg.Logger == nil {
+		cfg.Logger = quietLogger()
+	}
 	agents := make([]*Agent, spec.agents)
 	for i := range agents {
 		c := cfg
@@ -204,7 +206,7 @@ func TestBoundAndUtilisationUnderOverload(t *testing.T) {
 	spec := loadSpec{
 		keys: []string{"acme", "globex"}, agents: 3, goroutines: 4, perAgent: 1000,
 		duration: 2500 * time.Millisecond, window: 1500 * time.Millisecond,
-		cfg: Config{RoundTripTimeout: 100 * time.Millisecond},
+		cfg: testConfig(),
 	}
 	res := runLoad(t, r.addr, spec)
 	checkBoundAndUtilisation(t, spec, res, 1500, 1500)
@@ -224,7 +226,7 @@ rules:
 	spec := loadSpec{
 		keys: []string{"acme"}, agents: 2, goroutines: 2, perAgent: 1000,
 		duration: 2 * time.Second, window: time.Second,
-		cfg: Config{RoundTripTimeout: 100 * time.Millisecond},
+		cfg: testConfig(),
 	}
 	res := runLoad(t, r.addr, spec)
 	opsPer := float64(res.winOps) / float64(max(res.winAdmittedAll, 1))

@@ -16,7 +16,7 @@ import (
 
 func (a *Agent) refreshLoop() {
 	defer a.wg.Done()
-	tick := time.NewTicker(max(a.cfg.LeasePeriod/5, time.Millisecond))
+	tick := time.NewTicker(a.tick())
 	defer tick.Stop()
 	var work []*keyState
 	for {
@@ -133,7 +133,7 @@ func (a *Agent) check(k *keyState, pol *policy.Set, now int64, rets *returnBatch
 		return actNone
 	}
 	if live := k.slots.live(now); live > 0 {
-		if renewAt := k.slots.firstExpiry(now) - a.lead.Load(); now < renewAt {
+		if renewAt := k.slots.firstExpiry(now) - a.renewLead(); now+int64(a.tick()) < renewAt {
 			a.scheduleAt(k, renewAt)
 			return actNone
 		}
@@ -156,10 +156,12 @@ func (a *Agent) checkActive(k *keyState, now int64) action {
 	if k.queued.Load() && live >= k.lowWater.Load() {
 		k.queued.Store(false) // the other slot still holds enough
 	}
-	renewAt := k.slots.firstExpiry(now) - a.lead.Load()
+	// A renewal due before the next tick is due now: the tick is late by
+	// up to one period, and the lease would expire meanwhile.
+	renewAt := k.slots.firstExpiry(now) - a.renewLead()
 	switch {
 	case k.queued.Load():
-	case live > 0 && now >= renewAt:
+	case live > 0 && now+int64(a.tick()) >= renewAt:
 	case live > 0:
 		a.scheduleAt(k, renewAt)
 		return actNone
@@ -187,6 +189,12 @@ func (a *Agent) evictLocked(k *keyState, now int64, rets *returnBatch) {
 	a.keys.remove(k)
 	a.ctr.evicted.Add(1)
 }
+
+// renewLead is how long before a lease expires the refresher acts on it:
+// a round trip's lead plus one tick, since checks run on the tick.
+func (a *Agent) renewLead() int64 { return a.lead.Load() + int64(a.tick()) }
+
+func (a *Agent) tick() time.Duration { return max(a.cfg.LeasePeriod/5, time.Millisecond) }
 
 // firstExpiry is the earliest expiry among slots holding live tokens at
 // now, or now when none does.

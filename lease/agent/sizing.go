@@ -64,8 +64,16 @@ func (e *spendRate) observe(now, asked int64, p rateParams) {
 // need is what the asking request must have and fair is the key's regional
 // capacity divided among the region's agents, and rounded up to whole
 // costs, because the region grants only whole costs.
-func leaseSize(rate float64, period, lead time.Duration, need, cost int64, capacity float64, agents int64) int64 {
+//
+// A lease also grows at most to twice the previous ask (prev, 0 for none):
+// a burst of requests can make the rate estimate overshoot, and an
+// oversized lease is mostly dropped at expiry. Doubling reaches any size in
+// a few round trips, which a growing key makes anyway.
+func leaseSize(rate float64, period, lead time.Duration, need, cost int64, capacity float64, agents, prev int64) int64 {
 	want := math.Ceil(rate * (period + lead).Seconds())
+	if prev > 0 {
+		want = min(want, 2*float64(prev))
+	}
 	if capacity > 0 {
 		fair := capacity / float64(max(agents, 1))
 		want = min(want, fair)

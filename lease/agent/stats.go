@@ -18,9 +18,9 @@ type stripe struct {
 // counters are the agent's cumulative events off the request path.
 type counters struct {
 	leaseCalls, leaseItems, returnCalls, returnItems, callErrors atomic.Int64
-	granted, dropped, returned                      atomic.Int64
-	fallbacks, breakerOpened, evicted               atomic.Int64
-	policyUpdates, policyErrors                     atomic.Int64
+	granted, dropped, returned                                   atomic.Int64
+	fallbacks, breakerOpened, evicted                            atomic.Int64
+	policyUpdates, policyErrors                                  atomic.Int64
 }
 
 // Stats is a snapshot of an agent's counters since New.
