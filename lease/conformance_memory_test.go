@@ -34,8 +34,8 @@ func newMemoryHarness(t *testing.T) *harness {
 			s.mu.Lock()
 			defer s.mu.Unlock()
 			nowUS := clock.Now().UnixMicro()
-			b, ok := s.buckets[key]
-			if !ok || expired(b.expireAt, nowUS) {
+			b, ok := s.keys[key]
+			if !ok || !b.live(nowUS) {
 				return 0, false
 			}
 			if b.expireAt == 0 {
@@ -48,7 +48,8 @@ func newMemoryHarness(t *testing.T) *harness {
 			s := m.shard(key)
 			s.mu.Lock()
 			defer s.mu.Unlock()
-			s.buckets[key] = memBucket{bucket: bucket{tokens: tokens, last: last.UnixMicro()}}
+			e := s.entry(key)
+			e.bucket, e.hasBucket, e.expireAt = bucket{tokens: tokens, last: last.UnixMicro()}, true, 0
 		},
 	}
 }

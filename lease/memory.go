@@ -36,18 +36,30 @@ type MemoryStore struct {
 }
 
 type memShard struct {
-	mu      sync.Mutex
-	buckets map[string]memBucket
-	shares  map[string]int64
+	mu sync.Mutex
+	// keys holds one entry per key with a bucket or an applied share: one
+	// map lookup per grant, and the entry is updated in place.
+	keys map[string]*memEntry
 	// Pads shards apart so that neighbouring locks do not share a cache line.
 	_ [64]byte
 }
 
-type memBucket struct {
+// memEntry is a key's state: its bucket, which expires, and its applied
+// share, which does not.
+type memEntry struct {
 	bucket
 	// expireAt is when the bucket vanishes, in ms on the store clock; 0 is
 	// never.
-	expireAt int64
+	expireAt  int64
+	hasBucket bool
+	share     int64
+	hasShare  bool
+}
+
+// live reports whether the entry holds a bucket that has not expired at
+// nowUS; an expired bucket counts as missing, as a Redis key would.
+func (e *memEntry) live(nowUS int64) bool {
+	return e.hasBucket && !expired(e.expireAt, nowUS)
 }
 
 // NewMemoryStore returns an empty store.
@@ -60,8 +72,7 @@ func NewMemoryStore(cfg MemoryConfig) *MemoryStore {
 	}
 	m := &MemoryStore{clock: cfg.Clock, seed: maphash.MakeSeed(), shards: make([]memShard, cfg.Shards)}
 	for i := range m.shards {
-		m.shards[i].buckets = make(map[string]memBucket)
-		m.shards[i].shares = make(map[string]int64)
+		m.shards[i].keys = make(map[string]*memEntry)
 	}
 	return m
 }
@@ -87,14 +98,16 @@ func (m *MemoryStore) GrantAt(now time.Time, reqs []GrantRequest, out []Grant) {
 		}
 		s := m.shard(r.Key)
 		s.mu.Lock()
-		share := s.share(r.Key, r.Limit)
+		e := s.entry(r.Key)
+		share := e.shareOr(r.Limit)
 		rate, capacity := r.Limit.Regional(share)
-		b := s.load(r.Key, nowUS, capacity, r.Limit.StartEmpty)
-		b.refill(nowUS, rate, capacity)
-		granted := b.take(r.Want, r.Limit.Cost)
-		s.store(r.Key, b, rate, capacity)
+		e.load(nowUS, capacity, r.Limit.StartEmpty)
+		e.refill(nowUS, rate, capacity)
+		granted := e.take(r.Want, r.Limit.Cost)
+		e.setExpiry(rate, capacity)
+		tokens := e.tokens
 		s.mu.Unlock()
-		out[i] = grantResult(r.Limit, share, granted, b.tokens)
+		out[i] = grantResult(r.Limit, share, granted, tokens)
 	}
 }
 
@@ -109,11 +122,12 @@ func (m *MemoryStore) ReturnAt(now time.Time, reqs []ReturnRequest) error {
 	for _, r := range reqs {
 		s := m.shard(r.Key)
 		s.mu.Lock()
-		rate, capacity := r.Limit.Regional(s.share(r.Key, r.Limit))
-		b := s.load(r.Key, nowUS, capacity, r.Limit.StartEmpty)
-		b.refill(nowUS, rate, capacity)
-		b.give(r.Tokens, capacity)
-		s.store(r.Key, b, rate, capacity)
+		e := s.entry(r.Key)
+		rate, capacity := r.Limit.Regional(e.shareOr(r.Limit))
+		e.load(nowUS, capacity, r.Limit.StartEmpty)
+		e.refill(nowUS, rate, capacity)
+		e.give(r.Tokens, capacity)
+		e.setExpiry(rate, capacity)
 		s.mu.Unlock()
 	}
 	return nil
@@ -133,18 +147,16 @@ func (m *MemoryStore) SetSharesAt(now time.Time, ups []ShareUpdate) error {
 	for _, u := range ups {
 		s := m.shard(u.Key)
 		s.mu.Lock()
-		oldRate, oldCapacity := u.Limit.Regional(s.share(u.Key, u.Limit))
-		s.shares[u.Key] = u.SharePPM
-		if mb, ok := s.buckets[u.Key]; ok {
-			if expired(mb.expireAt, nowUS) {
-				delete(s.buckets, u.Key)
-			} else {
-				b := mb.bucket
-				b.refill(nowUS, oldRate, oldCapacity)
-				rate, capacity := u.Limit.Regional(u.SharePPM)
-				b.tokens = min(b.tokens, capacity)
-				s.store(u.Key, b, rate, capacity)
-			}
+		e := s.entry(u.Key)
+		oldRate, oldCapacity := u.Limit.Regional(e.shareOr(u.Limit))
+		e.share, e.hasShare = u.SharePPM, true
+		if e.live(nowUS) {
+			e.refill(nowUS, oldRate, oldCapacity)
+			rate, capacity := u.Limit.Regional(u.SharePPM)
+			e.tokens = min(e.tokens, capacity)
+			e.setExpiry(rate, capacity)
+		} else {
+			e.hasBucket = false
 		}
 		s.mu.Unlock()
 	}
@@ -163,10 +175,13 @@ func (m *MemoryStore) Sweep(now time.Time) int {
 	for i := range m.shards {
 		s := &m.shards[i]
 		s.mu.Lock()
-		for k, b := range s.buckets {
-			if expired(b.expireAt, nowUS) {
-				delete(s.buckets, k)
+		for k, e := range s.keys {
+			if e.hasBucket && !e.live(nowUS) {
 				n++
+				e.hasBucket = false
+			}
+			if !e.hasBucket && !e.hasShare {
+				delete(s.keys, k)
 			}
 		}
 		s.mu.Unlock()
@@ -220,11 +235,11 @@ func (m *MemoryStore) Shares(ctx context.Context, keys []string, out []int64) er
 	for i, k := range keys {
 		s := m.shard(k)
 		s.mu.Lock()
-		v, ok := s.shares[k]
-		s.mu.Unlock()
-		if !ok {
-			v = -1
+		v := int64(-1)
+		if e, ok := s.keys[k]; ok && e.hasShare {
+			v = e.share
 		}
+		s.mu.Unlock()
 		out[i] = v
 	}
 	return nil
@@ -235,25 +250,34 @@ func (m *MemoryStore) Ping(ctx context.Context) error {
 	return ctx.Err()
 }
 
-// share is the key's applied share, else the limit's initial share. The
-// caller holds s.mu.
-func (s *memShard) share(key string, l Limit) int64 {
-	if v, ok := s.shares[key]; ok {
-		return v
+// entry returns key's entry, adding an empty one. The caller holds s.mu.
+func (s *memShard) entry(key string) *memEntry {
+	e, ok := s.keys[key]
+	if !ok {
+		e = &memEntry{}
+		s.keys[key] = e
+	}
+	return e
+}
+
+// shareOr is the key's applied share, else the limit's initial share.
+func (e *memEntry) shareOr(l Limit) int64 {
+	if e.hasShare {
+		return e.share
 	}
 	return l.InitialShare
 }
 
-// load returns the key's bucket, or a new one if it is missing or expired
-// (as a Redis key would be). The caller holds s.mu.
-func (s *memShard) load(key string, nowUS int64, capacity float64, startEmpty bool) bucket {
-	if b, ok := s.buckets[key]; ok && !expired(b.expireAt, nowUS) {
-		return b.bucket
+// load starts a new bucket if the key has none at nowUS (missing or
+// expired, as a Redis key would be).
+func (e *memEntry) load(nowUS int64, capacity float64, startEmpty bool) {
+	if !e.live(nowUS) {
+		e.bucket = newBucket(nowUS, capacity, startEmpty)
+		e.hasBucket = true
 	}
-	return newBucket(nowUS, capacity, startEmpty)
 }
 
-// store saves b with its expiry. The caller holds s.mu.
-func (s *memShard) store(key string, b bucket, rate, capacity float64) {
-	s.buckets[key] = memBucket{bucket: b, expireAt: expireAtMillis(b.last, rate, capacity)}
+// setExpiry sets when the bucket, just updated, may vanish.
+func (e *memEntry) setExpiry(rate, capacity float64) {
+	e.expireAt = expireAtMillis(e.last, rate, capacity)
 }

@@ -1,7 +1,5 @@
 package lease
 
-import "maps"
-
 // Clone returns a deep copy of the store: its buckets, expiries and applied
 // shares, with the same clock. The simulator models a Redis failover that
 // loses a window of writes by keeping a clone and later restoring it.
@@ -13,8 +11,11 @@ func (m *MemoryStore) Clone() *MemoryStore {
 	for i := range m.shards {
 		s := &m.shards[i]
 		s.mu.Lock()
-		c.shards[i].buckets = maps.Clone(s.buckets)
-		c.shards[i].shares = maps.Clone(s.shares)
+		c.shards[i].keys = make(map[string]*memEntry, len(s.keys))
+		for k, e := range s.keys {
+			cp := *e
+			c.shards[i].keys[k] = &cp
+		}
 		s.mu.Unlock()
 	}
 	return c
@@ -31,22 +32,16 @@ func (m *MemoryStore) Restore(from *MemoryStore) {
 	for i := range m.shards {
 		s := &m.shards[i]
 		s.mu.Lock()
-		clear(s.buckets)
-		clear(s.shares)
+		clear(s.keys)
 		s.mu.Unlock()
 	}
-	// Shard counts and seeds may differ, so entries are placed by m's hash.
+	// Shard counts and seeds may differ, so entries are placed by m's hash;
+	// snap is private, so its entries can be moved rather than copied.
 	for i := range snap.shards {
-		for k, b := range snap.shards[i].buckets {
+		for k, e := range snap.shards[i].keys {
 			s := m.shard(k)
 			s.mu.Lock()
-			s.buckets[k] = b
-			s.mu.Unlock()
-		}
-		for k, v := range snap.shards[i].shares {
-			s := m.shard(k)
-			s.mu.Lock()
-			s.shares[k] = v
+			s.keys[k] = e
 			s.mu.Unlock()
 		}
 	}
