@@ -93,7 +93,7 @@ func (a *Agent) decide(ctx context.Context, s *scratch, now int64, ds []policy.D
 		if j, w, ok := rr.k.slots.spend(now, rr.need); ok {
 			rr.done, rr.ok, rr.path = true, true, PathLease
 			rr.undo, rr.slot, rr.word = undoSlot, j, w
-			if balance(w) < rr.k.lowWater.Load() {
+			if lw := rr.k.lowWater.Load(); balance(w) < lw && balance(w)+rr.k.slots.otherLive(j, now) < lw {
 				a.queueRefresh(rr.k)
 			}
 			continue

@@ -86,8 +86,15 @@ type loadResult struct {
 	stats                  []Stats
 }
 
-// runLoad runs spec against the lease API at target.
+// runLoad runs spec against the lease API at target, with the keys as
+// values of the descriptor tenant.
 func runLoad(t *testing.T, target string, spec loadSpec) loadResult {
+	t.Helper()
+	return runLoadOn(t, target, spec, "tenant")
+}
+
+// runLoadOn is runLoad with the keys as values of descriptor name.
+func runLoadOn(t *testing.T, target string, spec loadSpec, name string) loadResult {
 	t.Helper()
 	cfg := spec.cfg
 	cfg.Target = target
@@ -122,7 +129,7 @@ func runLoad(t *testing.T, target string, spec loadSpec) loadResult {
 	for _, a := range agents {
 		for ki, key := range spec.keys {
 			for g := 0; g < spec.goroutines; g++ {
-				pace(a, ds("tenant", key), interval, stop, res.perKey[ki], &wg)
+				pace(a, ds(name, key), interval, stop, res.perKey[ki], &wg)
 			}
 		}
 	}
@@ -168,11 +175,14 @@ func runLoad(t *testing.T, target string, spec loadSpec) loadResult {
 // when demand exceeds it.
 func checkBoundAndUtilisation(t *testing.T, spec loadSpec, res loadResult, rate, burst float64) {
 	t.Helper()
-	var dropped, granted int64
+	var dropped, granted, callErrors, openings int64
 	for _, s := range res.stats {
 		dropped += s.TokensDropped
 		granted += s.TokensGranted
+		callErrors += s.CallErrors
+		openings += s.BreakerOpenings
 	}
+	t.Logf("failed calls %d, breaker openings %d", callErrors, openings)
 	for i, k := range res.perKey {
 		admitted := float64(k.admitted.Load())
 		bound := burst + rate*res.elapsed.Seconds()

@@ -149,21 +149,22 @@ func (a *Agent) check(k *keyState, pol *policy.Set, now int64, rets *returnBatch
 }
 
 // checkActive handles a key that saw requests since its last check, or
-// whose balance fell below its low-water mark: it is renewed when it is
-// low or its lease is about to expire, unless the deny cache says to wait.
+// whose balance fell below its low-water mark. It is renewed when the
+// tokens that will still be spendable after the next round trip and tick
+// (the horizon) fall below the low-water mark, unless the deny cache says
+// to wait; otherwise its next check is planned.
 func (a *Agent) checkActive(k *keyState, now int64) action {
 	live := k.slots.live(now)
-	if k.queued.Load() && live >= k.lowWater.Load() {
+	horizon := now + a.renewLead() + int64(a.tick())
+	lasting := k.slots.live(horizon)
+	if k.queued.Load() && lasting >= k.lowWater.Load() {
 		k.queued.Store(false) // the other slot still holds enough
 	}
-	// A renewal due before the next tick is due now: the tick is late by
-	// up to one period, and the lease would expire meanwhile.
-	renewAt := k.slots.firstExpiry(now) - a.renewLead()
 	switch {
 	case k.queued.Load():
-	case live > 0 && now+int64(a.tick()) >= renewAt:
+	case live > 0 && lasting < k.lowWater.Load():
 	case live > 0:
-		a.scheduleAt(k, renewAt)
+		a.scheduleAt(k, k.slots.firstExpiry(horizon)-a.renewLead())
 		return actNone
 	default:
 		// No lease, no low-water signal: demand that was denied or decided

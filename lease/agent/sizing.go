@@ -34,7 +34,7 @@ type rateParams struct {
 }
 
 func newRateParams(leasePeriod time.Duration) rateParams {
-	return rateParams{window: leasePeriod / 10, up: leasePeriod / 10, down: 20 * leasePeriod}
+	return rateParams{window: leasePeriod / 5, up: leasePeriod / 2, down: 20 * leasePeriod}
 }
 
 // observe folds in the demand up to now, given as the key's cumulative

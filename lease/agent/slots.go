@@ -91,6 +91,15 @@ func (s *slots) live(now int64) int64 {
 	return n
 }
 
+// otherLive returns the live tokens of the slot other than i.
+func (s *slots) otherLive(i int, now int64) int64 {
+	o := &s[i^1]
+	if w := o.word.Load(); o.exp.Load() > now {
+		return balance(w)
+	}
+	return 0
+}
+
 // total returns every token held, spendable or not yet collected as expired.
 func (s *slots) total() int64 {
 	return balance(s[0].word.Load()) + balance(s[1].word.Load())
