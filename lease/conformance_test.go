@@ -299,6 +299,16 @@ func confSetShares(t *testing.T, h *harness) {
 	if g.Capacity != 100 {
 		t.Errorf("got capacity %v, want 100", g.Capacity)
 	}
+	// Lowering clips at once, not at the next grant: tokens above the lower
+	// capacity are gone even if the share comes back before anyone asks.
+	wantGranted(t, grant1(t, h, "clip", 1, l), 1) // 99 left
+	if err := h.store.SetShares(ctx, []ShareUpdate{
+		{Key: "clip", SharePPM: 100_000, Limit: l},
+		{Key: "clip", SharePPM: PPM, Limit: l},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	wantGranted(t, grant1(t, h, "clip", 100, l), 10)
 	// A key without a bucket records the share; its bucket starts full at it.
 	if err := h.store.SetShares(ctx, []ShareUpdate{{Key: "new", SharePPM: 500_000, Limit: l}}); err != nil {
 		t.Fatal(err)
