@@ -1,0 +1,275 @@
+package region_test
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/ration-dev/ration/region"
+)
+
+// This file models a deployment for the tests: regions running the
+// production State against a modelled store (the applied share of every key)
+// and a modelled network (loss, duplication, delay, reordering, partitions),
+// with crashes at every point of the epoch protocol. It follows the caller
+// contract documented on State.Epoch exactly.
+
+// faults are the injected faults, per step; the zero value injects none.
+type faults struct {
+	loss, dup  float64 // probability a report copy is lost / duplicated
+	maxDelay   int     // a copy arrives 1 + U[0, maxDelay] epochs later
+	crash      float64 // probability a region crashes during its epoch
+	writeFail  float64 // probability a store write fails
+	partition  float64 // probability a healthy region becomes isolated
+	partitionN int     // how many epochs an isolation lasts, at most
+}
+
+type node struct {
+	name      string
+	cfg       region.Config
+	st        *region.State
+	store     map[string]int64 // applied shares; a missing key is at the initial share
+	persisted *region.Snapshot
+	isolated  int // epochs left in isolation
+	restarts  int
+	held      map[string]int64 // reclaims held at the end of the last epoch, by key
+}
+
+type msg struct {
+	to  int
+	due int
+	rep region.Report
+}
+
+type cluster struct {
+	t       testing.TB
+	rng     *rand.Rand
+	period  time.Duration
+	regions []string
+	nodes   []*node
+	step    int
+	now     time.Time
+	net     []msg
+	f       faults
+	// check is called after every store write, after after every region's
+	// epoch.
+	check func(c *cluster, when string)
+	after func(c *cluster, i int)
+	// stats
+	delivered, lost, stale int
+}
+
+func newCluster(t testing.TB, rng *rand.Rand, n int, tweak func(*region.Config)) *cluster {
+	t.Helper()
+	c := &cluster{t: t, rng: rng, period: time.Second, now: time.Unix(1_700_000_000, 0)}
+	for i := 0; i < n; i++ {
+		c.regions = append(c.regions, fmt.Sprintf("r%d", i))
+	}
+	for _, name := range c.regions {
+		cfg := region.Config{Self: name, Regions: c.regions, Period: c.period}
+		if tweak != nil {
+			tweak(&cfg)
+		}
+		st, err := region.New(cfg)
+		if err != nil {
+			t.Fatalf("New(%s): %v", name, err)
+		}
+		c.nodes = append(c.nodes, &node{name: name, cfg: cfg, st: st, store: map[string]int64{}})
+	}
+	return c
+}
+
+// applied returns region i's applied share of key, as its bucket sees it.
+func (c *cluster) applied(i int, key string) int64 {
+	nd := c.nodes[i]
+	if v, ok := nd.store[key]; ok {
+		return v
+	}
+	return nd.st.Initial(nd.name)
+}
+
+// sum returns Σ over regions of the applied share of key.
+func (c *cluster) sum(key string) int64 {
+	var s int64
+	for i := range c.nodes {
+		s += c.applied(i, key)
+	}
+	return s
+}
+
+func (c *cluster) restart(nd *node) {
+	st, err := region.New(nd.cfg)
+	if err != nil {
+		c.t.Fatalf("New(%s): %v", nd.name, err)
+	}
+	if nd.persisted != nil {
+		if err := st.Restore(*nd.persisted); err != nil {
+			c.t.Fatalf("step %d: Restore(%s): %v", c.step, nd.name, err)
+		}
+	}
+	nd.st = st
+	nd.restarts++
+}
+
+func (c *cluster) chance(p float64) bool { return p > 0 && c.rng.Float64() < p }
+
+// deliver hands every due report to its receiver, in random order.
+func (c *cluster) deliver() {
+	c.rng.Shuffle(len(c.net), func(i, j int) { c.net[i], c.net[j] = c.net[j], c.net[i] })
+	keep := c.net[:0]
+	for _, m := range c.net {
+		if m.due > c.step {
+			keep = append(keep, m)
+			continue
+		}
+		nd := c.nodes[m.to]
+		if nd.isolated > 0 || c.nodes[c.index(m.rep.Region)].isolated > 0 {
+			c.lost++
+			continue
+		}
+		err := nd.st.Receive(c.now, m.rep)
+		switch {
+		case err == nil:
+			c.delivered++
+		case errors.Is(err, region.ErrStale):
+			c.stale++
+		default:
+			c.t.Fatalf("step %d: %s receives from %s: %v", c.step, nd.name, m.rep.Region, err)
+		}
+	}
+	c.net = keep
+}
+
+func (c *cluster) index(name string) int {
+	i, _ := slices.BinarySearch(c.regions, name)
+	return i
+}
+
+// publish sends a report to every other region through the faulty network.
+func (c *cluster) publish(from int, rep region.Report) {
+	for to := range c.nodes {
+		if to == from {
+			continue
+		}
+		copies := 1
+		if c.chance(c.f.dup) {
+			copies = 2
+		}
+		for k := 0; k < copies; k++ {
+			if c.chance(c.f.loss) {
+				c.lost++
+				continue
+			}
+			delay := 1
+			if c.f.maxDelay > 0 {
+				delay += c.rng.IntN(c.f.maxDelay + 1)
+			}
+			c.net = append(c.net, msg{to: to, due: c.step + delay, rep: rep})
+		}
+	}
+}
+
+// write applies one share change to a region's store, unless it fails.
+func (c *cluster) write(i int, key string, share int64, del bool) bool {
+	if c.chance(c.f.writeFail) {
+		return false
+	}
+	if del {
+		delete(c.nodes[i].store, key)
+	} else {
+		c.nodes[i].store[key] = share
+	}
+	if c.check != nil {
+		c.check(c, fmt.Sprintf("%s writes %s=%d", c.nodes[i].name, key, share))
+	}
+	return true
+}
+
+// epoch runs one region's epoch by the caller contract, with a crash at a
+// random point when the faults say so. It returns the plan (for tests that
+// look at it).
+func (c *cluster) epoch(i int) region.Plan {
+	nd := c.nodes[i]
+	crashAt := -1
+	if c.chance(c.f.crash) {
+		crashAt = c.rng.IntN(5)
+	}
+	plan := nd.st.Epoch(c.now)
+	if crashAt == 0 {
+		c.restart(nd)
+		return plan
+	}
+	kept := plan.Lower[:0]
+	for _, ch := range plan.Lower {
+		if c.write(i, ch.Key, ch.SharePPM, false) {
+			kept = append(kept, ch)
+		}
+	}
+	plan.Lower = kept
+	if crashAt == 1 {
+		c.restart(nd)
+		return plan
+	}
+	if err := nd.st.Commit(plan); err != nil {
+		c.t.Fatalf("step %d: %s Commit: %v", c.step, nd.name, err)
+	}
+	if crashAt == 2 {
+		c.restart(nd)
+		return plan
+	}
+	snap := nd.st.Snapshot()
+	nd.persisted = &snap
+	if crashAt == 3 {
+		c.restart(nd)
+		return plan
+	}
+	if nd.isolated == 0 {
+		c.publish(i, nd.st.Report())
+	}
+	for _, ch := range plan.Raise {
+		if !c.write(i, ch.Key, ch.SharePPM, false) {
+			nd.st.Resync(ch.Key)
+		}
+	}
+	for _, key := range plan.Retire {
+		if !c.write(i, key, 0, true) {
+			nd.st.Resync(key)
+		}
+	}
+	if crashAt == 4 {
+		c.restart(nd)
+	}
+	return plan
+}
+
+// run advances one epoch for the whole cluster: deliveries, local demand
+// (demand(region, key) tokens in the epoch), then every region's epoch in a
+// random order.
+func (c *cluster) run(keys []string, demand func(region int, key string) int64) {
+	c.step++
+	c.now = c.now.Add(c.period)
+	for _, nd := range c.nodes {
+		if nd.isolated > 0 {
+			nd.isolated--
+		} else if c.chance(c.f.partition) && c.f.partitionN > 0 {
+			nd.isolated = 1 + c.rng.IntN(c.f.partitionN)
+		}
+	}
+	c.deliver()
+	for i, nd := range c.nodes {
+		for _, key := range keys {
+			if d := demand(i, key); d > 0 {
+				nd.st.Observe(key, d, d)
+			}
+		}
+	}
+	for _, i := range c.rng.Perm(len(c.nodes)) {
+		c.epoch(i)
+		if c.after != nil {
+			c.after(c, i)
+		}
+	}
+}

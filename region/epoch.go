@@ -1,0 +1,523 @@
+package region
+
+import (
+	"fmt"
+	"slices"
+	"time"
+)
+
+// Plan is the outbox of one Epoch: the store writes the caller must carry
+// out, in the order documented on State.Epoch.
+type Plan struct {
+	// Epoch is the epoch number the plan belongs to.
+	Epoch uint64
+	// Lower are shares to write to the store BEFORE Commit: each is at or
+	// below the share the store may hold, and this epoch's gifts are
+	// already taken out of it. Remove the entries whose write was not
+	// confirmed before calling Commit; their keys give nothing this epoch.
+	Lower []ShareChange
+	// Raise are shares to write after Commit (gifts received, or our gifts
+	// outweighed by those received). Their outcome never matters for
+	// safety; call Resync for a key whose write failed.
+	Raise []ShareChange
+	// Retire are keys whose exchange state was dropped at rest: delete
+	// their stored share after Commit, so the bucket falls back to the
+	// region's initial share.
+	Retire []string
+
+	seq   uint64
+	steps []step
+}
+
+// ShareChange sets the applied share of Key in this region's store.
+type ShareChange struct {
+	Key      string
+	SharePPM int64
+
+	step int32 // 1 + index in Plan.steps
+}
+
+// step is one key's part of a plan: the new applied share and the gifts and
+// reclaims to record at Commit.
+type step struct {
+	ks      *keyState
+	gen     uint64
+	applied int64
+	gifts   []int64 // nil: none
+	takes   []int64 // nil: none
+	intake  []int64 // inTaken when planned, to acknowledge at Commit (nil: unchanged)
+	entry   int8    // 0 none, 1 Lower, 2 Raise
+}
+
+// Epoch runs one sync step for every active key at now (DESIGN.md, "Each
+// epoch", steps 2 to 5, on the reports received so far) and returns what to
+// write. It closes the local tallies of the epoch, updates the demand EWMA,
+// moves keys to the newest generation, retires keys at rest, and decides
+// gifts and reclaims. Gifts are not given until Commit.
+//
+// The caller, which owns the store, then does exactly this:
+//
+//	plan := s.Epoch(now)
+//	write plan.Lower to the store; drop the entries not confirmed
+//	s.Commit(plan)        // records the gifts in our row
+//	persist s.Snapshot()  // in the region's store; if it fails, stop here
+//	publish s.Report()
+//	write plan.Raise, delete plan.Retire
+//
+// Lowering before committing means no share is ever visible to a peer while
+// we still apply it; persisting before publishing means a restarted or
+// failed-over replica never forgets a gift a peer may have seen. A plan that
+// is not committed gives nothing: the next Epoch recomputes, and rewrites
+// the shares of the keys it touched before any gift.
+func (s *State) Epoch(now time.Time) Plan {
+	s.advance(now)
+	if !s.committed {
+		for _, st := range s.open {
+			st.ks.applied = -1 // the Lower write may or may not have happened
+		}
+	}
+	s.pruneReplicas(now)
+	s.seq++
+	s.committed = false
+	p := Plan{Epoch: s.epoch, seq: s.seq}
+	for i := 0; i < len(s.keys); {
+		if s.epochKey(now, s.keys[i], &p) {
+			i++
+		} else {
+			s.removeKey(i)
+		}
+	}
+	s.open = p.steps
+	return p
+}
+
+// advance moves the clock and the epoch number.
+func (s *State) advance(now time.Time) {
+	s.now = now
+	e := uint64(0)
+	if ns := now.UnixNano(); ns > 0 {
+		e = uint64(ns / int64(s.cfg.Period))
+	}
+	s.epoch = max(s.epoch+1, e)
+}
+
+// epochKey runs the epoch for one key; false drops the key.
+func (s *State) epochKey(now time.Time, ks *keyState, p *Plan) bool {
+	n, me, cfg := s.n, s.self, &s.cfg
+	if ks.created.IsZero() {
+		ks.created, ks.lastDemand, ks.lastTransfer = now, now, now
+	}
+
+	// Demand: the EWMA steers by the tallies everyone saw last epoch.
+	s.demands(ks, now)
+	active := ks.cur0.demand > 0
+	for k := 0; k < n; k++ {
+		active = active || s.x[k] > 0
+		ks.ewma[k] = cfg.Alpha*s.x[k] + (1-cfg.Alpha)*ks.ewma[k]
+	}
+	if active {
+		ks.lastDemand = now
+	}
+	ks.pub, ks.cur0 = ks.cur0, tally{}
+	live := ks.exits[:0]
+	for _, x := range ks.exits {
+		if !s.exitDone(now, ks, x) {
+			live = append(live, x)
+		}
+	}
+	clear(ks.exits[len(live):])
+	ks.exits = live
+
+	// Generation: enter one, or follow a peer to a newer one.
+	if ks.gen == 0 {
+		if !active && !s.pendingGifts(ks) {
+			return len(ks.exits) > 0 // a tombstone announcing its exit
+		}
+		s.enter(now, ks, s.initial[me])
+	} else if g := s.highestPeerGen(ks); g > ks.gen {
+		// Carry our share over, without the reclaims the victims have not
+		// acknowledged: a generation change ends a reclaim, and what the
+		// victim did not apply stays the victim's.
+		s.leave(now, ks, true)
+		s.enter(now, ks, clamp(s.exitShare(ks), -PPM, PPM))
+	}
+
+	sh := s.own(ks)
+	idle := now.Sub(ks.lastDemand) >= cfg.IdleAfter
+	pol := cfg.Policy(ks.key)
+	targets := s.targets(now, ks, pol, sh, idle)
+	gifts := s.giftsFor(ks, sh, targets, idle)
+	var takes []int64
+	if ks.applied >= 0 {
+		// A reclaim raises our share, so it is written after Commit, as
+		// a Raise: never while the stored share is unknown and the whole
+		// entry must be a Lower.
+		takes = s.reclaims(now, ks, pol)
+	}
+	if idle && gifts == nil && takes == nil && now.Sub(ks.lastTransfer) >= cfg.Grace && sh >= s.initial[me] && s.settled(ks) {
+		// At rest: leave the generation for none. The store falls back to
+		// the initial share, which is at most what we hold.
+		s.leave(now, ks, false)
+		ks.gen, ks.base, ks.applied = 0, 0, -1
+		p.Retire = append(p.Retire, ks.key)
+		return true
+	}
+
+	ns := sh
+	for k := 0; k < n; k++ {
+		if gifts != nil {
+			ns -= gifts[k]
+		}
+		if takes != nil {
+			ns += takes[k]
+		}
+	}
+	a := clamp(ns, 0, PPM)
+	intake := !slices.Equal(ks.inTaken, ks.inTakenStored)
+	if gifts == nil && takes == nil && a == ks.applied {
+		if intake {
+			copy(ks.inTakenStored, ks.inTaken) // the store already reflects it
+		}
+		return true
+	}
+	st := step{ks: ks, gen: ks.gen, applied: a, gifts: gifts, takes: takes}
+	if intake {
+		st.intake = slices.Clone(ks.inTaken)
+	}
+	c := ShareChange{Key: ks.key, SharePPM: a, step: int32(len(p.steps) + 1)}
+	switch {
+	case ks.applied < 0 || a < ks.applied:
+		st.entry = 1
+		p.Lower = append(p.Lower, c)
+	case a > ks.applied:
+		st.entry = 2
+		p.Raise = append(p.Raise, c)
+	}
+	p.steps = append(p.steps, st)
+	return true
+}
+
+// pendingGifts reports whether a peer has given us share in a generation we
+// may enter.
+func (s *State) pendingGifts(ks *keyState) bool {
+	for k := 0; k < s.n; k++ {
+		if g := ks.rowGen[k]; g > s.genFloor && g == s.peerGen(ks, k) && ks.rows[k*s.n+s.self] > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// enter puts the key in the newest generation a peer is in, or in a new one
+// when we may not enter that (we left it, or one newer), with base share.
+func (s *State) enter(now time.Time, ks *keyState, base int64) {
+	n, me := s.n, s.self
+	g := s.highestPeerGen(ks)
+	if g <= s.genFloor {
+		g = max(s.epoch, s.genFloor+1)
+	}
+	ks.gen, ks.base = g, base
+	clear(s.ownRow(ks))
+	clear(s.ownTaken(ks))
+	clear(ks.in)
+	clear(ks.inTaken)
+	clear(ks.refund)
+	clear(ks.unclaim)
+	clear(ks.ack)
+	clear(ks.ackTkn)
+	clear(ks.inTakenStored)
+	ks.rowGen[me] = g
+	ks.bases[me] = base
+	for k := 0; k < n; k++ {
+		if k != me && ks.rowGen[k] == g {
+			ks.in[k] = ks.rows[k*n+me]
+			ks.inTaken[k] = ks.taken[k*n+me]
+		}
+	}
+	ks.lastTransfer = now
+}
+
+// settled reports whether every gift and reclaim we made in the key's
+// generation was acknowledged by its recipient, or settled by the
+// recipient's exit record, so that retiring loses nothing in flight. A key
+// with a gift to a silent region waits for it, however long.
+func (s *State) settled(ks *keyState) bool {
+	row, tk := s.ownRow(ks), s.ownTaken(ks)
+	for k := 0; k < s.n; k++ {
+		if k != s.self && (row[k]-ks.refund[k] > ks.ack[k] || tk[k]-ks.unclaim[k] > ks.ackTkn[k]) {
+			return false
+		}
+	}
+	return true
+}
+
+// exitDone reports whether the exit record of a generation we left can be
+// dropped. Peers settle against it (they take back gifts we never applied,
+// or learn the reclaims we did apply), and a lost record loses share, so it
+// is announced for IdleAfter, and longer while a peer is still in that
+// generation or our own gifts there are not settled (but not past
+// 3 × IdleAfter for those: a peer that never answers costs that share).
+func (s *State) exitDone(now time.Time, ks *keyState, x *exitState) bool {
+	age := now.Sub(x.at)
+	if age < s.cfg.IdleAfter {
+		return false
+	}
+	for k := 0; k < s.n; k++ {
+		if k != s.self && s.peerGen(ks, k) == x.gen {
+			return false
+		}
+	}
+	if age >= 3*s.cfg.IdleAfter {
+		return true
+	}
+	for k := 0; k < s.n; k++ {
+		if k != s.self && x.row[k]-x.refund[k] > x.ack[k] {
+			return false
+		}
+	}
+	return true
+}
+
+// alloc sizes an exit record's rows for n regions.
+func (x *exitState) alloc(n int) {
+	buf := make([]int64, 6*n)
+	x.row, x.taken, x.in = buf[:n:n], buf[n:2*n:2*n], buf[2*n:3*n:3*n]
+	x.intake, x.refund, x.ack = buf[3*n:4*n:4*n], buf[4*n:5*n:5*n], buf[5*n:]
+}
+
+// unacked returns the part of our reclaim from k that k has not applied.
+func (s *State) unacked(ks *keyState, k int) int64 {
+	return max(s.ownTaken(ks)[k]-ks.unclaim[k]-ks.ackTkn[k], 0)
+}
+
+// exitShare is the share we carry into a new generation: ours, without the
+// reclaims not acknowledged.
+func (s *State) exitShare(ks *keyState) int64 {
+	sh := s.own(ks)
+	for k := 0; k < s.n; k++ {
+		sh -= s.unacked(ks, k)
+	}
+	return sh
+}
+
+// leave records the exit of the key's generation. We never enter it again:
+// our row there is final, which lets peers settle against it. When moving
+// on, the reclaims not acknowledged are given up and left out of the record.
+func (s *State) leave(now time.Time, ks *keyState, moving bool) {
+	x := &exitState{gen: ks.gen, at: now}
+	x.alloc(s.n)
+	copy(x.row, s.ownRow(ks))
+	copy(x.taken, s.ownTaken(ks))
+	if moving {
+		for k := range x.taken {
+			x.taken[k] -= s.unacked(ks, k)
+		}
+	}
+	copy(x.in, ks.in)
+	copy(x.intake, ks.inTaken)
+	copy(x.refund, ks.refund)
+	copy(x.ack, ks.ack)
+	ks.exits = append(ks.exits, x)
+	s.genFloor = max(s.genFloor, ks.gen)
+	ks.lastTransfer = now
+}
+
+// targets returns every region's target share for the key. Peers that are
+// heard and in our generation are live; the others are frozen at their
+// current share (fail-static) and the water-filling divides what is left.
+func (s *State) targets(now time.Time, ks *keyState, pol KeyPolicy, sh int64, idle bool) []int64 {
+	n, me, cfg := s.n, s.self, &s.cfg
+	s.live = s.live[:0]
+	var frozen int64
+	for k := 0; k < n; k++ {
+		if k == me {
+			s.v[k] = sh
+			s.live = append(s.live, k)
+			continue
+		}
+		g := s.peerGen(ks, k)
+		inGen := g == ks.gen && ks.rowGen[k] == ks.gen
+		switch {
+		case inGen:
+			s.v[k] = s.view(ks, k)
+		case g != 0:
+			s.v[k] = ks.shares[k] // in another generation, on its way to ours
+		default:
+			s.v[k] = s.initial[k] // no state: the store's initial share
+		}
+		heard := !s.exchHeard[k].IsZero() && now.Sub(s.exchHeard[k]) <= cfg.StaleAfter
+		// An idle key gives back toward the initial shares even to a
+		// silent peer: the gift waits for it, and we keep the key until
+		// it is acknowledged.
+		if inGen && (heard || idle) {
+			s.live = append(s.live, k)
+		} else {
+			s.t[k] = s.v[k]
+			frozen += max(s.v[k], 0)
+		}
+	}
+	if idle {
+		for _, k := range s.live {
+			s.t[k] = s.initial[k]
+		}
+		return s.t
+	}
+	s.need, s.weights = s.need[:0], s.weights[:0]
+	var sum float64
+	for _, k := range s.live {
+		sum += ks.ewma[k]
+	}
+	for _, k := range s.live {
+		var need float64
+		switch {
+		case pol.Rate > 0:
+			need = ks.ewma[k] / (pol.Rate * cfg.Period.Seconds()) * PPM
+		case sum > 0:
+			need = ks.ewma[k] / sum * PPM
+		}
+		s.need = append(s.need, need)
+		s.weights = append(s.weights, s.initial[k])
+	}
+	lt := s.lt[:len(s.live)]
+	s.tg.fill(lt, PPM-frozen, s.need, cfg.FloorPPM, s.weights)
+	for i, k := range s.live {
+		s.t[k] = lt[i]
+	}
+	return s.t
+}
+
+// giftsFor splits our surplus over the live peers below target, in
+// proportion to their deficits: when every giver does so with the same view,
+// each deficit is filled exactly in one epoch.
+func (s *State) giftsFor(ks *keyState, sh int64, t []int64, idle bool) []int64 {
+	me := s.self
+	surplus := sh - t[me]
+	least := max(s.cfg.MinTransferPPM, 1)
+	if idle {
+		least = 1
+	}
+	if surplus < least {
+		return nil
+	}
+	var deficit int64
+	for _, k := range s.live {
+		if k != me && t[k] > s.v[k] {
+			deficit += t[k] - s.v[k]
+		}
+	}
+	give := min(surplus, deficit)
+	if give < least {
+		return nil
+	}
+	g := make([]int64, s.n)
+	var given int64
+	for _, k := range s.live {
+		if k != me && t[k] > s.v[k] {
+			g[k] = give * (t[k] - s.v[k]) / deficit
+			given += g[k]
+		}
+	}
+	// Hand out the rounding remainder one ppm at a time, lowest index first.
+	for _, k := range s.live {
+		if given == give {
+			break
+		}
+		if k != me && t[k] > s.v[k] {
+			g[k]++
+			given++
+		}
+	}
+	return g
+}
+
+// reclaims returns what we take, for a key with partition_reclaim_after, from
+// peers in our generation that were silent that long: their share above the
+// floor, split so that all other regions together take at most all of it.
+// Once per peer per generation.
+func (s *State) reclaims(now time.Time, ks *keyState, pol KeyPolicy) []int64 {
+	after := pol.ReclaimAfter
+	if after <= 0 || s.n < 2 {
+		return nil
+	}
+	var takes []int64
+	tk := s.ownTaken(ks)
+	for k := 0; k < s.n; k++ {
+		if k == s.self || tk[k] > 0 || ks.rowGen[k] != ks.gen || s.peerGen(ks, k) != ks.gen {
+			continue
+		}
+		since := s.exchHeard[k]
+		if since.Before(ks.created) {
+			since = ks.created
+		}
+		if now.Sub(since) < after {
+			continue
+		}
+		if x := (s.view(ks, k) - s.cfg.FloorPPM) / int64(s.n-1); x > 0 {
+			if takes == nil {
+				takes = make([]int64, s.n)
+			}
+			takes[k] = x
+		}
+	}
+	return takes
+}
+
+// Commit records the gifts and reclaims of p in our rows and its shares as
+// applied, once the caller has written p.Lower (see Epoch). Entries removed
+// from p.Lower give nothing and leave the key's applied share unknown, so
+// the next Epoch writes it again. It returns ErrStalePlan for a plan that is
+// not the latest or was committed already, and ErrInvalidPlan for entries
+// that Epoch did not produce; then nothing is recorded.
+func (s *State) Commit(p Plan) error {
+	if p.seq == 0 || p.seq != s.seq || s.committed {
+		return fmt.Errorf("%w: plan %d, latest %d", ErrStalePlan, p.seq, s.seq)
+	}
+	if cap(s.kept) < len(p.steps) {
+		s.kept = make([]bool, len(p.steps))
+	}
+	kept := s.kept[:len(p.steps)]
+	clear(kept)
+	for _, list := range []struct {
+		cs    []ShareChange
+		entry int8
+	}{{p.Lower, 1}, {p.Raise, 2}} {
+		for _, c := range list.cs {
+			i := int(c.step) - 1
+			if i < 0 || i >= len(p.steps) || p.steps[i].entry != list.entry || p.steps[i].ks.key != c.Key || p.steps[i].applied != c.SharePPM {
+				return fmt.Errorf("%w: entry %q=%d", ErrInvalidPlan, c.Key, c.SharePPM)
+			}
+			kept[i] = true
+		}
+	}
+	for i := range p.steps {
+		st := &p.steps[i]
+		ks := st.ks
+		if st.entry == 1 && !kept[i] {
+			ks.applied = -1 // the write may have happened; gifts wait
+			continue
+		}
+		if ks.gen != st.gen || s.byKey[ks.key] != ks {
+			continue // cannot happen between Epoch and Commit; stay safe
+		}
+		row, tk := s.ownRow(ks), s.ownTaken(ks)
+		for k := range row {
+			if st.gifts != nil {
+				row[k] += st.gifts[k]
+			}
+			if st.takes != nil {
+				tk[k] += st.takes[k]
+			}
+		}
+		if st.gifts != nil || st.takes != nil {
+			ks.lastTransfer = s.now
+		}
+		if st.entry != 2 || kept[i] {
+			ks.applied = st.applied
+		}
+		if st.intake != nil {
+			copy(ks.inTakenStored, st.intake)
+		}
+	}
+	s.committed = true
+	return nil
+}

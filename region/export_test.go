@@ -1,0 +1,26 @@
+package region
+
+import "fmt"
+
+// Debug describes the internal state of a key, for test failure messages.
+func (s *State) Debug(key string) string {
+	ks := s.byKey[key]
+	if ks == nil {
+		return "none"
+	}
+	out := fmt.Sprintf("gen %d base %d own %d applied %d in %v inTaken %v taken %v row %v ackTkn %v unclaim %v cur %v seen %v exch %v",
+		ks.gen, ks.base, s.own(ks), ks.applied, ks.in, ks.inTaken, s.ownTaken(ks), s.ownRow(ks), ks.ackTkn, ks.unclaim, ks.cur, ks.seen, s.exchEpoch)
+	for _, x := range ks.exits {
+		out += fmt.Sprintf(" exit{gen %d taken %v intake %v}", x.gen, x.taken, x.intake)
+	}
+	return out
+}
+
+// Ledger returns the generation, base and number of exit records of a key.
+func (s *State) Ledger(key string) (gen uint64, base int64, exits int) {
+	ks := s.byKey[key]
+	if ks == nil {
+		return 0, 0, 0
+	}
+	return ks.gen, ks.base, len(ks.exits)
+}

@@ -1,0 +1,274 @@
+package region_test
+
+import (
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ration-dev/ration/region"
+)
+
+var seedFlag = flag.Uint64("seed", 0, "seed of the randomised tests (0: RATION_SEED, else random)")
+
+// testSeed returns the seed of a randomised test and logs how to replay it.
+func testSeed(t *testing.T) uint64 {
+	t.Helper()
+	seed := *seedFlag
+	if seed == 0 {
+		if v, err := strconv.ParseUint(os.Getenv("RATION_SEED"), 10, 64); err == nil {
+			seed = v
+		}
+	}
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano())
+	}
+	t.Logf("seed %d (replay: go test ./region -run '%s' -seed %d)", seed, t.Name(), seed)
+	return seed
+}
+
+const (
+	testRate     = 1000.0 // L of every test key, tokens/s
+	reclaimAfter = 4 * time.Second
+)
+
+// escrowConfig is the configuration of the property test: short idle and
+// grace periods so that keys retire and come back often.
+func escrowConfig(cfg *region.Config) {
+	cfg.IdleAfter = 6 * time.Second
+	cfg.Grace = 3 * time.Second
+	cfg.Policy = func(key string) region.KeyPolicy {
+		p := region.KeyPolicy{Rate: testRate}
+		if strings.HasPrefix(key, "reclaim/") {
+			p.ReclaimAfter = reclaimAfter
+		}
+		return p
+	}
+}
+
+// demandModel is random per-region demand per key: piecewise constant, with
+// idle spells in which nobody asks for the key.
+type demandModel struct {
+	rng  *rand.Rand
+	keys []string
+	d    map[string][]int64
+	idle map[string]int
+}
+
+func newDemand(rng *rand.Rand, keys []string, n int) *demandModel {
+	m := &demandModel{rng: rng, keys: keys, d: map[string][]int64{}, idle: map[string]int{}}
+	for _, k := range keys {
+		m.d[k] = make([]int64, n)
+		m.reroll(k)
+	}
+	return m
+}
+
+func (m *demandModel) reroll(key string) {
+	for r := range m.d[key] {
+		m.d[key][r] = 0
+		if m.rng.IntN(3) > 0 {
+			m.d[key][r] = int64(m.rng.IntN(int(testRate * 1.2)))
+		}
+	}
+}
+
+func (m *demandModel) next() {
+	for _, key := range m.keys {
+		d := m.d[key]
+		switch {
+		case m.idle[key] > 0:
+			m.idle[key]--
+		case m.rng.Float64() < 0.02:
+			m.idle[key] = 10 + m.rng.IntN(20)
+		default:
+			for r := range d {
+				if m.rng.Float64() < 0.1 {
+					d[r] = int64(m.rng.IntN(int(testRate * 1.2)))
+				}
+			}
+		}
+	}
+}
+
+func (m *demandModel) at(r int, key string) int64 {
+	if m.idle[key] > 0 {
+		return 0
+	}
+	return m.d[key][r]
+}
+
+// heldReclaims returns Σ of the reclaims every region holds for key in its
+// current generation: the documented overshoot of a key with
+// partition_reclaim_after. A region's store lags its memory by up to one
+// epoch (reclaims given up are lowered at its next Epoch), so a region
+// counts with the larger of its holdings now and at the end of its last
+// epoch.
+func heldReclaims(c *cluster, key string) int64 {
+	var held int64
+	for i, nd := range c.nodes {
+		held += max(nd.held[key], reclaimsOf(c.nodes[i], key))
+	}
+	return held
+}
+
+func reclaimsOf(nd *node, key string) int64 {
+	var held int64
+	for _, k := range nd.st.Snapshot().Keys {
+		if k.Key == key && k.Generation != 0 {
+			for _, v := range k.Taken {
+				held += v
+			}
+		}
+	}
+	return held
+}
+
+// TestPropertyEscrow is the safety property of DESIGN.md "Level 2": under
+// loss, duplication, delay and reordering of reports, partitions, failed
+// store writes, crashes at every point of the epoch protocol with restarts
+// from the last persisted snapshot, and keys going idle and coming back,
+// Σ over regions of the applied share of every key stays ≤ PPM after every
+// single store write (keys with partition_reclaim_after: ≤ PPM + the
+// reclaims held). Then, with the faults removed, shares must reach the
+// max-min targets within ±50,000 ppm (5% of PPM) within 3 epochs for 3
+// regions; the worst case for 4 to 7 regions is measured and logged.
+func TestPropertyEscrow(t *testing.T) {
+	seed := testSeed(t)
+	epochs := 2000
+	if testing.Short() {
+		epochs = 300
+	}
+	for _, n := range []int{3, 4, 5, 7} {
+		t.Run(fmt.Sprintf("regions=%d", n), func(t *testing.T) {
+			worst := 0
+			rounds := 3
+			for round := 0; round < rounds; round++ {
+				s := seed + uint64(n)*1000 + uint64(round)
+				got := escrowRun(t, s, n, epochs/rounds)
+				worst = max(worst, got)
+			}
+			t.Logf("%d regions: worst convergence after faults %d epochs", n, worst)
+			if n == 3 && worst > 3 {
+				t.Errorf("3 regions converged in %d epochs, want ≤ 3", worst)
+			}
+		})
+	}
+}
+
+// escrowRun runs one randomised deployment and returns the epochs the
+// fault-free tail needed to reach the targets.
+func escrowRun(t *testing.T, seed uint64, n, epochs int) int {
+	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	keys := []string{"plain/a", "plain/b", "plain/c", "plain/d", "plain/e", "reclaim/f", "reclaim/g"}
+	c := newCluster(t, rng, n, escrowConfig)
+	c.check = func(c *cluster, when string) {
+		for _, key := range keys {
+			sum := c.sum(key)
+			if sum <= region.PPM {
+				continue
+			}
+			if strings.HasPrefix(key, "reclaim/") {
+				if held := heldReclaims(c, key); sum <= region.PPM+held {
+					continue
+				} else {
+					for _, nd := range c.nodes {
+						t.Logf("%s applied %d: %s", nd.name, c.applied(c.index(nd.name), key), nd.st.Debug(key))
+					}
+					t.Fatalf("seed %d step %d after %s: Σ shares of %s = %d, want ≤ PPM + held reclaims %d", seed, c.step, when, key, sum, region.PPM+held)
+				}
+			}
+			t.Fatalf("seed %d step %d after %s: Σ shares of %s = %d, want ≤ %d", seed, c.step, when, key, sum, region.PPM)
+		}
+	}
+	c.after = func(c *cluster, i int) {
+		nd := c.nodes[i]
+		if nd.held == nil {
+			nd.held = map[string]int64{}
+		}
+		for _, key := range keys {
+			if strings.HasPrefix(key, "reclaim/") {
+				nd.held[key] = reclaimsOf(nd, key)
+			}
+		}
+	}
+	c.f = faults{loss: 0.2, dup: 0.1, maxDelay: 3, crash: 0.01, writeFail: 0.05, partition: 0.004, partitionN: 12}
+	dm := newDemand(rng, keys, n)
+	maxKeys := 0
+	for e := 0; e < epochs; e++ {
+		dm.next()
+		c.run(keys, dm.at)
+		for _, nd := range c.nodes {
+			maxKeys = max(maxKeys, nd.st.Keys())
+		}
+	}
+	// Settle the demand, keep the faults a little longer, then remove them.
+	for _, key := range keys {
+		dm.idle[key] = 0
+		dm.reroll(key)
+		dm.d[key][rng.IntN(n)] += 100 // never idle
+	}
+	dm.rng = rand.New(rand.NewPCG(0, 0))
+	frozen := func(r int, key string) int64 { return dm.d[key][r] }
+	for e := 0; e < 8; e++ {
+		c.run(keys, frozen)
+	}
+	c.f = faults{}
+	for _, nd := range c.nodes {
+		nd.isolated = 0
+	}
+	restarts := 0
+	for _, nd := range c.nodes {
+		restarts += nd.restarts
+	}
+	took := -1
+	var worst string
+	for e := 1; e <= 20; e++ {
+		c.run(keys, frozen)
+		ok := true
+		worst = ""
+		for _, key := range keys {
+			need := make([]float64, n)
+			init := make([]int64, n)
+			for r := range need {
+				need[r] = float64(dm.d[key][r]) / testRate * region.PPM
+				init[r] = c.nodes[r].st.Initial(c.regions[r])
+			}
+			want := region.Targets(region.PPM, need, c.nodes[0].st.Config().FloorPPM, init)
+			for r := range want {
+				if d := c.applied(r, key) - want[r]; d > 50_000 || d < -50_000 {
+					ok = false
+					worst = fmt.Sprintf("%s region %d: got share %d, want %d ± 50000", key, r, c.applied(r, key), want[r])
+				}
+			}
+		}
+		if ok {
+			took = e
+			break
+		}
+	}
+	t.Logf("seed %d: %d epochs, %d reports delivered, %d lost, %d stale, %d restarts, at most %d keys held; converged in %d epochs",
+		seed, epochs, c.delivered, c.lost, c.stale, restarts, maxKeys, took)
+	if took < 0 {
+		for _, key := range keys {
+			var sh []int64
+			for r := range c.nodes {
+				sh = append(sh, c.applied(r, key))
+			}
+			t.Logf("%s: shares %v sum %d demand %v", key, sh, c.sum(key), dm.d[key])
+			for _, nd := range c.nodes {
+				for _, k := range nd.st.Snapshot().Keys {
+					if k.Key == key {
+						t.Logf("  %s: %+v", nd.name, k)
+					}
+				}
+			}
+		}
+		t.Fatalf("seed %d: shares did not reach the targets in 20 fault-free epochs: %s", seed, worst)
+	}
+	return took
+}

@@ -1,0 +1,114 @@
+package region
+
+import (
+	"slices"
+	"time"
+)
+
+// Report returns the report to publish for the latest epoch: for every key
+// with exchange state, our generation, base, row, share and the local
+// tallies closed by the latest Epoch, plus the exit record of a generation
+// left during the last Grace. It reads only committed state, so a gift that
+// was not committed is never announced; publish it only once the snapshot
+// holding that state is persisted (see Epoch). Calling it twice returns the
+// same epoch, which receivers count once.
+//
+// The slices in the report are freshly allocated; the caller may keep it.
+func (s *State) Report() Report {
+	n := s.n
+	var entries, ints int
+	for _, ks := range s.keys {
+		if ks.gen == 0 && len(ks.exits) == 0 {
+			continue
+		}
+		entries++
+		if ks.gen != 0 {
+			ints += 4 * n
+		}
+		ints += 4 * n * len(ks.exits)
+	}
+	r := Report{
+		Region:   s.cfg.Self,
+		Replica:  s.cfg.Replica,
+		Epoch:    s.epoch,
+		SentAt:   s.now,
+		Exchange: true,
+		Regions:  slices.Clone(s.cfg.Regions),
+		Keys:     make([]KeyReport, 0, entries),
+	}
+	buf := make([]int64, ints)
+	take := func(v []int64) []int64 {
+		out := buf[:n:n]
+		buf = buf[n:]
+		copy(out, v)
+		return out
+	}
+	takeOpt := func(v []int64) []int64 {
+		for _, x := range v {
+			if x != 0 {
+				return take(v)
+			}
+		}
+		return nil
+	}
+	for _, ks := range s.keys {
+		if ks.gen == 0 && len(ks.exits) == 0 {
+			continue
+		}
+		e := KeyReport{
+			Key:        ks.key,
+			Generation: ks.gen,
+			SharePPM:   s.Share(ks.key),
+			Demand:     ks.pub.demand,
+			Granted:    ks.pub.granted,
+		}
+		if ks.gen != 0 {
+			e.Base = ks.base
+			e.Row = take(s.ownRow(ks))
+			e.Taken = takeOpt(s.ownTaken(ks))
+			e.In = takeOpt(ks.in)
+			e.InTaken = takeOpt(ks.inTakenStored)
+		}
+		for _, x := range ks.exits {
+			e.Exits = append(e.Exits, Exit{
+				Generation: x.gen,
+				Row:        take(x.row),
+				Taken:      takeOpt(x.taken),
+				In:         take(x.in),
+				InTaken:    takeOpt(x.intake),
+			})
+		}
+		r.Keys = append(r.Keys, e)
+	}
+	return r
+}
+
+// Tally closes the local tallies of the epoch at now and returns them as a
+// tally-only report (Exchange false), for a replica that does not hold its
+// region's exchange lease: it calls Observe and Tally and publishes, and the
+// exchanging replica sums its tallies with its own. Such a replica does not
+// call Receive or Epoch; when it takes the lease over it calls Restore with
+// the region's persisted snapshot and runs Epoch from then on. Keys with
+// nothing to report are forgotten.
+func (s *State) Tally(now time.Time) Report {
+	s.advance(now)
+	r := Report{
+		Region:  s.cfg.Self,
+		Replica: s.cfg.Replica,
+		Epoch:   s.epoch,
+		SentAt:  now,
+		Regions: slices.Clone(s.cfg.Regions),
+	}
+	for i := 0; i < len(s.keys); {
+		ks := s.keys[i]
+		ks.pub, ks.cur0 = ks.cur0, tally{}
+		if ks.pub != (tally{}) {
+			r.Keys = append(r.Keys, KeyReport{Key: ks.key, SharePPM: s.Share(ks.key), Demand: ks.pub.demand, Granted: ks.pub.granted})
+		} else if ks.gen == 0 && len(ks.exits) == 0 {
+			s.removeKey(i)
+			continue
+		}
+		i++
+	}
+	return r
+}

@@ -1,0 +1,250 @@
+package region
+
+import (
+	"fmt"
+	"time"
+)
+
+// Receive merges a report from a peer (another region, or another replica of
+// this region) received at now. Merging takes the maximum of every counter,
+// so it is idempotent and order-free; demand and grant tallies are summed
+// over the replicas of a region, each replica counting with its latest
+// report only.
+//
+// A report that is malformed (ErrMalformed), from an unknown region
+// (ErrUnknownRegion), not newer than the last one from its replica
+// (ErrStale), or in which a counter of a known generation went down
+// (ErrRegressed) is rejected whole and changes nothing. Counters of a
+// generation older than the key's are never merged into the newer one; a
+// report from this very replica (an echo) is ignored and returns nil.
+//
+// Rows of reports from other replicas of this region are ignored: only this
+// region's exchanging replica writes its row, and that is this State.
+func (s *State) Receive(now time.Time, r Report) error {
+	if _, err := checkShape(&r); err != nil {
+		return err
+	}
+	k, ok := s.index[r.Region]
+	if !ok {
+		return fmt.Errorf("%w: report from %q, not in %v", ErrUnknownRegion, r.Region, s.cfg.Regions)
+	}
+	if k == s.self && r.Replica == s.cfg.Replica {
+		return nil
+	}
+	slot, known := s.replicaBy[replicaKey(r.Region, r.Replica)]
+	if known && r.Epoch <= s.replicas[slot].lastEpoch {
+		return fmt.Errorf("%w: report from %q/%q epoch %d, have epoch %d", ErrStale, r.Region, r.Replica, r.Epoch, s.replicas[slot].lastEpoch)
+	}
+	exchange := r.Exchange && k != s.self
+	if exchange && r.Epoch <= s.exchEpoch[k] {
+		// Exchange epochs of a region only grow, across restarts and
+		// fail-overs too (they are persisted): this one is old.
+		return fmt.Errorf("%w: exchange report from %q epoch %d, have epoch %d", ErrStale, r.Region, r.Epoch, s.exchEpoch[k])
+	}
+	cols := s.columns(r.Regions)
+	myCol := -1
+	for c, j := range cols {
+		if j == s.self {
+			myCol = c
+		}
+	}
+
+	// Pass 1: find the keys and reject regressions before changing anything.
+	s.recvKS = s.recvKS[:0]
+	for i := range r.Keys {
+		e := &r.Keys[i]
+		ks := s.byKey[e.Key]
+		s.recvKS = append(s.recvKS, ks)
+		if ks == nil || !exchange || e.Generation == 0 {
+			continue
+		}
+		if err := s.checkRegress(ks, k, e, cols, myCol); err != nil {
+			return fmt.Errorf("%w: report from %q/%q epoch %d", err, r.Region, r.Replica, r.Epoch)
+		}
+	}
+
+	// Pass 2: merge.
+	if !known {
+		slot = int(s.slotFor(k, r.Replica))
+	}
+	rep := &s.replicas[slot]
+	rep.lastEpoch, rep.lastHeard = r.Epoch, now
+	if exchange {
+		s.exchEpoch[k] = r.Epoch
+		s.exchHeard[k] = now
+	}
+	for i := range r.Keys {
+		e := &r.Keys[i]
+		ks := s.recvKS[i]
+		if ks == nil {
+			if !s.worthCreating(e, exchange, myCol) {
+				continue
+			}
+			ks = s.addKey(e.Key)
+		}
+		ks.setTally(int32(slot), rep.inc, r.Epoch, e.Demand, e.Granted)
+		if !exchange {
+			continue
+		}
+		ks.seen[k], ks.cur[k], ks.shares[k] = r.Epoch, e.Generation, e.SharePPM
+		if e.Generation != 0 {
+			s.mergeRow(now, ks, k, e, cols, myCol)
+		}
+		if myCol >= 0 {
+			for x := range e.Exits {
+				s.settle(now, ks, k, &e.Exits[x], myCol)
+			}
+		}
+	}
+	return nil
+}
+
+// checkRegress reports a counter of a known generation that went down.
+func (s *State) checkRegress(ks *keyState, k int, e *KeyReport, cols []int, myCol int) error {
+	n := s.n
+	if e.Generation == ks.rowGen[k] {
+		for c, j := range cols {
+			if j < 0 {
+				continue
+			}
+			if e.Row[c] < ks.rows[k*n+j] || (len(e.Taken) > 0 && e.Taken[c] < ks.taken[k*n+j]) {
+				return fmt.Errorf("%w: key %q generation %d: row of %q column %q went down", ErrRegressed, e.Key, e.Generation, s.cfg.Regions[k], s.cfg.Regions[j])
+			}
+		}
+	}
+	if e.Generation == ks.gen && myCol >= 0 {
+		tk := int64(0)
+		if len(e.Taken) > 0 {
+			tk = e.Taken[myCol]
+		}
+		if e.Row[myCol] < ks.in[k] || tk < ks.inTaken[k] {
+			return fmt.Errorf("%w: key %q generation %d: gifts of %q to us went down", ErrRegressed, e.Key, e.Generation, s.cfg.Regions[k])
+		}
+	}
+	return nil
+}
+
+// worthCreating reports whether a report entry for a key we do not hold
+// should make us hold it: someone has demand, or a peer has given us share
+// in a generation we may still enter.
+func (s *State) worthCreating(e *KeyReport, exchange bool, myCol int) bool {
+	if e.Demand > 0 {
+		return true
+	}
+	return exchange && e.Generation > s.genFloor && myCol >= 0 && e.Row[myCol] > 0
+}
+
+// mergeRow merges peer k's row for the key: a newer generation replaces the
+// row, the same one takes the maximum, an older one is ignored.
+func (s *State) mergeRow(now time.Time, ks *keyState, k int, e *KeyReport, cols []int, myCol int) {
+	n, g := s.n, e.Generation
+	row, tk := ks.rows[k*n:(k+1)*n], ks.taken[k*n:(k+1)*n]
+	changed := false
+	switch {
+	case g > ks.rowGen[k]:
+		clear(row)
+		clear(tk)
+		ks.rowGen[k] = g
+		changed = true
+		fallthrough
+	case g == ks.rowGen[k]:
+		ks.bases[k] = e.Base
+		for c, j := range cols {
+			if j < 0 {
+				continue
+			}
+			if v := e.Row[c]; v > row[j] {
+				row[j], changed = v, true
+			}
+			if len(e.Taken) > 0 {
+				if v := e.Taken[c]; v > tk[j] {
+					tk[j], changed = v, true
+				}
+			}
+		}
+	default:
+		return // an older generation: never merged into a newer one
+	}
+	if myCol >= 0 && len(e.In) > 0 {
+		for _, x := range ks.exits {
+			if x.gen == g {
+				x.ack[k] = max(x.ack[k], e.In[myCol]) // k is still in a generation we left
+			}
+		}
+	}
+	if g != ks.gen {
+		return
+	}
+	if changed {
+		ks.lastTransfer = now
+	}
+	if myCol >= 0 {
+		s.applyIn(now, ks, k, e.Row[myCol], e.Taken, myCol)
+		if len(e.In) > 0 {
+			ks.ack[k] = max(ks.ack[k], e.In[myCol])
+		}
+		if len(e.InTaken) > 0 {
+			ks.ackTkn[k] = max(ks.ackTkn[k], e.InTaken[myCol])
+		}
+	}
+}
+
+// applyIn raises what we know k gave to (or reclaimed from) us in our
+// generation.
+func (s *State) applyIn(now time.Time, ks *keyState, k int, gift int64, taken []int64, myCol int) {
+	if gift > ks.in[k] {
+		ks.in[k] = gift
+		ks.lastTransfer = now
+	}
+	if len(taken) > 0 && taken[myCol] > ks.inTaken[k] {
+		ks.inTaken[k] = taken[myCol]
+		ks.lastTransfer = now
+	}
+}
+
+// settle handles peer k's exit record. If k left our generation, its final
+// row still counts, and what we gave it (or took from it) beyond what it had
+// applied comes back to us: k will never apply it. If k left the generation
+// we left last, we can still take back our unapplied gifts to it, into our
+// current base.
+func (s *State) settle(now time.Time, ks *keyState, k int, x *Exit, myCol int) {
+	at := func(v []int64) int64 {
+		if len(v) == 0 {
+			return 0
+		}
+		return v[myCol]
+	}
+	if ks.gen != 0 && x.Generation == ks.gen {
+		s.applyIn(now, ks, k, x.Row[myCol], x.Taken, myCol)
+		if r := s.ownRow(ks)[k] - at(x.In); r > ks.refund[k] {
+			ks.refund[k] = r
+			ks.lastTransfer = now
+		}
+		if q := s.ownTaken(ks)[k] - at(x.InTaken); q > ks.unclaim[k] {
+			ks.unclaim[k] = q
+			ks.lastTransfer = now
+		}
+		// The record is k's final acknowledgement.
+		ks.ack[k] = max(ks.ack[k], at(x.In))
+		ks.ackTkn[k] = max(ks.ackTkn[k], at(x.InTaken))
+		return
+	}
+	if ks.gen == 0 {
+		return // retired: what comes back is lost
+	}
+	for _, p := range ks.exits {
+		if p.gen != x.Generation {
+			continue
+		}
+		// Gifts k never applied come back. Our reclaims from k that k
+		// had not acknowledged were given up when we left; the part k
+		// applied after all is ours again.
+		r := p.row[k] - at(x.In)
+		q := at(x.InTaken) - p.taken[k]
+		if r+q > p.refund[k] {
+			ks.base = clamp(ks.base+r+q-p.refund[k], -PPM, PPM)
+			p.refund[k] = r + q
+			ks.lastTransfer = now
+		}
+	}
+}

@@ -1,0 +1,216 @@
+package region
+
+import (
+	"fmt"
+	"time"
+)
+
+// Report is one replica's usage report for one epoch: what sync/ puts on the
+// wire. Every counter in it is cumulative or absolute, so a lost report costs
+// one epoch of freshness and a duplicated or reordered one changes nothing.
+type Report struct {
+	// Region and Replica name the sender.
+	Region, Replica string
+	// Epoch is the sender's epoch number: floor(SentAt / Period), and at
+	// least one more than the sender's previous epoch. Receivers ignore a
+	// report not newer than the last one from the same replica (ErrStale).
+	Epoch uint64
+	// SentAt is the sender's clock at the epoch, for lag metrics only.
+	SentAt time.Time
+	// Exchange is true when the sender runs its region's exchange (it holds
+	// the region's exchange lease): its entries carry generations, rows and
+	// exit records, and a key it leaves out has no exchange state there.
+	// A report with Exchange false carries demand tallies only.
+	Exchange bool
+	// Regions is the sender's Config.Regions: the index of every Row,
+	// Taken, In and InTaken in the report. Receivers map columns by name, so
+	// regions with different region sets (a rolling change) still exchange;
+	// a column for a region the receiver does not know is ignored.
+	Regions []string
+	// Keys are the sender's active keys.
+	Keys []KeyReport
+}
+
+// KeyReport is one key in a Report.
+type KeyReport struct {
+	// Key is the global key identity; see GlobalKey.
+	Key string
+	// Generation is the generation of the sender's exchange state for the
+	// key, 0 when it has none (a tally-only entry, or a region that has
+	// retired the key and still announces its Exit).
+	Generation uint64
+	// Base is the sender's share when it entered Generation, in ppm.
+	Base int64
+	// Row is G[sender][j]: the share the sender has given to region j in
+	// Generation, cumulative, in ppm. Empty when Generation is 0.
+	Row []int64
+	// Taken is R[sender][j]: the share the sender has reclaimed from a
+	// silent region j in Generation. Nil when all zero.
+	Taken []int64
+	// In and InTaken are G[j][sender] and R[j][sender] as the sender has
+	// applied them in Generation: acknowledgements, which tell a giver
+	// that its gift arrived (a region retires a key only when its gifts
+	// are acknowledged, so that retiring loses nothing). Nil when all zero.
+	In, InTaken []int64
+	// SharePPM is the sender region's applied share.
+	SharePPM int64
+	// Demand is the tokens asked for in the epoch at this replica,
+	// admitted or not; Granted the tokens granted. Receivers sum them over
+	// the replicas of a region.
+	Demand, Granted int64
+	// Exits are the sender's final states in generations it left and
+	// still announces, oldest first (see Exit).
+	Exits []Exit
+}
+
+// Exit is a region's final state in a generation it has left (by moving to a
+// newer one or by retiring the key). It is final: a region never gives,
+// reclaims or receives again in a generation it has left, so its peers can
+// settle against it.
+type Exit struct {
+	// Generation is the generation left.
+	Generation uint64
+	// Row and Taken are the leaver's final G and R rows in it.
+	Row, Taken []int64
+	// In and InTaken are the gifts and reclaims the leaver had applied
+	// from each region when it left: a giver takes back what it gave beyond
+	// In (nobody will ever use it), and a reclaimer gives up what it took
+	// beyond InTaken. Taken holds only the reclaims the victims had
+	// acknowledged: a reclaimer that moves on gives up the others.
+	In, InTaken []int64
+}
+
+// GlobalKey returns the identity of a global key in reports and snapshots:
+// the rule name, a slash, and the key's descriptor values as the rule
+// formats them. Rule names do not contain a slash (policy validates them),
+// so the identity is unambiguous. `scope: region` rules are never exchanged:
+// their keys have share PPM in every region, and the caller does not Observe
+// them.
+func GlobalKey(rule, key string) string { return rule + "/" + key }
+
+// columns maps the column indexes of a report's rows to the receiver's
+// region indexes (-1 for regions the receiver does not know).
+func (s *State) columns(regions []string) []int {
+	if len(regions) == s.n {
+		same := true
+		for i, r := range regions {
+			if r != s.cfg.Regions[i] {
+				same = false
+				break
+			}
+		}
+		if same {
+			return s.identity
+		}
+	}
+	m := make([]int, len(regions))
+	for i, r := range regions {
+		j, ok := s.index[r]
+		if !ok {
+			j = -1
+		}
+		m[i] = j
+	}
+	return m
+}
+
+// checkShape validates everything in r that does not depend on the
+// receiver's state. It returns the sender's column in r.Regions.
+func checkShape(r *Report) (int, error) {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: report from %q/%q epoch %d: %s", ErrMalformed, r.Region, r.Replica, r.Epoch, fmt.Sprintf(format, args...))
+	}
+	if r.Region == "" || r.Replica == "" {
+		return -1, bad("empty region or replica name")
+	}
+	if len(r.Regions) > maxRegions {
+		return -1, bad("%d regions, more than %d", len(r.Regions), maxRegions)
+	}
+	self := -1
+	for i, name := range r.Regions {
+		if name == "" || (i > 0 && r.Regions[i-1] >= name) {
+			return -1, bad("Regions not sorted without duplicates at %d", i)
+		}
+		if name == r.Region {
+			self = i
+		}
+	}
+	if r.Exchange && self < 0 {
+		return -1, bad("sender region %q not in its own Regions", r.Region)
+	}
+	n := len(r.Regions)
+	row := func(what string, v []int64, k *KeyReport, optional bool) error {
+		if len(v) == 0 && optional {
+			return nil
+		}
+		if len(v) != n {
+			return bad("key %q: %s has %d columns, want %d", k.Key, what, len(v), n)
+		}
+		for j, x := range v {
+			if x < 0 || x > maxCounter {
+				return bad("key %q: %s[%d] = %d out of range", k.Key, what, j, x)
+			}
+		}
+		return nil
+	}
+	for i := range r.Keys {
+		k := &r.Keys[i]
+		switch {
+		case k.Key == "":
+			return -1, bad("key %d has an empty name", i)
+		case k.Demand < 0 || k.Granted < 0:
+			return -1, bad("key %q: negative tallies", k.Key)
+		case k.SharePPM < 0 || k.SharePPM > PPM:
+			return -1, bad("key %q: SharePPM %d not in [0, %d]", k.Key, k.SharePPM, PPM)
+		case k.Base < -PPM || k.Base > PPM:
+			return -1, bad("key %q: Base %d not in [%d, %d]", k.Key, k.Base, -PPM, PPM)
+		}
+		if !r.Exchange {
+			if k.Generation != 0 || len(k.Row) != 0 || len(k.Taken) != 0 || len(k.In) != 0 || len(k.InTaken) != 0 || len(k.Exits) != 0 || k.Base != 0 {
+				return -1, bad("key %q: exchange state in a tally-only report", k.Key)
+			}
+			continue
+		}
+		if k.Generation == 0 {
+			if len(k.Row) != 0 || len(k.Taken) != 0 || len(k.In) != 0 || len(k.InTaken) != 0 || k.Base != 0 {
+				return -1, bad("key %q: rows without a generation", k.Key)
+			}
+		} else {
+			if err := row("Row", k.Row, k, false); err != nil {
+				return -1, err
+			}
+			for _, v := range []struct {
+				what string
+				row  []int64
+			}{{"Taken", k.Taken}, {"In", k.In}, {"InTaken", k.InTaken}} {
+				if err := row(v.what, v.row, k, true); err != nil {
+					return -1, err
+				}
+			}
+			if k.Row[self] != 0 || (len(k.Taken) > 0 && k.Taken[self] != 0) {
+				return -1, bad("key %q: a region gives to itself", k.Key)
+			}
+		}
+		for x := range k.Exits {
+			e := &k.Exits[x]
+			if e.Generation == 0 || (k.Generation != 0 && e.Generation >= k.Generation) || (x > 0 && e.Generation <= k.Exits[x-1].Generation) {
+				return -1, bad("key %q: exit of generation %d, current %d", k.Key, e.Generation, k.Generation)
+			}
+			for _, v := range []struct {
+				what string
+				row  []int64
+				opt  bool
+			}{{"Exit.Row", e.Row, false}, {"Exit.Taken", e.Taken, true}, {"Exit.In", e.In, false}, {"Exit.InTaken", e.InTaken, true}} {
+				if err := row(v.what, v.row, k, v.opt); err != nil {
+					return -1, err
+				}
+			}
+		}
+	}
+	return self, nil
+}
+
+// maxCounter bounds a cumulative counter. Counters grow by at most PPM per
+// epoch per region, so 2^53 lasts longer than any deployment and keeps sums
+// of n counters far from overflow.
+const maxCounter = 1 << 53

@@ -1,0 +1,378 @@
+package region
+
+import (
+	"slices"
+	"time"
+)
+
+// State is one region's exchange state for all its active global keys: the
+// synchronous core of DESIGN.md "Level 2". It does no I/O, starts no
+// goroutine and reads no clock; every method that needs the time takes it.
+//
+// The zero value is not usable; call New. A State is not safe for concurrent
+// use: one goroutine (regiond's sync loop, or the simulator) owns it.
+type State struct {
+	cfg      Config
+	n, self  int
+	index    map[string]int
+	identity []int   // columns mapping for reports with our own region list
+	initial  []int64 // initial share per region
+
+	keys  []*keyState
+	byKey map[string]*keyState
+
+	now      time.Time
+	epoch    uint64
+	genFloor uint64 // highest generation left; never enter one at or below it
+
+	seq       uint64 // sequence of the latest Plan
+	committed bool   // the latest Plan was committed
+	open      []step // the latest Plan's steps, to distrust them if not committed
+
+	replicas  []replica
+	replicaBy map[string]int
+
+	exchEpoch []uint64    // per region: epoch of its latest exchange report
+	exchHeard []time.Time // per region: when that report was received
+
+	// scratch space for Epoch and Receive
+	tg      targeter
+	recvKS  []*keyState
+	x       []float64
+	v, t    []int64
+	live    []int
+	need    []float64
+	weights []int64
+	lt      []int64
+	gifts   []int64
+	kept    []bool
+}
+
+// keyState is the exchange state of one key in this region.
+type keyState struct {
+	key  string
+	gen  uint64 // 0: no exchange state (new, or retired and announcing its exit)
+	base int64  // our share when we entered gen
+	// applied is the share the store holds for the key as far as we know,
+	// or -1 when we do not know (a new or restored key, or a plan that was
+	// not committed): the next plan then writes it before any gift.
+	applied int64
+
+	// Per-region arrays, sliced from one allocation.
+	rows    []int64 // n×n: rows[k*n+j] = G[k][j] as last reported by k (our own row is ours)
+	taken   []int64 // n×n: R[k][j], share k reclaimed from silent j
+	bases   []int64 // base of k in rowGen[k]
+	in      []int64 // G[k][self] in gen: gifts we applied (survives k's row moving on)
+	inTaken []int64 // R[k][self] in gen
+	refund  []int64 // gifts we took back from k: k left gen without applying them
+	unclaim []int64 // reclaims from k we gave up: k left gen without applying them
+	shares  []int64 // k's last reported applied share
+	ack     []int64 // G[self][k] that k acknowledged applying, in gen
+	ackTkn  []int64 // R[self][k] that k acknowledged applying, in gen
+	// inTakenStored is inTaken as far as our stored share reflects it:
+	// what we acknowledge. A reclaimer keeps an acknowledged reclaim when
+	// it changes generation, so we must not acknowledge one the store has
+	// not applied yet.
+	inTakenStored []int64
+	rowGen  []uint64
+	cur     []uint64 // generation k listed the key with in its latest exchange report (0: none)
+	seen    []uint64 // epoch of k's latest exchange report that listed the key
+	ewma    []float64
+
+	exits []*exitState // generations we left and still announce, oldest first
+
+	cur0, pub tally // local tallies: since the last epoch, and closed at it
+	tallies   []tallyEntry
+
+	created, lastDemand, lastTransfer time.Time
+}
+
+// exitState is our final state in a generation we left.
+type exitState struct {
+	gen                    uint64
+	row, taken, in, intake []int64
+	refund                 []int64 // refunds already added to base for it
+	ack                    []int64 // our gifts there that each peer acknowledged
+	at                     time.Time
+}
+
+type tally struct{ demand, granted int64 }
+
+// tallyEntry is the latest tally of one peer replica for one key. It counts
+// only while it is from that replica's latest report (a replica that stops
+// listing a key has no demand for it) and the replica was heard lately.
+type tallyEntry struct {
+	slot            int32
+	inc             uint32
+	epoch           uint64
+	demand, granted int64
+}
+
+// replica is a peer replica (of any region, ours included) that sent
+// reports; inc tells a reused slot from its previous owner.
+type replica struct {
+	region    int
+	name      string
+	inc       uint32
+	live      bool
+	lastEpoch uint64
+	lastHeard time.Time
+}
+
+// New returns the exchange state of region cfg.Self with no active key. The
+// error wraps ErrInvalidConfig.
+func New(cfg Config) (*State, error) {
+	c := cfg.withDefaults()
+	initial, err := c.initialShares()
+	if err != nil {
+		return nil, err
+	}
+	n := len(c.Regions)
+	s := &State{
+		cfg:       c,
+		n:         n,
+		index:     make(map[string]int, n),
+		identity:  make([]int, n),
+		initial:   initial,
+		byKey:     make(map[string]*keyState),
+		replicaBy: make(map[string]int),
+		exchEpoch: make([]uint64, n),
+		exchHeard: make([]time.Time, n),
+		x:         make([]float64, n),
+		v:         make([]int64, n),
+		t:         make([]int64, n),
+		need:      make([]float64, 0, n),
+		weights:   make([]int64, 0, n),
+		lt:        make([]int64, n),
+		gifts:     make([]int64, n),
+	}
+	for i, r := range c.Regions {
+		s.index[r] = i
+		s.identity[i] = i
+	}
+	s.self = s.index[c.Self]
+	return s, nil
+}
+
+// Config returns the configuration in force, defaults filled.
+func (s *State) Config() Config { return s.cfg }
+
+// Initial returns the initial share of region in ppm (0 for a region not in
+// Config.Regions): the share the store uses for a key without an applied
+// share.
+func (s *State) Initial(region string) int64 {
+	if i, ok := s.index[region]; ok {
+		return s.initial[i]
+	}
+	return 0
+}
+
+// Observe adds local tallies of key since the last epoch: demand is the
+// tokens asked for (admitted or not), granted the tokens granted. Calls are
+// summed. Negative values count as zero; an empty key is ignored. Only
+// `scope: global` keys are observed: `scope: region` keys are never
+// exchanged.
+func (s *State) Observe(key string, demand, granted int64) {
+	if key == "" {
+		return
+	}
+	ks := s.byKey[key]
+	if ks == nil {
+		ks = s.addKey(key)
+	}
+	if demand > 0 {
+		ks.cur0.demand += demand
+	}
+	if granted > 0 {
+		ks.cur0.granted += granted
+	}
+}
+
+// Share returns the share of key in ppm that this region applies: the value
+// last committed to the store, or, for a key whose stored value is not known
+// (just created or restored), the value the next Epoch will write. A key
+// without exchange state has the region's initial share.
+func (s *State) Share(key string) int64 {
+	ks := s.byKey[key]
+	switch {
+	case ks == nil || ks.gen == 0:
+		return s.initial[s.self]
+	case ks.applied >= 0:
+		return ks.applied
+	default:
+		return clamp(s.own(ks), 0, PPM)
+	}
+}
+
+// Keys returns the number of keys the State holds (active keys, and retired
+// ones still announcing their exit). Memory follows it.
+func (s *State) Keys() int { return len(s.keys) }
+
+// Resync makes the next Epoch write key's share to the store again, before
+// any gift: call it when a write of the key's share may have failed (a Raise
+// or Retire entry), so that the store converges on the State.
+func (s *State) Resync(key string) {
+	if ks := s.byKey[key]; ks != nil {
+		ks.applied = -1
+	}
+}
+
+func (s *State) addKey(key string) *keyState {
+	n := s.n
+	ints := make([]int64, 2*n*n+9*n)
+	gens := make([]uint64, 3*n)
+	ks := &keyState{
+		key:     key,
+		applied: -1,
+		rows:    ints[0 : n*n : n*n],
+		taken:   ints[n*n : 2*n*n : 2*n*n],
+		ewma:    make([]float64, n),
+	}
+	o := 2 * n * n
+	next := func() []int64 { v := ints[o : o+n : o+n]; o += n; return v }
+	ks.bases, ks.in, ks.inTaken, ks.refund, ks.unclaim, ks.shares = next(), next(), next(), next(), next(), next()
+	ks.ack, ks.ackTkn, ks.inTakenStored = next(), next(), next()
+	ks.rowGen, ks.cur, ks.seen = gens[0:n:n], gens[n:2*n:2*n], gens[2*n:3*n:3*n]
+	if !s.now.IsZero() {
+		ks.created, ks.lastDemand, ks.lastTransfer = s.now, s.now, s.now
+	}
+	s.byKey[key] = ks
+	s.keys = append(s.keys, ks)
+	return ks
+}
+
+// removeKey drops s.keys[i], moving the last key into its place.
+func (s *State) removeKey(i int) {
+	ks := s.keys[i]
+	delete(s.byKey, ks.key)
+	last := len(s.keys) - 1
+	s.keys[i] = s.keys[last]
+	s.keys[last] = nil
+	s.keys = s.keys[:last]
+}
+
+// ownRow returns our row of gifts in the key's generation.
+func (s *State) ownRow(ks *keyState) []int64 { return ks.rows[s.self*s.n : (s.self+1)*s.n] }
+
+// ownTaken returns our row of reclaims in the key's generation.
+func (s *State) ownTaken(ks *keyState) []int64 { return ks.taken[s.self*s.n : (s.self+1)*s.n] }
+
+// own computes our share of a key from counters we know. Our own row is
+// exact and the gifts to us can only be behind, so this is never above our
+// true share (DESIGN.md, "Level 2").
+func (s *State) own(ks *keyState) int64 {
+	sh := ks.base
+	row, tk := s.ownRow(ks), s.ownTaken(ks)
+	for j := 0; j < s.n; j++ {
+		sh += ks.in[j] - row[j] + tk[j] - ks.inTaken[j] + ks.refund[j] - ks.unclaim[j]
+	}
+	return sh
+}
+
+// view estimates the share of peer k, which is in our generation, from the
+// rows we know. Views only steer targets; safety never depends on them.
+func (s *State) view(ks *keyState, k int) int64 {
+	n := s.n
+	v := ks.bases[k]
+	for j := 0; j < n; j++ {
+		if j == s.self || ks.rowGen[j] == ks.gen {
+			v += ks.rows[j*n+k] - ks.taken[j*n+k]
+		}
+	}
+	for j := 0; j < n; j++ {
+		v += ks.taken[k*n+j] - ks.rows[k*n+j]
+	}
+	return v
+}
+
+// peerGen returns the generation peer k is in for the key as of its latest
+// exchange report (0: none, or unknown).
+func (s *State) peerGen(ks *keyState, k int) uint64 {
+	if s.exchEpoch[k] == 0 || ks.seen[k] != s.exchEpoch[k] {
+		return 0
+	}
+	return ks.cur[k]
+}
+
+// highestPeerGen returns the newest generation a peer is in for the key.
+func (s *State) highestPeerGen(ks *keyState) uint64 {
+	var g uint64
+	for k := 0; k < s.n; k++ {
+		if k != s.self {
+			g = max(g, s.peerGen(ks, k))
+		}
+	}
+	return g
+}
+
+// setTally records the tallies of a peer replica's report for a key.
+func (ks *keyState) setTally(slot int32, inc uint32, epoch uint64, demand, granted int64) {
+	for i := range ks.tallies {
+		if e := &ks.tallies[i]; e.slot == slot {
+			*e = tallyEntry{slot, inc, epoch, demand, granted}
+			return
+		}
+	}
+	if demand == 0 && granted == 0 {
+		return
+	}
+	ks.tallies = append(ks.tallies, tallyEntry{slot, inc, epoch, demand, granted})
+}
+
+// demands fills s.x with the latest demand of every region for the key:
+// ours is the tally we published at the last epoch (so that every region
+// steers by the same numbers), plus other replicas of our region.
+func (s *State) demands(ks *keyState, now time.Time) {
+	for k := range s.x {
+		s.x[k] = 0
+	}
+	s.x[s.self] = float64(ks.pub.demand)
+	live := ks.tallies[:0]
+	for _, e := range ks.tallies {
+		r := &s.replicas[e.slot]
+		if !r.live || r.inc != e.inc {
+			continue // the replica is gone: forget its entry
+		}
+		live = append(live, e)
+		if r.lastEpoch == e.epoch && now.Sub(r.lastHeard) <= s.cfg.StaleAfter {
+			s.x[r.region] += float64(e.demand)
+		}
+	}
+	clear(ks.tallies[len(live):])
+	ks.tallies = live
+}
+
+// pruneReplicas forgets replicas not heard for long, so that restarts with
+// new replica names do not grow the table forever.
+func (s *State) pruneReplicas(now time.Time) {
+	forget := s.cfg.IdleAfter + 10*s.cfg.StaleAfter
+	for i := range s.replicas {
+		r := &s.replicas[i]
+		if r.live && now.Sub(r.lastHeard) > forget {
+			delete(s.replicaBy, replicaKey(s.cfg.Regions[r.region], r.name))
+			r.live = false
+			r.inc++
+		}
+	}
+}
+
+func replicaKey(region, replica string) string { return region + "\x00" + replica }
+
+// slotFor returns the slot of a replica, making one.
+func (s *State) slotFor(region int, name string) int32 {
+	key := replicaKey(s.cfg.Regions[region], name)
+	if i, ok := s.replicaBy[key]; ok {
+		return int32(i)
+	}
+	i := slices.IndexFunc(s.replicas, func(r replica) bool { return !r.live })
+	if i < 0 {
+		i = len(s.replicas)
+		s.replicas = append(s.replicas, replica{})
+	}
+	r := &s.replicas[i]
+	r.region, r.name, r.live, r.lastEpoch = region, name, true, 0
+	s.replicaBy[key] = i
+	return int32(i)
+}
+
+func clamp(v, lo, hi int64) int64 { return min(max(v, lo), hi) }
