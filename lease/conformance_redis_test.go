@@ -1,11 +1,14 @@
 package lease
 
 import (
+	"context"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/ration-dev/ration/internal/redistest"
+	"github.com/redis/go-redis/v9"
 )
 
 // TestRedisStoreConformance runs the suite on a real redis-server (or on
@@ -21,7 +24,64 @@ func TestRedisStoreConformance(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = client.Close() })
-	runConformance(t, func(t *testing.T) *harness {
+	runConformance(t, redisHarness(client))
+}
+
+// TestRedisClusterConformance runs the suite on a three-node Redis Cluster
+// started for it: the two names of a key must share a slot (the script
+// touches both), and a batch's keys land on different nodes.
+func TestRedisClusterConformance(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3)
+	client, err := NewRedisClient(cluster.Addrs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = client.Close() })
+	if _, ok := client.(*redis.ClusterClient); !ok {
+		t.Fatalf("NewRedisClient(%q) is a %T, want a cluster client", cluster.Addrs(), client)
+	}
+	runConformance(t, redisHarness(client))
+
+	t.Run("BatchAcrossSlots", func(t *testing.T) {
+		s, err := NewRedisStore(client, RedisConfig{Prefix: redistest.KeyPrefix(t), Timeout: 2 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		reqs := make([]GrantRequest, 100)
+		for i := range reqs {
+			reqs[i] = GrantRequest{Key: "tenant-" + strconv.Itoa(i) + "-{x}", Want: 2, Limit: slow(10, 1)}
+		}
+		out := make([]Grant, len(reqs))
+		if err := s.Grant(t.Context(), reqs, out); err != nil {
+			t.Fatal(err)
+		}
+		for i, g := range out {
+			if g.Err != nil || g.Granted != 2 {
+				t.Errorf("item %d: got %+v, want 2 granted", i, g)
+			}
+		}
+		// ForEachMaster calls fn on several goroutines at once.
+		var nodes atomic.Int64
+		err = client.(*redis.ClusterClient).ForEachMaster(t.Context(), func(ctx context.Context, c *redis.Client) error {
+			n, err := c.DBSize(ctx).Result()
+			if n > 0 {
+				nodes.Add(1)
+			}
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if nodes.Load() != 3 {
+			t.Errorf("got keys on %d of 3 nodes, want the batch spread over all", nodes.Load())
+		}
+	})
+}
+
+// redisHarness makes a conformance harness per case on client, each case
+// under its own key prefix.
+func redisHarness(client redis.UniversalClient) func(t *testing.T) *harness {
+	return func(t *testing.T) *harness {
 		// A generous timeout: this suite checks semantics, not latency,
 		// and a race-enabled binary on a small machine can be slow.
 		s, err := NewRedisStore(client, RedisConfig{Prefix: redistest.KeyPrefix(t), Timeout: 2 * time.Second})
@@ -56,5 +116,5 @@ func TestRedisStoreConformance(t *testing.T) {
 				}
 			},
 		}
-	})
+	}
 }

@@ -4,7 +4,8 @@
 // is set (a shared server: use KeyPrefix for distinct keys and flush
 // nothing), else a redis-server started for the test on a free loopback
 // port, without persistence, and killed when the test ends. StartServer
-// always starts one, for tests that stop, pause or restart it.
+// always starts one, for tests that stop, pause or restart it; StartCluster
+// starts a small Redis Cluster.
 //
 // When redis-server is not installed and RATION_REDIS_URL is unset, tests
 // fail if CI=true and are skipped otherwise.
@@ -66,10 +67,11 @@ func KeyPrefix(t testing.TB) string {
 // Server is a redis-server process started for one test. Its methods are
 // meant for the test's own goroutine.
 type Server struct {
-	t    testing.TB
-	bin  string
-	dir  string
-	port int
+	t     testing.TB
+	bin   string
+	dir   string
+	port  int
+	extra []string // more redis-server arguments
 
 	cmd  *exec.Cmd
 	done chan struct{} // closed once cmd has exited and been reaped
@@ -81,6 +83,11 @@ type Server struct {
 // when the test ends.
 func StartServer(t testing.TB) *Server {
 	t.Helper()
+	return startServer(t)
+}
+
+func startServer(t testing.TB, extra ...string) *Server {
+	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		msg := "redistest: redis-server not found in PATH and " + EnvURL + " is unset"
@@ -89,7 +96,7 @@ func StartServer(t testing.TB) *Server {
 		}
 		t.Skipf("%s: skipping a test that needs a real Redis", msg)
 	}
-	s := &Server{t: t, bin: bin, dir: t.TempDir()}
+	s := &Server{t: t, bin: bin, dir: t.TempDir(), extra: extra}
 	t.Cleanup(s.Stop)
 	// A port found free can be taken before redis binds it; try a few.
 	for attempt := 0; ; attempt++ {
@@ -157,14 +164,15 @@ func (s *Server) start() error {
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(s.bin,
+	args := []string{
 		"--port", strconv.Itoa(s.port),
 		"--bind", "127.0.0.1",
 		"--save", "",
 		"--appendonly", "no",
 		"--dir", s.dir,
 		"--daemonize", "no",
-	)
+	}
+	cmd := exec.Command(s.bin, append(args, s.extra...)...)
 	// An *os.File needs no copying goroutine; the log is read on failure.
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
