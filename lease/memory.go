@@ -26,9 +26,11 @@ type MemoryConfig struct {
 // The core methods (GrantAt, ReturnAt, SetSharesAt, Sweep) take the store's
 // time as an argument; Grant, Return and SetShares read the configured
 // Clock. A clock that moves backwards is clamped per bucket: it adds no
-// tokens and takes none. Buckets vanish once idle for 2 × capacity / rate,
-// exactly as the Redis store expires them; Sweep frees their memory.
-// Applied shares never expire.
+// tokens and takes none. Buckets vanish once idle for 2 × capacity / rate
+// (never at rate 0, or when that is above 2^40 ms), exactly as the Redis
+// store expires them; Sweep frees their memory. Applied shares never
+// expire. Answers are bit for bit those of RedisStore given the same state
+// and elapsed time.
 type MemoryStore struct {
 	clock  func() time.Time
 	seed   maphash.Seed
@@ -86,6 +88,11 @@ func (m *MemoryStore) shard(key string) *memShard {
 // like an index out of range). An invalid item gets a Grant with Err set
 // (wrapping ErrInvalid) and debits nothing; the other items proceed.
 // Several items for one key are applied one after the other.
+//
+// Grants are whole multiples of Limit.Cost, so a Want below the cost is
+// invalid, and a Want that is not a multiple is rounded down. At share 0
+// (rate 0) a bucket holds one cost, never refills and never expires, and
+// RetryAfter is NoRefillRetryAfter.
 func (m *MemoryStore) GrantAt(now time.Time, reqs []GrantRequest, out []Grant) {
 	if len(out) != len(reqs) {
 		panic(fmt.Sprintf("lease: GrantAt with %d requests and %d results", len(reqs), len(out)))

@@ -97,8 +97,9 @@ func (s *RedisStore) shareKey(key string) string {
 }
 
 // Grant answers reqs in order, one Grant per request in out (len(out) must
-// equal len(reqs)). An invalid item gets Grant.Err (wrapping ErrInvalid),
-// is not sent and debits nothing. The call returns an error wrapping
+// equal len(reqs)), with MemoryStore.GrantAt's semantics at the server's
+// time. An invalid item gets Grant.Err (wrapping ErrInvalid), is not sent
+// and debits nothing. The call returns an error wrapping
 // ErrUnavailable when Redis cannot be reached within RedisConfig.Timeout;
 // the valid items' results are then unknown (some may have been debited,
 // which costs utilisation, never the bound).
