@@ -46,6 +46,7 @@ func run(ctx context.Context, args []string, stdout *os.File) error {
 	admin := fs.String("admin", "127.0.0.1:8082", "admin HTTP address (/healthz, /readyz, /metrics); - disables it")
 	domainKey := fs.String("domain-key", "domain", "descriptor key that carries Envoy's domain; - passes none")
 	leasePeriod := fs.Duration("lease-period", 50*time.Millisecond, "T_lease: leases cover this much of a key's recent spend")
+	rtTimeout := fs.Duration("round-trip-timeout", 5*time.Millisecond, "deadline of the synchronous round trip for a key with no lease yet; past it the rule's on_error decides")
 	grace := fs.Duration("grace", 5*time.Second, "how long in-flight calls may take to finish at shutdown")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
@@ -62,7 +63,7 @@ func run(ctx context.Context, args []string, stdout *os.File) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	a, err := agent.New(agent.Config{Target: *regiond, LeasePeriod: *leasePeriod, Registerer: reg, Logger: log})
+	a, err := agent.New(agent.Config{Target: *regiond, LeasePeriod: *leasePeriod, RoundTripTimeout: *rtTimeout, Registerer: reg, Logger: log})
 	if err != nil {
 		return err
 	}
