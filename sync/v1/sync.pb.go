@@ -260,7 +260,10 @@ type Key struct {
 	Demand  int64 `protobuf:"varint,9,opt,name=demand,proto3" json:"demand,omitempty"`
 	Granted int64 `protobuf:"varint,10,opt,name=granted,proto3" json:"granted,omitempty"`
 	// exits are the sender's final states in generations it left.
-	Exits         []*Exit `protobuf:"bytes,11,rep,name=exits,proto3" json:"exits,omitempty"`
+	Exits []*Exit `protobuf:"bytes,11,rep,name=exits,proto3" json:"exits,omitempty"`
+	// settled[j] is the newest generation of region j's exit records the
+	// sender has settled against; empty when all zero.
+	Settled       []uint64 `protobuf:"varint,12,rep,packed,name=settled,proto3" json:"settled,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -368,6 +371,13 @@ func (x *Key) GetGranted() int64 {
 func (x *Key) GetExits() []*Exit {
 	if x != nil {
 		return x.Exits
+	}
+	return nil
+}
+
+func (x *Key) GetSettled() []uint64 {
+	if x != nil {
+		return x.Settled
 	}
 	return nil
 }
@@ -559,6 +569,9 @@ type KeySnapshot struct {
 	Unclaim         []int64                `protobuf:"varint,10,rep,packed,name=unclaim,proto3" json:"unclaim,omitempty"`
 	Demand          []float64              `protobuf:"fixed64,11,rep,packed,name=demand,proto3" json:"demand,omitempty"`
 	Exits           []*ExitSnapshot        `protobuf:"bytes,12,rep,name=exits,proto3" json:"exits,omitempty"`
+	Ack             []int64                `protobuf:"varint,13,rep,packed,name=ack,proto3" json:"ack,omitempty"`
+	AckTaken        []int64                `protobuf:"varint,14,rep,packed,name=ack_taken,json=ackTaken,proto3" json:"ack_taken,omitempty"`
+	Settled         []uint64               `protobuf:"varint,15,rep,packed,name=settled,proto3" json:"settled,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -677,6 +690,27 @@ func (x *KeySnapshot) GetExits() []*ExitSnapshot {
 	return nil
 }
 
+func (x *KeySnapshot) GetAck() []int64 {
+	if x != nil {
+		return x.Ack
+	}
+	return nil
+}
+
+func (x *KeySnapshot) GetAckTaken() []int64 {
+	if x != nil {
+		return x.AckTaken
+	}
+	return nil
+}
+
+func (x *KeySnapshot) GetSettled() []uint64 {
+	if x != nil {
+		return x.Settled
+	}
+	return nil
+}
+
 // ExitSnapshot is a persisted exit record (region.ExitSnapshot).
 type ExitSnapshot struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
@@ -684,7 +718,8 @@ type ExitSnapshot struct {
 	Refund []int64                `protobuf:"varint,2,rep,packed,name=refund,proto3" json:"refund,omitempty"`
 	Ack    []int64                `protobuf:"varint,3,rep,packed,name=ack,proto3" json:"ack,omitempty"`
 	// at_unix_nano: when the generation was left (0: unknown).
-	AtUnixNano    int64 `protobuf:"varint,4,opt,name=at_unix_nano,json=atUnixNano,proto3" json:"at_unix_nano,omitempty"`
+	AtUnixNano    int64   `protobuf:"varint,4,opt,name=at_unix_nano,json=atUnixNano,proto3" json:"at_unix_nano,omitempty"`
+	Dropped       []int64 `protobuf:"varint,5,rep,packed,name=dropped,proto3" json:"dropped,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -747,6 +782,13 @@ func (x *ExitSnapshot) GetAtUnixNano() int64 {
 	return 0
 }
 
+func (x *ExitSnapshot) GetDropped() []int64 {
+	if x != nil {
+		return x.Dropped
+	}
+	return nil
+}
+
 var File_sync_proto protoreflect.FileDescriptor
 
 const file_sync_proto_rawDesc = "" +
@@ -770,7 +812,7 @@ const file_sync_proto_rawDesc = "" +
 	"\n" +
 	"keys_total\x18\n" +
 	" \x01(\rR\tkeysTotal\x12'\n" +
-	"\x04keys\x18\v \x03(\v2\x13.ration.sync.v1.KeyR\x04keys\"\x99\x02\n" +
+	"\x04keys\x18\v \x03(\v2\x13.ration.sync.v1.KeyR\x04keys\"\xb3\x02\n" +
 	"\x03Key\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1e\n" +
 	"\n" +
@@ -785,7 +827,8 @@ const file_sync_proto_rawDesc = "" +
 	"\x06demand\x18\t \x01(\x03R\x06demand\x12\x18\n" +
 	"\agranted\x18\n" +
 	" \x01(\x03R\agranted\x12*\n" +
-	"\x05exits\x18\v \x03(\v2\x14.ration.sync.v1.ExitR\x05exits\"y\n" +
+	"\x05exits\x18\v \x03(\v2\x14.ration.sync.v1.ExitR\x05exits\x12\x18\n" +
+	"\asettled\x18\f \x03(\x04R\asettled\"y\n" +
 	"\x04Exit\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x01 \x01(\x04R\n" +
@@ -801,7 +844,7 @@ const file_sync_proto_rawDesc = "" +
 	"\x10generation_floor\x18\x04 \x01(\x04R\x0fgenerationFloor\x12\x14\n" +
 	"\x05heard\x18\x05 \x03(\x04R\x05heard\x12+\n" +
 	"\x12heard_at_unix_nano\x18\x06 \x03(\x03R\x0fheardAtUnixNano\x12/\n" +
-	"\x04keys\x18\a \x03(\v2\x1b.ration.sync.v1.KeySnapshotR\x04keys\"\xcf\x02\n" +
+	"\x04keys\x18\a \x03(\v2\x1b.ration.sync.v1.KeySnapshotR\x04keys\"\x98\x03\n" +
 	"\vKeySnapshot\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1e\n" +
 	"\n" +
@@ -817,13 +860,17 @@ const file_sync_proto_rawDesc = "" +
 	"\aunclaim\x18\n" +
 	" \x03(\x03R\aunclaim\x12\x16\n" +
 	"\x06demand\x18\v \x03(\x01R\x06demand\x122\n" +
-	"\x05exits\x18\f \x03(\v2\x1c.ration.sync.v1.ExitSnapshotR\x05exits\"\x84\x01\n" +
+	"\x05exits\x18\f \x03(\v2\x1c.ration.sync.v1.ExitSnapshotR\x05exits\x12\x10\n" +
+	"\x03ack\x18\r \x03(\x03R\x03ack\x12\x1b\n" +
+	"\tack_taken\x18\x0e \x03(\x03R\backTaken\x12\x18\n" +
+	"\asettled\x18\x0f \x03(\x04R\asettled\"\x9e\x01\n" +
 	"\fExitSnapshot\x12(\n" +
 	"\x04exit\x18\x01 \x01(\v2\x14.ration.sync.v1.ExitR\x04exit\x12\x16\n" +
 	"\x06refund\x18\x02 \x03(\x03R\x06refund\x12\x10\n" +
 	"\x03ack\x18\x03 \x03(\x03R\x03ack\x12 \n" +
 	"\fat_unix_nano\x18\x04 \x01(\x03R\n" +
-	"atUnixNanoB-Z+github.com/ration-dev/ration/sync/v1;syncv1b\x06proto3"
+	"atUnixNano\x12\x18\n" +
+	"\adropped\x18\x05 \x03(\x03R\adroppedB-Z+github.com/ration-dev/ration/sync/v1;syncv1b\x06proto3"
 
 var (
 	file_sync_proto_rawDescOnce sync.Once

@@ -1,0 +1,181 @@
+package exchange
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ration-dev/ration/lease"
+	"github.com/ration-dev/ration/policy"
+	"github.com/ration-dev/ration/region"
+)
+
+// Store is the region's allocator store as the exchange writes it:
+// lease.RedisStore and lease.MemoryStore satisfy it.
+type Store interface {
+	SetShares(ctx context.Context, ups []lease.ShareUpdate) error
+	DeleteShares(ctx context.Context, keys []string) error
+}
+
+// Coordinator elects the one replica of a region that runs its exchange
+// and keeps the region's exchange state: lease.RedisStore for replicas that
+// share a Redis, lease.MemoryExchange for one process.
+type Coordinator interface {
+	AcquireExchange(ctx context.Context, region, holder string, ttl time.Duration) (lease.ExchangeHold, error)
+	ReleaseExchange(ctx context.Context, region, holder string) error
+	SaveExchangeState(ctx context.Context, region, holder string, state []byte) error
+	LoadExchangeState(ctx context.Context, region string) ([]byte, error)
+}
+
+// ErrInvalidConfig reports a Config that New cannot use.
+var ErrInvalidConfig = errors.New("exchange: invalid config")
+
+// Config configures an Exchanger. The zero value of every optional field
+// selects its default; New fills the defaults on a copy and validates.
+type Config struct {
+	// Region is this region's name. Required; a NATS subject token
+	// (no '.', '*', '>' or white space).
+	Region string
+	// Replica names this replica, unique within the region. Required.
+	Replica string
+	// Regions are all regions of the deployment, Region included, in any
+	// order. Default: Region alone.
+	Regions []string
+	// Period is the sync period: one epoch, one report. Default 1s; every
+	// region must use the same.
+	Period time.Duration
+	// Conn is the NATS connection reports travel on. Required; the caller
+	// owns it (and should dial it with nats.MaxReconnects(-1)).
+	Conn *nats.Conn
+	// Subject is the subject prefix: a replica publishes on
+	// "<Subject>.<Region>" and subscribes to "<Subject>.*", so an account
+	// can allow each region to publish only its own. Default "ration.sync".
+	Subject string
+	// Store receives share writes. Required.
+	Store Store
+	// Coordinator elects the exchanging replica and keeps the region's
+	// exchange state. Required.
+	Coordinator Coordinator
+	// LeaseTTL is how long the exchange lease lasts after each renewal (it
+	// is renewed every epoch): the longest a region goes without moving
+	// shares after its exchanging replica dies. Default 3 × Period; at
+	// least 2 × Period.
+	LeaseTTL time.Duration
+	// Policy returns the policy in force: each key's rule gives the rate,
+	// burst, cost and partition_reclaim_after the exchange needs. Required.
+	Policy func() *policy.Set
+	// WriteBatch is the most share writes sent in one store call. Default
+	// 500.
+	WriteBatch int
+	// StoreTimeout bounds each store call. Default Period / 2.
+	StoreTimeout time.Duration
+	// QueueSize is how many received messages wait for the exchange's loop
+	// before new ones are dropped (ReasonOverflow). Default 4096.
+	QueueSize int
+	// Limits bound what the decoder accepts.
+	Limits Limits
+	// TopKeys is how many of the most active keys get a share gauge per
+	// region (bounded cardinality). Default 20; negative disables.
+	TopKeys int
+	// Tune, if set, adjusts the region.Config the exchange builds (Self,
+	// Replica, Regions, Period and Policy are set before it is called), for
+	// tests and deployments that change region's defaults.
+	Tune func(*region.Config)
+	// Registerer receives the exchange's metrics; nil registers none.
+	Registerer prometheus.Registerer
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+	// Clock defaults to time.Now. Only the loop reads it.
+	Clock func() time.Time
+}
+
+func (c Config) withDefaults() Config {
+	if len(c.Regions) == 0 && c.Region != "" {
+		c.Regions = []string{c.Region}
+	}
+	c.Regions = slices.Clone(c.Regions)
+	slices.Sort(c.Regions)
+	if c.Period == 0 {
+		c.Period = time.Second
+	}
+	if c.Subject == "" {
+		c.Subject = "ration.sync"
+	}
+	if c.LeaseTTL == 0 {
+		c.LeaseTTL = 3 * c.Period
+	}
+	if c.WriteBatch == 0 {
+		c.WriteBatch = 500
+	}
+	if c.StoreTimeout == 0 {
+		c.StoreTimeout = c.Period / 2
+	}
+	if c.QueueSize == 0 {
+		c.QueueSize = 4096
+	}
+	if c.TopKeys == 0 {
+		c.TopKeys = 20
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Clock == nil {
+		c.Clock = time.Now
+	}
+	return c
+}
+
+func subjectToken(s string) bool {
+	return s != "" && !strings.ContainsAny(s, ".*> \t\r\n")
+}
+
+func (c Config) validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case !subjectToken(c.Region):
+		return bad("Region %q is not a NATS subject token", c.Region)
+	case c.Replica == "":
+		return bad("Replica is empty")
+	case !slices.Contains(c.Regions, c.Region):
+		return bad("Regions %v do not include Region %q", c.Regions, c.Region)
+	case c.Conn == nil:
+		return bad("Conn is nil")
+	case c.Store == nil:
+		return bad("Store is nil")
+	case c.Coordinator == nil:
+		return bad("Coordinator is nil")
+	case c.Policy == nil:
+		return bad("Policy is nil")
+	case c.Period < time.Millisecond:
+		return bad("Period %v is below 1ms", c.Period)
+	case c.LeaseTTL < 2*c.Period:
+		return bad("LeaseTTL %v is below 2 × Period", c.LeaseTTL)
+	case c.WriteBatch < 1, c.QueueSize < 1:
+		return bad("WriteBatch and QueueSize must be positive")
+	case c.StoreTimeout <= 0:
+		return bad("StoreTimeout %v is not positive", c.StoreTimeout)
+	}
+	for i, r := range c.Regions {
+		if !subjectToken(r) {
+			return bad("region %q is not a NATS subject token", r)
+		}
+		if i > 0 && c.Regions[i-1] == r {
+			return bad("region %q listed twice", r)
+		}
+	}
+	for _, tok := range strings.Split(c.Subject, ".") {
+		if !subjectToken(tok) {
+			return bad("Subject %q is not a literal NATS subject", c.Subject)
+		}
+	}
+	return nil
+}

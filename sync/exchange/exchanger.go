@@ -1,0 +1,291 @@
+package exchange
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/ration-dev/ration/policy"
+	"github.com/ration-dev/ration/region"
+)
+
+// Exchanger runs one replica's side of the cross-region exchange: the edge
+// around region.State (DESIGN.md, "Level 2"). Each sync period it takes or
+// renews its region's exchange lease; the holder runs the epoch (lower
+// shares in the store, commit, persist the state, publish, raise), the
+// other replicas publish their tallies only. Reports received from NATS are
+// decoded, reassembled and merged by the holder.
+//
+// One goroutine, started by Start and waited for by Close, owns the
+// region.State; Observe and InitialShare may be called from any goroutine.
+type Exchanger struct {
+	cfg     Config
+	rcfg    region.Config
+	initial int64
+	subject string
+	met     *metrics
+
+	// Owned by the loop goroutine.
+	st         *region.State
+	asm        *Assembler
+	pol        *policy.Set
+	leaseUntil time.Time // our lease is safe to write under until then
+	restored   bool      // st holds the persisted state (we are the holder)
+	written    map[string]int64
+	top        topKeys
+	heard      map[string]time.Time // per region: last complete report
+
+	leader atomic.Bool
+	epochs atomic.Uint64
+
+	tallies [16]tallyShard
+	seed    maphash.Seed
+
+	inbox   chan []byte
+	sub     *nats.Subscription
+	cancel  context.CancelFunc
+	done    chan struct{}
+	release bool // Close releases the lease
+	once    sync.Once
+}
+
+type tallyShard struct {
+	mu sync.Mutex
+	m  map[string]*[2]int64
+	_  [40]byte // keeps neighbouring locks off one cache line
+}
+
+// New returns an Exchanger for cfg; it touches neither NATS nor the store
+// until Start. The error wraps ErrInvalidConfig or region.ErrInvalidConfig.
+func New(cfg Config) (*Exchanger, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	x := &Exchanger{
+		cfg:     cfg,
+		subject: cfg.Subject + "." + cfg.Region,
+		asm:     NewAssembler(AssemblerConfig{Timeout: 2 * cfg.Period}),
+		written: make(map[string]int64),
+		heard:   make(map[string]time.Time),
+		seed:    maphash.MakeSeed(),
+		inbox:   make(chan []byte, cfg.QueueSize),
+		done:    make(chan struct{}),
+	}
+	x.rcfg = region.Config{
+		Self:    cfg.Region,
+		Replica: cfg.Replica,
+		Regions: cfg.Regions,
+		Period:  cfg.Period,
+		Policy:  x.keyPolicy,
+	}
+	if cfg.Tune != nil {
+		cfg.Tune(&x.rcfg)
+	}
+	st, err := region.New(x.rcfg)
+	if err != nil {
+		return nil, err
+	}
+	x.st = st
+	x.initial = st.Initial(cfg.Region)
+	for i := range x.tallies {
+		x.tallies[i].m = make(map[string]*[2]int64)
+	}
+	if x.met, err = newMetrics(cfg.Registerer); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// InitialShare is the share in ppm this region holds of a global key that
+// the exchange has not moved: lease/service's Config.InitialShareFor.
+func (x *Exchanger) InitialShare(key string, rule *policy.Rule) int64 { return x.initial }
+
+// Observe records a global key's demand and grants for the current epoch:
+// lease/service's Config.Observer. key is the store key (region.GlobalKey
+// of the rule and the descriptor key). Cheap and safe for concurrent use.
+func (x *Exchanger) Observe(key string, rule *policy.Rule, demand, granted int64) {
+	if demand <= 0 && granted <= 0 {
+		return
+	}
+	s := &x.tallies[maphash.String(x.seed, key)%uint64(len(x.tallies))]
+	s.mu.Lock()
+	t := s.m[key]
+	if t == nil {
+		t = new([2]int64)
+		s.m[key] = t
+	}
+	t[0] += max(demand, 0)
+	t[1] += max(granted, 0)
+	s.mu.Unlock()
+}
+
+// Leader reports whether this replica ran its region's exchange at the
+// latest epoch.
+func (x *Exchanger) Leader() bool { return x.leader.Load() }
+
+// Epochs returns how many epochs the loop has run.
+func (x *Exchanger) Epochs() uint64 { return x.epochs.Load() }
+
+// Start subscribes to every region's reports and starts the loop. It
+// returns once subscribed; the loop runs until Close.
+func (x *Exchanger) Start() error {
+	sub, err := x.cfg.Conn.Subscribe(x.cfg.Subject+".*", func(m *nats.Msg) {
+		select {
+		case x.inbox <- m.Data:
+		default:
+			x.met.dropped.WithLabelValues(string(ReasonOverflow)).Inc()
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("exchange: subscribing to %s.*: %w", x.cfg.Subject, err)
+	}
+	// Reports of 100,000 keys are megabytes: let NATS buffer a few epochs
+	// of them; the inbox bounds what waits beyond that.
+	if err := sub.SetPendingLimits(64*1024, 512<<20); err != nil {
+		_ = sub.Unsubscribe()
+		return fmt.Errorf("exchange: %w", err)
+	}
+	x.sub = sub
+	ctx, cancel := context.WithCancel(context.Background())
+	x.cancel = cancel
+	go x.run(ctx)
+	return nil
+}
+
+// Close stops the loop, waits for it, unsubscribes and gives the exchange
+// lease up if this replica holds it, so that another replica takes over at
+// once. ctx bounds the release.
+func (x *Exchanger) Close(ctx context.Context) error {
+	x.release = true
+	return x.stop(ctx)
+}
+
+// Abort stops like a crash: the loop ends and the subscription goes, but
+// the lease stays held until it lapses (LeaseTTL), as if the process had
+// died. For failure tests.
+func (x *Exchanger) Abort() {
+	_ = x.stop(context.Background())
+}
+
+func (x *Exchanger) stop(ctx context.Context) error {
+	var err error
+	x.once.Do(func() {
+		if x.cancel == nil {
+			return // never started
+		}
+		if x.sub != nil {
+			if uerr := x.sub.Unsubscribe(); uerr != nil && !errors.Is(uerr, nats.ErrConnectionClosed) && !errors.Is(uerr, nats.ErrBadSubscription) {
+				err = fmt.Errorf("exchange: unsubscribe: %w", uerr)
+			}
+		}
+		x.cancel()
+		<-x.done
+		if x.release && x.leader.Load() {
+			if rerr := x.cfg.Coordinator.ReleaseExchange(ctx, x.cfg.Region, x.cfg.Replica); rerr != nil {
+				err = errors.Join(err, fmt.Errorf("exchange: releasing the lease: %w", rerr))
+			}
+			x.leader.Store(false)
+			x.met.leader.Set(0)
+		}
+	})
+	return err
+}
+
+// run is the loop: one epoch per period, received messages in between.
+func (x *Exchanger) run(ctx context.Context) {
+	defer close(x.done)
+	t := time.NewTicker(x.cfg.Period)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case m := <-x.inbox:
+			x.receive(m)
+		case <-t.C:
+			x.epoch(ctx)
+		}
+	}
+}
+
+// receive decodes, reassembles and (on the holder) merges one message.
+func (x *Exchanger) receive(msg []byte) {
+	now := x.cfg.Clock()
+	x.met.received.Inc()
+	p, err := DecodePart(msg, x.cfg.Limits)
+	if err == nil {
+		var r *region.Report
+		if r, err = x.asm.Add(now, p); err == nil && r != nil {
+			err = x.merge(now, r)
+		}
+	}
+	if err == nil {
+		return
+	}
+	reason, ok := ReasonOf(err)
+	if !ok {
+		x.cfg.Logger.Error("exchange: receiving a report", "err", err)
+		return
+	}
+	x.met.dropped.WithLabelValues(string(reason)).Inc()
+	if reason != ReasonStale && reason != ReasonDuplicate {
+		x.cfg.Logger.Debug("exchange: dropped a message", "reason", reason, "err", err)
+	}
+}
+
+// merge handles a complete report.
+func (x *Exchanger) merge(now time.Time, r *region.Report) error {
+	if r.Region == x.cfg.Region && r.Replica == x.cfg.Replica {
+		return nil // our own echo
+	}
+	x.heard[r.Region] = now
+	if r.Region != x.cfg.Region {
+		x.top.peerReport(r, x.cfg.TopKeys)
+	}
+	if !x.restored {
+		// Only the holder merges; the others publish tallies. The holder
+		// to come learns everything again from the next reports.
+		return nil
+	}
+	return x.st.Receive(now, *r)
+}
+
+// keyPolicy is region.Config.Policy: it reads the policy the epoch took.
+func (x *Exchanger) keyPolicy(key string) region.KeyPolicy {
+	r := x.rule(key)
+	if r == nil {
+		return region.KeyPolicy{}
+	}
+	return region.KeyPolicy{Rate: r.Rate(), ReclaimAfter: r.PartitionReclaimAfter}
+}
+
+// rule returns the rule of a global key in the policy the epoch took.
+func (x *Exchanger) rule(key string) *policy.Rule {
+	name, _, ok := strings.Cut(key, "/")
+	if !ok || x.pol == nil {
+		return nil
+	}
+	return x.pol.Rule(name)
+}
+
+// drainTallies hands the tallies observed since the last epoch to st.
+func (x *Exchanger) drainTallies() {
+	for i := range x.tallies {
+		s := &x.tallies[i]
+		s.mu.Lock()
+		m := s.m
+		s.m = make(map[string]*[2]int64, len(m))
+		s.mu.Unlock()
+		for k, t := range m {
+			x.st.Observe(k, t[0], t[1])
+		}
+	}
+}

@@ -1,0 +1,202 @@
+package exchange
+
+import (
+	"cmp"
+	"slices"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ration-dev/ration/region"
+)
+
+type metrics struct {
+	share          *prometheus.GaugeVec
+	moved          *prometheus.CounterVec
+	reportAge      *prometheus.GaugeVec
+	dropped        *prometheus.CounterVec
+	epochs         *prometheus.CounterVec
+	leader         prometheus.Gauge
+	epochSeconds   prometheus.Histogram
+	received       prometheus.Counter
+	published      prometheus.Counter
+	publishedBytes prometheus.Counter
+	publishErrors  prometheus.Counter
+	storeErrors    *prometheus.CounterVec
+	stateBytes     prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		share: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ration_exchange_share_ppm",
+			Help: "Applied share in ppm of the most active global keys, per region (this region's from its state, peers' from their latest reports); only on the replica running the exchange.",
+		}, []string{"key", "region"}),
+		moved: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ration_exchange_transfers_ppm_total",
+			Help: "Share this region's store lowered (given) or raised (received) by the exchange, in ppm summed over keys.",
+		}, []string{"direction"}),
+		reportAge: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ration_exchange_report_age_seconds",
+			Help: "Seconds since the latest complete report from each region was received, at the latest epoch.",
+		}, []string{"region"}),
+		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ration_exchange_dropped_total",
+			Help: "Received messages, parts or reports dropped, by reason.",
+		}, []string{"reason"}),
+		epochs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ration_exchange_epochs_total",
+			Help: "Sync epochs run, as the replica running the region's exchange (holder) or not (follower).",
+		}, []string{"role"}),
+		leader: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ration_exchange_leader",
+			Help: "1 while this replica holds its region's exchange lease and runs the exchange.",
+		}),
+		epochSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "ration_exchange_epoch_duration_seconds",
+			Help:    "Time one epoch took: store writes, persisting the state, encoding and publishing.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 4, 8),
+		}),
+		received: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ration_exchange_messages_received_total",
+			Help: "NATS messages received on the sync subjects.",
+		}),
+		published: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ration_exchange_messages_published_total",
+			Help: "NATS messages (report parts) published.",
+		}),
+		publishedBytes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ration_exchange_published_bytes_total",
+			Help: "Bytes of report parts published.",
+		}),
+		publishErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ration_exchange_publish_errors_total",
+			Help: "Reports that could not be encoded or published.",
+		}),
+		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ration_exchange_store_errors_total",
+			Help: "Failed store calls of the exchange, by operation.",
+		}, []string{"op"}),
+		stateBytes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ration_exchange_state_bytes",
+			Help: "Size of the region's exchange state as last persisted.",
+		}),
+	}
+	for _, r := range Reasons {
+		m.dropped.WithLabelValues(string(r))
+	}
+	for _, d := range []string{"given", "received"} {
+		m.moved.WithLabelValues(d)
+	}
+	if reg == nil {
+		return m, nil
+	}
+	for _, c := range []prometheus.Collector{m.share, m.moved, m.reportAge, m.dropped, m.epochs, m.leader,
+		m.epochSeconds, m.received, m.published, m.publishedBytes, m.publishErrors, m.storeErrors, m.stateBytes} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// topKeys picks the most active keys for the share gauge: the keys with the
+// most demand in the latest reports of every region, at most n.
+type topKeys struct {
+	own    []topEntry
+	peers  map[string][]topEntry       // region → its top keys
+	shares map[string]map[string]int64 // region → published key → share
+	shown  map[string]struct{}         // keys with a gauge now
+}
+
+type topEntry struct {
+	key    string
+	demand int64
+	share  int64
+}
+
+// best returns the n keys of r with the most demand.
+func best(r *region.Report, n int) []topEntry {
+	var top []topEntry
+	for i := range r.Keys {
+		k := &r.Keys[i]
+		if k.Demand <= 0 || (len(top) == n && k.Demand <= top[n-1].demand) {
+			continue
+		}
+		e := topEntry{k.Key, k.Demand, k.SharePPM}
+		j, _ := slices.BinarySearchFunc(top, e, func(a, b topEntry) int { return cmp.Compare(b.demand, a.demand) })
+		top = slices.Insert(top, j, e)
+		if len(top) > n {
+			top = top[:n]
+		}
+	}
+	return top
+}
+
+func (t *topKeys) ownReport(r *region.Report, n int) {
+	if n > 0 {
+		t.own = best(r, n)
+	}
+}
+
+func (t *topKeys) peerReport(r *region.Report, n int) {
+	if n <= 0 || !r.Exchange {
+		return
+	}
+	if t.peers == nil {
+		t.peers, t.shares = make(map[string][]topEntry), make(map[string]map[string]int64)
+	}
+	t.peers[r.Region] = best(r, n)
+	sh := make(map[string]int64, len(t.shown))
+	if len(t.shown) > 0 {
+		for i := range r.Keys {
+			if _, ok := t.shown[r.Keys[i].Key]; ok {
+				sh[r.Keys[i].Key] = r.Keys[i].SharePPM
+			}
+		}
+	}
+	t.shares[r.Region] = sh
+}
+
+// updateTopKeys resets the share gauge to the current most active keys.
+func (x *Exchanger) updateTopKeys() {
+	t := &x.top
+	x.met.share.Reset()
+	n := x.cfg.TopKeys
+	if n <= 0 || !x.restored {
+		t.shown = nil
+		return
+	}
+	demand := make(map[string]int64)
+	for _, e := range t.own {
+		demand[e.key] += e.demand
+	}
+	for _, es := range t.peers {
+		for _, e := range es {
+			demand[e.key] += e.demand
+		}
+	}
+	keys := make([]string, 0, len(demand))
+	for k := range demand {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b string) int {
+		return cmp.Or(cmp.Compare(demand[b], demand[a]), cmp.Compare(a, b))
+	})
+	keys = keys[:min(n, len(keys))]
+	t.shown = make(map[string]struct{}, len(keys))
+	for _, k := range keys {
+		t.shown[k] = struct{}{}
+		x.met.share.WithLabelValues(k, x.cfg.Region).Set(float64(x.st.Share(k)))
+		for r, es := range t.peers {
+			if v, ok := t.shares[r][k]; ok {
+				x.met.share.WithLabelValues(k, r).Set(float64(v))
+				continue
+			}
+			for _, e := range es {
+				if e.key == k {
+					x.met.share.WithLabelValues(k, r).Set(float64(e.share))
+				}
+			}
+		}
+	}
+}
