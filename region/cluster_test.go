@@ -35,7 +35,7 @@ type node struct {
 	persisted *region.Snapshot
 	isolated  int // epochs left in isolation
 	restarts  int
-	held      map[string]int64 // reclaims held at the end of the last epoch, by key
+	restartAt int // step of the last restart
 }
 
 type msg struct {
@@ -112,6 +112,7 @@ func (c *cluster) restart(nd *node) {
 	}
 	nd.st = st
 	nd.restarts++
+	nd.restartAt = c.step
 }
 
 func (c *cluster) chance(p float64) bool { return p > 0 && c.rng.Float64() < p }

@@ -201,7 +201,7 @@ func (s *State) epochKey(now time.Time, ks *keyState, p *Plan) bool {
 // may enter.
 func (s *State) pendingGifts(ks *keyState) bool {
 	for k := 0; k < s.n; k++ {
-		if g := ks.rowGen[k]; g > s.genFloor && g == s.peerGen(ks, k) && ks.rows[k*s.n+s.self] > 0 {
+		if g := ks.rowGen[k]; g > max(s.genFloor, ks.floor) && g == s.peerGen(ks, k) && ks.rows[k*s.n+s.self] > 0 {
 			return true
 		}
 	}
@@ -213,8 +213,8 @@ func (s *State) pendingGifts(ks *keyState) bool {
 func (s *State) enter(now time.Time, ks *keyState, base int64) {
 	n, me := s.n, s.self
 	g := s.highestPeerGen(ks)
-	if g <= s.genFloor {
-		g = max(s.epoch, s.genFloor+1)
+	if floor := max(s.genFloor, ks.floor); g <= floor {
+		g = max(s.epoch, floor+1)
 	}
 	ks.gen, ks.base = g, base
 	clear(s.ownRow(ks))
@@ -254,24 +254,29 @@ func (s *State) settled(ks *keyState) bool {
 // exitDone reports whether the exit record of a generation we left can be
 // dropped. Peers settle against it (they take back gifts we never applied,
 // or learn the reclaims we did apply), and a lost record loses share, so it
-// is announced for IdleAfter, and longer while a peer is still in that
-// generation or our own gifts there are not settled (but not past
-// 3 × IdleAfter for those: a peer that never answers costs that share).
+// is announced for Grace, and longer until every peer has acknowledged
+// settling against it and our own gifts there are settled; but not past
+// 10 × IdleAfter: a peer silent that long costs that share, so that memory
+// stays bounded.
 func (s *State) exitDone(now time.Time, ks *keyState, x *exitState) bool {
 	age := now.Sub(x.at)
-	if age < s.cfg.IdleAfter {
+	if age < s.cfg.Grace {
 		return false
 	}
-	for k := 0; k < s.n; k++ {
-		if k != s.self && s.peerGen(ks, k) == x.gen {
-			return false
-		}
-	}
-	if age >= 3*s.cfg.IdleAfter {
+	if age >= 10*s.cfg.IdleAfter {
 		return true
 	}
 	for k := 0; k < s.n; k++ {
-		if k != s.self && x.row[k]-x.refund[k] > x.ack[k] {
+		if k != s.self && x.acked&(1<<k) == 0 {
+			return false
+		}
+	}
+	for k := 0; k < s.n; k++ {
+		// Wait for k's own exit record while we may be owed something
+		// from it: gifts k did not acknowledge, or reclaims we gave up
+		// that k may have applied.
+		owed := x.row[k]-x.refund[k] > x.ack[k] || x.dropped[k] > 0
+		if k != s.self && owed && ks.settled[k] < x.gen {
 			return false
 		}
 	}
@@ -280,9 +285,9 @@ func (s *State) exitDone(now time.Time, ks *keyState, x *exitState) bool {
 
 // alloc sizes an exit record's rows for n regions.
 func (x *exitState) alloc(n int) {
-	buf := make([]int64, 6*n)
+	buf := make([]int64, 7*n)
 	x.row, x.taken, x.in = buf[:n:n], buf[n:2*n:2*n], buf[2*n:3*n:3*n]
-	x.intake, x.refund, x.ack = buf[3*n:4*n:4*n], buf[4*n:5*n:5*n], buf[5*n:]
+	x.intake, x.refund, x.ack, x.dropped = buf[3*n:4*n:4*n], buf[4*n:5*n:5*n], buf[5*n:6*n:6*n], buf[6*n:]
 }
 
 // unacked returns the part of our reclaim from k that k has not applied.
@@ -310,7 +315,8 @@ func (s *State) leave(now time.Time, ks *keyState, moving bool) {
 	copy(x.taken, s.ownTaken(ks))
 	if moving {
 		for k := range x.taken {
-			x.taken[k] -= s.unacked(ks, k)
+			x.dropped[k] = s.unacked(ks, k)
+			x.taken[k] -= x.dropped[k]
 		}
 	}
 	copy(x.in, ks.in)
@@ -318,7 +324,7 @@ func (s *State) leave(now time.Time, ks *keyState, moving bool) {
 	copy(x.refund, ks.refund)
 	copy(x.ack, ks.ack)
 	ks.exits = append(ks.exits, x)
-	s.genFloor = max(s.genFloor, ks.gen)
+	ks.floor = max(ks.floor, ks.gen)
 	ks.lastTransfer = now
 }
 

@@ -24,3 +24,14 @@ func (s *State) Ledger(key string) (gen uint64, base int64, exits int) {
 	}
 	return ks.gen, ks.base, len(ks.exits)
 }
+
+// Own returns the share of key the State computes from its counters: what
+// its stored share converges to (the initial share for a key without
+// exchange state).
+func (s *State) Own(key string) int64 {
+	ks := s.byKey[key]
+	if ks == nil || ks.gen == 0 {
+		return s.initial[s.self]
+	}
+	return s.own(ks)
+}

@@ -16,7 +16,7 @@ import (
 // The slices in the report are freshly allocated; the caller may keep it.
 func (s *State) Report() Report {
 	n := s.n
-	var entries, ints int
+	var entries, ints, acks int
 	for _, ks := range s.keys {
 		if ks.gen == 0 && len(ks.exits) == 0 {
 			continue
@@ -24,6 +24,9 @@ func (s *State) Report() Report {
 		entries++
 		if ks.gen != 0 {
 			ints += 4 * n
+		}
+		if ks.announcing != 0 {
+			acks += n
 		}
 		ints += 4 * n * len(ks.exits)
 	}
@@ -37,6 +40,7 @@ func (s *State) Report() Report {
 		Keys:     make([]KeyReport, 0, entries),
 	}
 	buf := make([]int64, ints)
+	ackBuf := make([]uint64, acks)
 	take := func(v []int64) []int64 {
 		out := buf[:n:n]
 		buf = buf[n:]
@@ -68,6 +72,11 @@ func (s *State) Report() Report {
 			e.Taken = takeOpt(s.ownTaken(ks))
 			e.In = takeOpt(ks.in)
 			e.InTaken = takeOpt(ks.inTakenStored)
+		}
+		if ks.announcing != 0 {
+			e.Settled = ackBuf[:n:n]
+			ackBuf = ackBuf[n:]
+			copy(e.Settled, ks.settled)
 		}
 		for _, x := range ks.exits {
 			e.Exits = append(e.Exits, Exit{

@@ -94,6 +94,19 @@ func (s *State) Receive(now time.Time, r Report) error {
 			for x := range e.Exits {
 				s.settle(now, ks, k, &e.Exits[x], myCol)
 			}
+			if len(e.Settled) > 0 {
+				for _, x := range ks.exits {
+					if e.Settled[myCol] >= x.gen {
+						x.acked |= 1 << k
+					}
+				}
+			}
+		}
+		if n := len(e.Exits); n > 0 {
+			ks.settled[k] = max(ks.settled[k], e.Exits[n-1].Generation)
+			ks.announcing |= 1 << k
+		} else {
+			ks.announcing &^= 1 << k
 		}
 	}
 	return nil

@@ -61,6 +61,10 @@ type KeyReport struct {
 	// Exits are the sender's final states in generations it left and
 	// still announces, oldest first (see Exit).
 	Exits []Exit
+	// Settled[j] is the newest generation of region j's exit records the
+	// sender has settled against: an acknowledgement, so that j stops
+	// announcing them. Nil unless some region announces exits.
+	Settled []uint64
 }
 
 // Exit is a region's final state in a generation it has left (by moving to a
@@ -158,6 +162,8 @@ func checkShape(r *Report) (int, error) {
 		switch {
 		case k.Key == "":
 			return -1, bad("key %d has an empty name", i)
+		case len(k.Settled) != 0 && len(k.Settled) != n:
+			return -1, bad("key %q: Settled has %d columns, want %d", k.Key, len(k.Settled), n)
 		case k.Demand < 0 || k.Granted < 0:
 			return -1, bad("key %q: negative tallies", k.Key)
 		case k.SharePPM < 0 || k.SharePPM > PPM:
@@ -166,7 +172,7 @@ func checkShape(r *Report) (int, error) {
 			return -1, bad("key %q: Base %d not in [%d, %d]", k.Key, k.Base, -PPM, PPM)
 		}
 		if !r.Exchange {
-			if k.Generation != 0 || len(k.Row) != 0 || len(k.Taken) != 0 || len(k.In) != 0 || len(k.InTaken) != 0 || len(k.Exits) != 0 || k.Base != 0 {
+			if k.Generation != 0 || len(k.Row) != 0 || len(k.Taken) != 0 || len(k.In) != 0 || len(k.InTaken) != 0 || len(k.Exits) != 0 || len(k.Settled) != 0 || k.Base != 0 {
 				return -1, bad("key %q: exchange state in a tally-only report", k.Key)
 			}
 			continue

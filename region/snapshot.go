@@ -21,9 +21,10 @@ type Snapshot struct {
 	Regions []string
 	// Epoch is the last epoch number used.
 	Epoch uint64
-	// GenerationFloor is the highest generation the region has left: it
-	// never enters one at or below it again. Losing it could make a region
-	// re-enter a generation with its row forgotten, so it is persisted.
+	// GenerationFloor is the highest generation the region has left for a
+	// key it no longer holds: it never enters one at or below it again.
+	// Losing it could make a region re-enter a generation with its row
+	// forgotten, so it is persisted.
 	GenerationFloor uint64
 	// Heard is the epoch of the latest exchange report merged from each
 	// region (indexed like Regions): the counters learned from it are in
@@ -41,8 +42,11 @@ type Snapshot struct {
 type KeySnapshot struct {
 	Key string
 	// Generation is the key's generation, 0 for a retired key that keeps
-	// announcing Exit.
+	// announcing Exits.
 	Generation uint64
+	// GenerationFloor is the highest generation the region left for this
+	// key.
+	GenerationFloor uint64
 	// Base is the region's share when it entered Generation.
 	Base int64
 	// Row and Taken are the region's own rows of gifts and reclaims.
@@ -53,6 +57,13 @@ type KeySnapshot struct {
 	// Refund and Unclaim are gifts taken back from, and reclaims given up
 	// on, regions that left Generation without applying them.
 	Refund, Unclaim []int64
+	// Ack and AckTaken are the gifts and reclaims each region acknowledged
+	// applying. An exit record is a region's last acknowledgement and is
+	// not sent again once settled, so they are persisted.
+	Ack, AckTaken []int64
+	// Settled is the newest generation of each region's exit records the
+	// region settled against.
+	Settled []uint64
 	// Demand is the smoothed demand of each region, in tokens per epoch.
 	Demand []float64
 	// Exits are the generations the region left and still announces,
@@ -68,6 +79,8 @@ type ExitSnapshot struct {
 	Refund []int64
 	// Ack is the part of its gifts there each peer acknowledged.
 	Ack []int64
+	// Dropped are the reclaims not acknowledged that it gave up.
+	Dropped []int64
 	// At is when the generation was left; the record is announced for
 	// Config.Grace after it.
 	At time.Time
@@ -87,7 +100,7 @@ func (s *State) Snapshot() Snapshot {
 		if ks.gen == 0 && len(ks.exits) == 0 {
 			continue
 		}
-		k := KeySnapshot{Key: ks.key, Generation: ks.gen}
+		k := KeySnapshot{Key: ks.key, Generation: ks.gen, GenerationFloor: ks.floor, Settled: slices.Clone(ks.settled)}
 		if ks.gen != 0 {
 			k.Base = ks.base
 			k.Row = slices.Clone(s.ownRow(ks))
@@ -96,15 +109,18 @@ func (s *State) Snapshot() Snapshot {
 			k.InTaken = slices.Clone(ks.inTaken)
 			k.Refund = slices.Clone(ks.refund)
 			k.Unclaim = slices.Clone(ks.unclaim)
+			k.Ack = slices.Clone(ks.ack)
+			k.AckTaken = slices.Clone(ks.ackTkn)
 			k.Demand = slices.Clone(ks.ewma)
 		}
 		for _, x := range ks.exits {
 			k.Exits = append(k.Exits, ExitSnapshot{
 				Exit: Exit{Generation: x.gen, Row: slices.Clone(x.row), Taken: slices.Clone(x.taken),
 					In: slices.Clone(x.in), InTaken: slices.Clone(x.intake)},
-				Refund: slices.Clone(x.refund),
-				Ack:    slices.Clone(x.ack),
-				At:     x.at,
+				Refund:  slices.Clone(x.refund),
+				Ack:     slices.Clone(x.ack),
+				Dropped: slices.Clone(x.dropped),
+				At:      x.at,
 			})
 		}
 		snap.Keys = append(snap.Keys, k)
@@ -157,12 +173,15 @@ func (s *State) Restore(snap Snapshot) error {
 		if k.Key == "" || seen[k.Key] {
 			return bad("key %d: empty or duplicate name %q", i, k.Key)
 		}
+		if len(k.Settled) != m {
+			return bad("key %q: Settled has %d columns, want %d", k.Key, len(k.Settled), m)
+		}
 		seen[k.Key] = true
 		if k.Generation != 0 {
 			for _, v := range []struct {
 				what string
 				row  []int64
-			}{{"Row", k.Row}, {"Taken", k.Taken}, {"In", k.In}, {"InTaken", k.InTaken}, {"Refund", k.Refund}, {"Unclaim", k.Unclaim}} {
+			}{{"Row", k.Row}, {"Taken", k.Taken}, {"In", k.In}, {"InTaken", k.InTaken}, {"Refund", k.Refund}, {"Unclaim", k.Unclaim}, {"Ack", k.Ack}, {"AckTaken", k.AckTaken}} {
 				if err := vec(k.Key, v.what, v.row, false); err != nil {
 					return err
 				}
@@ -189,7 +208,7 @@ func (s *State) Restore(snap Snapshot) error {
 			for _, v := range []struct {
 				what string
 				row  []int64
-			}{{"Exit.Row", x.Row}, {"Exit.Taken", x.Taken}, {"Exit.In", x.In}, {"Exit.InTaken", x.InTaken}, {"Exit.Refund", x.Refund}, {"Exit.Ack", x.Ack}} {
+			}{{"Exit.Row", x.Row}, {"Exit.Taken", x.Taken}, {"Exit.In", x.In}, {"Exit.InTaken", x.InTaken}, {"Exit.Refund", x.Refund}, {"Exit.Ack", x.Ack}, {"Exit.Dropped", x.Dropped}} {
 				if err := vec(k.Key, v.what, v.row, false); err != nil {
 					return err
 				}
@@ -205,7 +224,12 @@ func (s *State) Restore(snap Snapshot) error {
 		k := &snap.Keys[i]
 		ks := s.addKey(k.Key)
 		ks.created, ks.lastDemand, ks.lastTransfer = time.Time{}, time.Time{}, time.Time{}
-		ks.gen = k.Generation
+		ks.gen, ks.floor = k.Generation, k.GenerationFloor
+		for c, j := range cols {
+			if j >= 0 {
+				ks.settled[j] = k.Settled[c]
+			}
+		}
 		if k.Generation != 0 {
 			ks.base = k.Base
 			row, tk := s.ownRow(ks), s.ownTaken(ks)
@@ -219,6 +243,7 @@ func (s *State) Restore(snap Snapshot) error {
 				row[j], tk[j] = k.Row[c], k.Taken[c]
 				ks.in[j], ks.inTaken[j] = k.In[c], k.InTaken[c]
 				ks.refund[j], ks.unclaim[j] = k.Refund[c], k.Unclaim[c]
+				ks.ack[j], ks.ackTkn[j] = k.Ack[c], k.AckTaken[c]
 				ks.ewma[j] = k.Demand[c]
 			}
 			ks.base = clamp(ks.base, -PPM, PPM)
@@ -231,7 +256,7 @@ func (s *State) Restore(snap Snapshot) error {
 			for c, j := range cols {
 				if j >= 0 {
 					p.row[j], p.taken[j], p.in[j], p.intake[j] = x.Row[c], x.Taken[c], x.In[c], x.InTaken[c]
-					p.refund[j], p.ack[j] = x.Refund[c], x.Ack[c]
+					p.refund[j], p.ack[j], p.dropped[j] = x.Refund[c], x.Ack[c], x.Dropped[c]
 				}
 			}
 			ks.exits = append(ks.exits, p)

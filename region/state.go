@@ -23,7 +23,7 @@ type State struct {
 
 	now      time.Time
 	epoch    uint64
-	genFloor uint64 // highest generation left; never enter one at or below it
+	genFloor uint64 // highest generation left by a key whose state was dropped
 
 	seq       uint64 // sequence of the latest Plan
 	committed bool   // the latest Plan was committed
@@ -50,9 +50,12 @@ type State struct {
 
 // keyState is the exchange state of one key in this region.
 type keyState struct {
-	key  string
-	gen  uint64 // 0: no exchange state (new, or retired and announcing its exit)
-	base int64  // our share when we entered gen
+	key string
+	gen uint64 // 0: no exchange state (new, or retired and announcing its exit)
+	// floor is the highest generation we left for this key: we never
+	// enter one at or below it (nor at or below State.genFloor).
+	floor uint64
+	base  int64 // our share when we entered gen
 	// applied is the share the store holds for the key as far as we know,
 	// or -1 when we do not know (a new or restored key, or a plan that was
 	// not committed): the next plan then writes it before any gift.
@@ -74,12 +77,17 @@ type keyState struct {
 	// it changes generation, so we must not acknowledge one the store has
 	// not applied yet.
 	inTakenStored []int64
-	rowGen  []uint64
-	cur     []uint64 // generation k listed the key with in its latest exchange report (0: none)
-	seen    []uint64 // epoch of k's latest exchange report that listed the key
-	ewma    []float64
+	rowGen        []uint64
+	cur           []uint64 // generation k listed the key with in its latest exchange report (0: none)
+	seen          []uint64 // epoch of k's latest exchange report that listed the key
+	ewma          []float64
 
 	exits []*exitState // generations we left and still announce, oldest first
+	// settled[k] is the newest generation of k's exit records we have
+	// settled against; announcing is the mask of peers whose latest report
+	// still carried exit records, to which we acknowledge.
+	settled    []uint64
+	announcing uint64
 
 	cur0, pub tally // local tallies: since the last epoch, and closed at it
 	tallies   []tallyEntry
@@ -93,7 +101,9 @@ type exitState struct {
 	row, taken, in, intake []int64
 	refund                 []int64 // refunds already added to base for it
 	ack                    []int64 // our gifts there that each peer acknowledged
+	dropped                []int64 // reclaims not acknowledged, given up when we left
 	at                     time.Time
+	acked                  uint64 // peers that acknowledged settling against this record
 }
 
 type tally struct{ demand, granted int64 }
@@ -220,7 +230,7 @@ func (s *State) Resync(key string) {
 func (s *State) addKey(key string) *keyState {
 	n := s.n
 	ints := make([]int64, 2*n*n+9*n)
-	gens := make([]uint64, 3*n)
+	gens := make([]uint64, 4*n)
 	ks := &keyState{
 		key:     key,
 		applied: -1,
@@ -232,7 +242,7 @@ func (s *State) addKey(key string) *keyState {
 	next := func() []int64 { v := ints[o : o+n : o+n]; o += n; return v }
 	ks.bases, ks.in, ks.inTaken, ks.refund, ks.unclaim, ks.shares = next(), next(), next(), next(), next(), next()
 	ks.ack, ks.ackTkn, ks.inTakenStored = next(), next(), next()
-	ks.rowGen, ks.cur, ks.seen = gens[0:n:n], gens[n:2*n:2*n], gens[2*n:3*n:3*n]
+	ks.rowGen, ks.cur, ks.seen, ks.settled = gens[0:n:n], gens[n:2*n:2*n], gens[2*n:3*n:3*n], gens[3*n:4*n:4*n]
 	if !s.now.IsZero() {
 		ks.created, ks.lastDemand, ks.lastTransfer = s.now, s.now, s.now
 	}
@@ -244,6 +254,7 @@ func (s *State) addKey(key string) *keyState {
 // removeKey drops s.keys[i], moving the last key into its place.
 func (s *State) removeKey(i int) {
 	ks := s.keys[i]
+	s.genFloor = max(s.genFloor, ks.floor) // the key's own floor is forgotten now
 	delete(s.byKey, ks.key)
 	last := len(s.keys) - 1
 	s.keys[i] = s.keys[last]
