@@ -1,0 +1,175 @@
+package agent
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/ration-dev/ration/lease"
+	leasev1 "github.com/ration-dev/ration/lease/v1"
+	"github.com/ration-dev/ration/lease/service"
+	"github.com/ration-dev/ration/policy"
+)
+
+// driverWorld runs one Driver against a real lease service over a memory
+// store on a virtual clock, with a fixed round trip, in one goroutine.
+type driverWorld struct {
+	t     *testing.T
+	start time.Time
+	now   time.Time
+	rtt   time.Duration
+	svc   *service.Service
+	d     *Driver
+	// calls in flight, answered at due
+	flight []pendingCall
+	tags   map[uint64]Decision
+}
+
+type pendingCall struct {
+	due  time.Time
+	c    *Call
+	resp *leasev1.LeaseResponse
+	err  error
+}
+
+func newDriverWorld(t *testing.T, yaml string, rtt time.Duration) *driverWorld {
+	t.Helper()
+	start := time.Unix(1_700_000_000, 0)
+	w := &driverWorld{t: t, start: start, now: start, rtt: rtt, tags: map[uint64]Decision{}}
+	set, err := policy.Parse("test.yaml", []byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := lease.NewMemoryStore(lease.MemoryConfig{Clock: func() time.Time { return w.now }})
+	w.svc, err = service.New(service.Config{Region: "eu", Store: store, Policy: set, Clock: func() time.Time { return w.now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.d, err = NewDriver(Config{AgentID: "a1"}, start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.d.SetPolicy(set)
+	return w
+}
+
+// send carries calls: the service answers at once (the store acts at the
+// send time) and the answer arrives rtt later.
+func (w *driverWorld) send(calls []*Call) {
+	for _, c := range calls {
+		p := pendingCall{due: c.Sent.Add(w.rtt), c: c}
+		if c.Lease != nil {
+			p.resp, p.err = w.svc.Lease(context.Background(), c.Lease)
+		} else {
+			_, p.err = w.svc.Return(context.Background(), c.Return)
+		}
+		if w.rtt > c.Timeout {
+			p.due, p.resp, p.err = c.Sent.Add(c.Timeout), nil, ErrCallTimeout
+		}
+		w.flight = append(w.flight, p)
+	}
+}
+
+// advance moves to now, delivering due answers in order.
+func (w *driverWorld) advance(now time.Time) {
+	for {
+		i := -1
+		for j, p := range w.flight {
+			if !p.due.After(now) && (i < 0 || p.due.Before(w.flight[i].due)) {
+				i = j
+			}
+		}
+		if i < 0 {
+			break
+		}
+		p := w.flight[i]
+		w.flight = append(w.flight[:i], w.flight[i+1:]...)
+		w.now = p.due
+		w.d.Complete(p.due, p.c, p.resp, p.err)
+		for _, r := range w.d.Resolved() {
+			w.tags[r.Tag] = r.Decision
+		}
+		w.send(w.d.Poll(p.due))
+	}
+	w.now = now
+	w.send(w.d.Poll(now))
+	for _, r := range w.d.Resolved() {
+		w.tags[r.Tag] = r.Decision
+	}
+}
+
+var tenant = []policy.Descriptor{{Key: "tenant", Value: "acme"}}
+
+func TestDriverColdKeyWaitsForOneRoundTrip(t *testing.T) {
+	w := newDriverWorld(t, "rules:\n  - {name: r, key: [tenant], limit: 1000, burst: 1000}\n", time.Millisecond)
+	if _, ok := w.d.Decide(w.now, tenant, 1, 7); ok {
+		t.Fatal("a cold key was decided without a round trip")
+	}
+	w.send(w.d.Poll(w.now))
+	w.advance(w.start.Add(2 * time.Millisecond))
+	got, ok := w.tags[7]
+	if !ok {
+		t.Fatalf("the waiting request was not resolved after the round trip")
+	}
+	want := Decision{Allowed: true, Limit: 1000, Period: time.Second, Rule: "r", Path: PathLease}
+	if diff := cmp.Diff(want, got, cmpIgnoreQuota); diff != "" {
+		t.Errorf("decision (-want +got):\n%s", diff)
+	}
+	if s := w.d.Stats(); s.SyncDecisions != 1 || s.LeaseCalls != 1 || s.TokensGranted != 1 {
+		t.Errorf("got %d sync decisions, %d lease calls, %d tokens, want 1, 1, 1: a cold key's first lease is one request's", s.SyncDecisions, s.LeaseCalls, s.TokensGranted)
+	}
+}
+
+var cmpIgnoreQuota = cmp.FilterPath(func(p cmp.Path) bool {
+	f := p.Last().String()
+	return f == ".Remaining" || f == ".Reset"
+}, cmp.Ignore())
+
+// TestDriverNeverSpendsMoreThanGranted runs a steady stream of requests
+// over a few seconds and checks the agent's accounting against the
+// service: every admitted request was paid by a grant, and the admitted
+// rate stays within the limit plus one burst.
+func TestDriverNeverSpendsMoreThanGranted(t *testing.T) {
+	w := newDriverWorld(t, "rules:\n  - {name: r, key: [tenant], limit: 1000, burst: 100}\n", 2*time.Millisecond)
+	var tag uint64
+	admitted := 0
+	const steps = 3000 // 3s at 1ms, 2 requests a step: twice the limit
+	for i := 0; i < steps; i++ {
+		now := w.start.Add(time.Duration(i) * time.Millisecond)
+		w.advance(now)
+		for j := 0; j < 2; j++ {
+			tag++
+			if d, ok := w.d.Decide(now, tenant, 1, tag); ok && d.Allowed {
+				admitted++
+			}
+		}
+		w.send(w.d.Poll(now))
+	}
+	w.advance(w.start.Add(steps * time.Millisecond))
+	for _, d := range w.tags {
+		if d.Allowed {
+			admitted++
+		}
+	}
+	s := w.d.Stats()
+	if int64(admitted) > s.TokensGranted {
+		t.Errorf("admitted %d, more than the %d tokens granted", admitted, s.TokensGranted)
+	}
+	if max := 1000*3 + 100; admitted > max {
+		t.Errorf("admitted %d in 3s, more than L·W + b = %d", admitted, max)
+	}
+	if min := 1000 * 3 * 9 / 10; admitted < min {
+		t.Errorf("admitted %d in 3s under twice the limit, want at least %d (90%%)", admitted, min)
+	}
+	if s.LeaseCalls > steps/5 {
+		t.Errorf("%d lease calls in %d steps: leases are not batching", s.LeaseCalls, steps)
+	}
+}
+
+func TestDriverNeedsAgentID(t *testing.T) {
+	if _, err := NewDriver(Config{}, time.Unix(0, 0)); err == nil {
+		t.Error("NewDriver without AgentID got no error, want ErrInvalidConfig")
+	}
+}
