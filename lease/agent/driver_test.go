@@ -8,8 +8,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/ration-dev/ration/lease"
-	leasev1 "github.com/ration-dev/ration/lease/v1"
 	"github.com/ration-dev/ration/lease/service"
+	leasev1 "github.com/ration-dev/ration/lease/v1"
 	"github.com/ration-dev/ration/policy"
 )
 
