@@ -1,0 +1,328 @@
+package exchange
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/goleak"
+
+	"github.com/ration-dev/ration/lease"
+	"github.com/ration-dev/ration/policy"
+	"github.com/ration-dev/ration/region"
+	"github.com/ration-dev/ration/sync/embedded"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const testPolicy = "rules:\n  - name: r\n    key: [tenant]\n    limit: 1000\n    period: 1s\n    burst: 1000\n"
+
+// testKey is the global key the tests drive.
+var testKey = region.GlobalKey("r", "tenant=acme")
+
+func startNATS(t *testing.T) string {
+	t.Helper()
+	s, err := embedded.Start(embedded.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Shutdown)
+	return s.ClientURL()
+}
+
+func dial(t *testing.T, url string) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// replica is one Exchanger of a test region with its registry.
+type replica struct {
+	x   *Exchanger
+	reg *prometheus.Registry
+}
+
+// testRegion is a region of memory-store replicas.
+type testRegion struct {
+	name     string
+	store    *lease.MemoryStore
+	coord    *lease.MemoryExchange
+	replicas []*replica
+}
+
+type cluster struct {
+	t       *testing.T
+	url     string
+	regions []string
+	period  time.Duration
+	pol     *policy.Set
+	byName  map[string]*testRegion
+}
+
+func newCluster(t *testing.T, period time.Duration, regions ...string) *cluster {
+	pol, err := policy.Parse("test.yaml", []byte(testPolicy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &cluster{t: t, url: startNATS(t), regions: regions, period: period, pol: pol, byName: map[string]*testRegion{}}
+	for _, r := range regions {
+		c.byName[r] = &testRegion{name: r, store: lease.NewMemoryStore(lease.MemoryConfig{}), coord: lease.NewMemoryExchange(nil)}
+	}
+	return c
+}
+
+// start adds and starts a replica of region r.
+func (c *cluster) start(r, name string) *replica {
+	c.t.Helper()
+	tr := c.byName[r]
+	reg := prometheus.NewRegistry()
+	x, err := New(Config{
+		Region:      r,
+		Replica:     name,
+		Regions:     c.regions,
+		Period:      c.period,
+		Conn:        dial(c.t, c.url),
+		Store:       tr.store,
+		Coordinator: tr.coord,
+		Policy:      func() *policy.Set { return c.pol },
+		Registerer:  reg,
+		Logger:      slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	if err := x.Start(); err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(func() { _ = x.Close(context.Background()) })
+	rp := &replica{x: x, reg: reg}
+	tr.replicas = append(tr.replicas, rp)
+	return rp
+}
+
+// share reads region r's applied share of key from its store.
+func (c *cluster) share(r, key string) int64 {
+	c.t.Helper()
+	tr := c.byName[r]
+	out := []int64{0}
+	if err := tr.store.Shares(context.Background(), []string{key}, out); err != nil {
+		c.t.Fatal(err)
+	}
+	if out[0] < 0 {
+		return tr.replicas[0].x.InitialShare(key, nil)
+	}
+	return out[0]
+}
+
+// demand observes rate tokens/s of demand for key at replica rp, in 5ms
+// steps, until stop is closed. All of it is granted.
+func demand(wg *sync.WaitGroup, stop <-chan struct{}, rate func() int64, rp func() *replica) {
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(5 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				if d := rate() / 200; d > 0 {
+					rp().x.Observe(testKey, nil, d, d)
+				}
+			}
+		}
+	}()
+}
+
+// waitShares polls until ok holds for the shares of testKey, checking that
+// they never sum above PPM, and fails after a deadline.
+func (c *cluster) waitShares(what string, within time.Duration, ok func(map[string]int64) bool) {
+	c.t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		sh := map[string]int64{}
+		var sum int64
+		for _, r := range c.regions {
+			sh[r] = c.share(r, testKey)
+			sum += sh[r]
+		}
+		if sum > region.PPM {
+			c.t.Fatalf("%s: shares %v sum to %d ppm, more than %d", what, sh, sum, region.PPM)
+		}
+		if ok(sh) {
+			return
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("%s: not reached within %v; shares %v", what, within, sh)
+		}
+		time.Sleep(c.period / 5) // polling interval, not a wait for an event
+	}
+}
+
+func near(got, want int64) bool { return got >= want-50_000 && got <= want+50_000 }
+
+// TestShareFollowsDemand runs three regions on memory stores over an
+// embedded NATS server: demand concentrated in eu pulls share there, then
+// moves to us and the share follows.
+func TestShareFollowsDemand(t *testing.T) {
+	c := newCluster(t, 50*time.Millisecond, "ap", "eu", "us")
+	reps := map[string]*replica{}
+	for _, r := range c.regions {
+		reps[r] = c.start(r, r+"-0")
+	}
+	var mu sync.Mutex
+	rates := map[string]int64{"eu": 900, "us": 100}
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for _, r := range c.regions {
+		demand(&wg, stop, func() int64 { mu.Lock(); defer mu.Unlock(); return rates[r] }, func() *replica { return reps[r] })
+	}
+	defer func() { close(stop); wg.Wait() }()
+
+	// Needs 0, 0.1, 0.9 of L; floors of 2%: targets ap 2%, us 12%, eu 86%.
+	target := region.Targets(region.PPM, []float64{0, 900_000, 100_000}, 20_000, nil)
+	c.waitShares("eu takes the share", 10*time.Second, func(sh map[string]int64) bool {
+		return near(sh["ap"], target[0]) && near(sh["eu"], target[1]) && near(sh["us"], target[2])
+	})
+
+	mu.Lock()
+	rates = map[string]int64{"eu": 100, "us": 900}
+	mu.Unlock()
+	c.waitShares("us takes the share", 10*time.Second, func(sh map[string]int64) bool {
+		return near(sh["eu"], target[2]) && near(sh["us"], target[1])
+	})
+
+	body := gather(t, reps["eu"].reg)
+	for _, m := range []string{
+		`ration_exchange_leader 1`,
+		`ration_exchange_share_ppm{key="r/tenant=acme",region="eu"}`,
+		`ration_exchange_share_ppm{key="r/tenant=acme",region="us"}`,
+		`ration_exchange_report_age_seconds{region="us"}`,
+		`ration_exchange_epochs_total{role="holder"}`,
+		`ration_exchange_transfers_ppm_total{direction="given"}`,
+		`ration_exchange_dropped_total{reason="corrupt"} 0`,
+	} {
+		if !strings.Contains(body, m) {
+			t.Errorf("eu's metrics lack %q", m)
+		}
+	}
+	if strings.Contains(body, `ration_exchange_transfers_ppm_total{direction="given"} 0`+"\n") {
+		t.Errorf("eu gave no share, want some")
+	}
+}
+
+func gather(t *testing.T, reg *prometheus.Registry) string {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			b.WriteString(mf.GetName())
+			if len(m.GetLabel()) > 0 {
+				b.WriteString("{")
+				for i, l := range m.GetLabel() {
+					if i > 0 {
+						b.WriteString(",")
+					}
+					b.WriteString(l.GetName() + `="` + l.GetValue() + `"`)
+				}
+				b.WriteString("}")
+			}
+			switch {
+			case m.Gauge != nil:
+				b.WriteString(" " + ftoa(m.GetGauge().GetValue()))
+			case m.Counter != nil:
+				b.WriteString(" " + ftoa(m.GetCounter().GetValue()))
+			}
+			b.WriteString("\n")
+		}
+	}
+	return b.String()
+}
+
+func ftoa(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
+
+// TestTakeOver runs two replicas of eu on one store: the holder dies
+// without releasing its lease, the other takes over after the lease
+// lapses, restores the persisted state and goes on: eu's share never jumps,
+// the shares never sum above PPM, and the exchange still follows demand.
+func TestTakeOver(t *testing.T) {
+	c := newCluster(t, 50*time.Millisecond, "eu", "us")
+	us := c.start("us", "us-0")
+	eu := []*replica{c.start("eu", "eu-0"), c.start("eu", "eu-1")}
+	var mu sync.Mutex
+	rates := map[string]int64{"eu": 800, "us": 200}
+	live := eu[0]
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	// Half of eu's demand arrives at each replica; after the crash all of
+	// it at the survivor.
+	for i := range eu {
+		demand(&wg, stop, func() int64 { mu.Lock(); defer mu.Unlock(); return rates["eu"] / 2 }, func() *replica {
+			mu.Lock()
+			defer mu.Unlock()
+			if live == eu[1] {
+				return eu[1]
+			}
+			return eu[i]
+		})
+	}
+	demand(&wg, stop, func() int64 { mu.Lock(); defer mu.Unlock(); return rates["us"] }, func() *replica { return us })
+	defer func() { close(stop); wg.Wait() }()
+
+	target := region.Targets(region.PPM, []float64{800_000, 200_000}, 20_000, nil)
+	c.waitShares("eu takes its share", 10*time.Second, func(sh map[string]int64) bool {
+		return near(sh["eu"], target[0]) && near(sh["us"], target[1])
+	})
+	holder, other := eu[0], eu[1]
+	if !holder.x.Leader() {
+		holder, other = other, holder
+	}
+	if !holder.x.Leader() || other.x.Leader() {
+		t.Fatalf("got leaders %v and %v, want exactly one", eu[0].x.Leader(), eu[1].x.Leader())
+	}
+	before := c.share("eu", testKey)
+	holder.x.Abort()
+	mu.Lock()
+	live = other
+	mu.Unlock()
+
+	deadline := time.Now().Add(10 * time.Second)
+	for !other.x.Leader() {
+		if s := c.share("eu", testKey); s < before-50_000 || s+c.share("us", testKey) > region.PPM {
+			t.Fatalf("during the take-over eu holds %d ppm (before %d), us %d", s, before, c.share("us", testKey))
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no take-over within 10s")
+		}
+		time.Sleep(c.period / 5) // polling interval, not a wait for an event
+	}
+	c.waitShares("after the take-over", time.Second, func(sh map[string]int64) bool {
+		if sh["eu"] < before-50_000 {
+			t.Fatalf("eu holds %d ppm after the take-over, before %d", sh["eu"], before)
+		}
+		return near(sh["eu"], target[0])
+	})
+
+	mu.Lock()
+	rates = map[string]int64{"eu": 200, "us": 800}
+	mu.Unlock()
+	c.waitShares("us takes the share from the new holder", 10*time.Second, func(sh map[string]int64) bool {
+		return near(sh["eu"], target[1]) && near(sh["us"], target[0])
+	})
+}
