@@ -125,20 +125,25 @@ func (c *cluster) share(r, key string) int64 {
 	return out[0]
 }
 
-// demand observes rate tokens/s of demand for key at replica rp, in 5ms
-// steps, until stop is closed. All of it is granted.
+// demand observes rate() tokens/s of demand for key at replica rp(), in
+// 5ms steps, until stop is closed. All of it is granted.
 func demand(wg *sync.WaitGroup, stop <-chan struct{}, rate func() int64, rp func() *replica) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		t := time.NewTicker(5 * time.Millisecond)
 		defer t.Stop()
+		last := time.Now()
+		var owed float64 // tokens due but not observed yet (fractions)
 		for {
 			select {
 			case <-stop:
 				return
-			case <-t.C:
-				if d := rate() / 200; d > 0 {
+			case now := <-t.C:
+				owed += float64(rate()) * now.Sub(last).Seconds()
+				last = now
+				if d := int64(owed); d > 0 {
+					owed -= float64(d)
 					rp().x.Observe(testKey, nil, d, d)
 				}
 			}
@@ -267,7 +272,7 @@ func TestTakeOver(t *testing.T) {
 	eu := []*replica{c.start("eu", "eu-0"), c.start("eu", "eu-1")}
 	var mu sync.Mutex
 	rates := map[string]int64{"eu": 800, "us": 200}
-	live := eu[0]
+	var dead *replica
 	var wg sync.WaitGroup
 	stop := make(chan struct{})
 	// Half of eu's demand arrives at each replica; after the crash all of
@@ -276,8 +281,8 @@ func TestTakeOver(t *testing.T) {
 		demand(&wg, stop, func() int64 { mu.Lock(); defer mu.Unlock(); return rates["eu"] / 2 }, func() *replica {
 			mu.Lock()
 			defer mu.Unlock()
-			if live == eu[1] {
-				return eu[1]
+			if eu[i] == dead {
+				return eu[1-i]
 			}
 			return eu[i]
 		})
@@ -299,7 +304,7 @@ func TestTakeOver(t *testing.T) {
 	before := c.share("eu", testKey)
 	holder.x.Abort()
 	mu.Lock()
-	live = other
+	dead = holder
 	mu.Unlock()
 
 	deadline := time.Now().Add(10 * time.Second)
@@ -322,6 +327,12 @@ func TestTakeOver(t *testing.T) {
 	mu.Lock()
 	rates = map[string]int64{"eu": 200, "us": 800}
 	mu.Unlock()
+	defer func() {
+		if t.Failed() {
+			t.Logf("us metrics:\n%s", gather(t, us.reg))
+			t.Logf("eu metrics:\n%s", gather(t, other.reg))
+		}
+	}()
 	c.waitShares("us takes the share from the new holder", 10*time.Second, func(sh map[string]int64) bool {
 		return near(sh["eu"], target[1]) && near(sh["us"], target[0])
 	})
