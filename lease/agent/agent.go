@@ -90,11 +90,13 @@ func New(cfg Config) (*Agent, error) {
 	a.lead.Store(int64(a.margin))
 	a.stripes = make([]stripe, 2*runtime.GOMAXPROCS(0))
 	a.scratch.New = func() any {
+		i := int(a.stripeN.Add(1)) % len(a.stripes)
 		return &scratch{
-			rules:  make([]*policy.Rule, 0, 8),
-			res:    make([]ruleResult, 0, 8),
-			buf:    make([]byte, 0, 256),
-			stripe: &a.stripes[int(a.stripeN.Add(1))%len(a.stripes)],
+			rules:     make([]*policy.Rule, 0, 8),
+			res:       make([]ruleResult, 0, 8),
+			buf:       make([]byte, 0, 256),
+			stripe:    &a.stripes[i],
+			stripeIdx: i,
 		}
 	}
 	m, err := newMetrics(cfg.Registerer, a)
@@ -191,7 +193,7 @@ func (a *Agent) returnAll() {
 	var batch returnBatch
 	a.keys.each(func(k *keyState) {
 		k.mu.Lock()
-		live, dropped := k.slots.drain(now)
+		live, dropped := k.drain(now)
 		k.dropped += dropped
 		k.returned += live
 		k.evicted.Store(true)

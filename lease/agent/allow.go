@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"math"
+	"math/bits"
 	"time"
 
 	"github.com/ration-dev/ration/policy"
@@ -14,8 +15,33 @@ type scratch struct {
 	rules  []*policy.Rule
 	res    []ruleResult
 	buf    []byte // the ids of the matched keys, back to back
-	stripe *stripe
-	synced bool // the decision needed a round trip
+	stripe    *stripe
+	stripeIdx int
+	synced    bool // the decision needed a round trip
+
+	// A memo of the previous decision's match: sync.Pool keeps a scratch
+	// on one P, and a P that decides the same descriptors again (a hot key)
+	// skips matching, building the keys and the map lookups. The key states
+	// may have been evicted since; their spends then fail and the slow path
+	// finds the live ones.
+	memoSet  *policy.Set
+	memoDs   []policy.Descriptor
+	memoHits int64
+	memoOK   bool
+}
+
+// sameMatch reports whether the memo holds the match of ds under set.
+// Comparing strings that share their bytes stops at the pointers.
+func (s *scratch) sameMatch(set *policy.Set, ds []policy.Descriptor, hits int64) bool {
+	if !s.memoOK || set != s.memoSet || hits != s.memoHits || len(ds) != len(s.memoDs) {
+		return false
+	}
+	for i := range ds {
+		if ds[i] != s.memoDs[i] {
+			return false
+		}
+	}
+	return true
 }
 
 // ruleResult is what one matched rule said about the request.
@@ -35,7 +61,7 @@ type ruleResult struct {
 
 	undo undoKind // how to give back what was taken if another rule denies
 	slot int
-	word uint64
+	word int64
 }
 
 type undoKind uint8
@@ -60,45 +86,57 @@ func (a *Agent) Allow(ctx context.Context, ds []policy.Descriptor, hits int64) D
 	s := a.scratch.Get().(*scratch)
 	d := a.decide(ctx, s, now, ds, hits)
 	a.record(s, now, d)
-	s.rules = s.rules[:0]
-	clear(s.res)
-	s.res = s.res[:0]
 	s.synced = false
 	a.scratch.Put(s)
 	return d
 }
 
 func (a *Agent) decide(ctx context.Context, s *scratch, now int64, ds []policy.Descriptor, hits int64) Decision {
-	s.rules = a.pol.Load().Match(s.rules[:0], ds)
-	if len(s.rules) == 0 {
-		return Decision{Allowed: true}
-	}
 	hits = max(hits, 1)
-	s.buf = s.buf[:0]
-	for _, r := range s.rules {
-		start := len(s.buf)
-		s.buf = append(s.buf, r.Name...)
-		s.buf = append(s.buf, 0)
-		s.buf = r.AppendKey(s.buf, ds)
-		s.res = append(s.res, ruleResult{rule: r, need: tokens(hits, r.Cost), start: start, end: len(s.buf), nameLen: len(r.Name)})
+	if set := a.pol.Load(); s.sameMatch(set, ds, hits) {
+		for i := range s.res {
+			rr := &s.res[i]
+			rr.done, rr.ok, rr.path, rr.retry, rr.f, rr.undo = false, false, PathNone, 0, nil, undoNone
+		}
+	} else {
+		s.memoOK = false
+		s.rules = set.Match(s.rules[:0], ds)
+		s.res = s.res[:0]
+		s.buf = s.buf[:0]
+		for _, r := range s.rules {
+			start := len(s.buf)
+			s.buf = append(s.buf, r.Name...)
+			s.buf = append(s.buf, 0)
+			s.buf = r.AppendKey(s.buf, ds)
+			s.res = append(s.res, ruleResult{rule: r, need: tokens(hits, r.Cost), start: start, end: len(s.buf), nameLen: len(r.Name)})
+		}
+		for i := range s.res {
+			s.res[i].k = a.keys.get(s.buf[s.res[i].start:s.res[i].end])
+		}
+		s.memoSet, s.memoHits, s.memoOK = set, hits, true
+		s.memoDs = append(s.memoDs[:0], ds...)
+	}
+	if len(s.res) == 0 {
+		return Decision{Allowed: true}
 	}
 	slow := false
 	for i := range s.res {
 		rr := &s.res[i]
-		rr.k = a.keys.get(s.buf[rr.start:rr.end])
 		if rr.k == nil {
 			slow = true
 			continue
 		}
-		if j, w, ok := rr.k.slots.spend(now, rr.need); ok {
+		if j, w, ok := a.take(rr.k, s.stripeIdx, now, rr.need); ok {
 			rr.done, rr.ok, rr.path = true, true, PathLease
 			rr.undo, rr.slot, rr.word = undoSlot, j, w
-			if lw := rr.k.lowWater.Load(); balance(w) < lw && balance(w)+rr.k.slots.otherLive(j, now) < lw {
-				a.queueRefresh(rr.k)
+			if j < cacheSlot {
+				if lw := rr.k.lowWater.Load(); balance(w) < lw && balance(w)+rr.k.slots.otherLive(j, now) < lw {
+					a.queueRefresh(rr.k)
+				}
 			}
 			continue
 		}
-		if du := rr.k.denyUntil.Load(); now < du {
+		if du := rr.k.denyUntil.Load(); now < du && rr.k.liveTokens(now) < rr.need {
 			rr.done, rr.path, rr.retry = true, PathDenyCache, du-now
 			rr.k.denied.Add(rr.need)
 			if !rr.rule.Shadow {
@@ -116,7 +154,10 @@ func (a *Agent) decide(ctx context.Context, s *scratch, now int64, ds []policy.D
 
 // tokens is hits × cost, saturating instead of overflowing.
 func tokens(hits, cost int64) int64 {
-	if hits > math.MaxInt64/cost {
+	if hits == 1 {
+		return cost
+	}
+	if hi, lo := bits.Mul64(uint64(hits), uint64(cost)); hi != 0 || lo > math.MaxInt64 {
 		return math.MaxInt64
 	}
 	return hits * cost
@@ -128,6 +169,11 @@ func tokens(hits, cost int64) int64 {
 // them, so putting them back locally cannot admit anything the region did
 // not grant), and is described by the denying rule with the longest wait.
 func (a *Agent) finish(s *scratch, now int64) Decision {
+	if len(s.res) == 1 && s.res[0].ok && !s.res[0].rule.Shadow {
+		// The common case, one enforced rule that allowed: no ranking.
+		rr := &s.res[0]
+		return a.allowed(rr, rr.path, now)
+	}
 	var deny, shadow, tight *ruleResult
 	tightness := math.Inf(1)
 	path := PathLease
@@ -187,8 +233,13 @@ func (a *Agent) finish(s *scratch, now int64) Decision {
 			}
 		}
 	}
-	r := tight.rule
-	rem := a.remaining(tight, now)
+	return a.allowed(tight, path, now)
+}
+
+// allowed describes an allowed request by rule result rr.
+func (a *Agent) allowed(rr *ruleResult, path Path, now int64) Decision {
+	r := rr.rule
+	rem := a.remaining(rr, now)
 	return Decision{
 		Allowed:   true,
 		Limit:     r.Limit,
@@ -200,15 +251,22 @@ func (a *Agent) finish(s *scratch, now int64) Decision {
 	}
 }
 
-// remaining estimates a key's tokens left for headers: its live leased
-// tokens plus the regional bucket's tokens at the last grant, at most the
-// rule's limit.
+// remaining estimates a key's tokens left for headers: its leased tokens
+// plus the regional bucket's tokens at the last grant, at most the rule's
+// limit. After a spend it counts the lease spent from, as the spend left it,
+// rather than reading the slots again: on a hot key they are the cache line
+// every core is writing.
 func (a *Agent) remaining(rr *ruleResult, now int64) int64 {
 	if rr.k == nil {
 		return rr.rule.Limit
 	}
-	rem := float64(rr.k.slots.live(now)) + rr.k.regionRemaining()
-	return int64(min(max(rem, 0), float64(rr.rule.Limit)))
+	var local int64
+	if rr.undo == undoSlot {
+		local = balance(rr.word)
+	} else {
+		local = rr.k.liveTokens(now)
+	}
+	return min(local+rr.k.remaining.Load(), rr.rule.Limit)
 }
 
 // undoAll gives back what a denied request took.
@@ -220,8 +278,13 @@ func (a *Agent) undoAll(s *scratch) {
 		}
 		switch rr.undo {
 		case undoSlot:
-			if !rr.k.slots.putBack(rr.slot, rr.word, rr.need) {
-				rr.k.lost.Add(rr.need)
+			var ok bool
+			if rr.slot >= cacheSlot {
+				ok = rr.k.putBackCache(rr.slot-cacheSlot, rr.word, rr.need)
+			} else {
+				ok = rr.k.slots.putBack(rr.slot, rr.word, rr.need)
+			}
+			if !ok {
 				a.ctr.dropped.Add(rr.need)
 			}
 		case undoFallback:

@@ -81,7 +81,7 @@ func TestEndToEndRegiondOnRedis(t *testing.T) {
 		res := runLoadOn(t, d.LeaseAddr(), spec, "user")
 		opsPer := float64(res.winOps) / float64(max(res.winAdmittedAll, 1))
 		t.Logf("%v; window: %d Redis ops for %d admitted = %.4f per admitted request", res.perKey[0], res.winOps, res.winAdmittedAll, opsPer)
-		if opsPer > 0.025 {
+		if opsPer > 0.025 && !raceEnabled {
 			t.Errorf("%.4f Redis ops per admitted request at steady state, want at most 0.02 (0.025 allowed for timing noise)", opsPer)
 		}
 	})

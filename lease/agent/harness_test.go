@@ -47,10 +47,17 @@ type region struct {
 // real clock.
 func startRegion(t testing.TB, doc string, store service.Store) *region {
 	t.Helper()
+	return startRegionWith(t, doc, store, service.Config{})
+}
+
+// startRegionWith is startRegion with more of the service's configuration.
+func startRegionWith(t testing.TB, doc string, store service.Store, cfg service.Config) *region {
+	t.Helper()
 	if store == nil {
 		store = lease.NewMemoryStore(lease.MemoryConfig{})
 	}
-	svc, err := service.New(service.Config{Region: "eu", Store: store, Policy: mustPolicy(t, doc), Logger: quietLogger()})
+	cfg.Region, cfg.Store, cfg.Policy, cfg.Logger = "eu", store, mustPolicy(t, doc), quietLogger()
+	svc, err := service.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"math"
 	"sync"
 	"sync/atomic"
 
@@ -21,11 +20,13 @@ type keyState struct {
 	// Read on every decision, written when a grant is applied.
 	denyUntil atomic.Int64  // agent nanos: without tokens, deny locally until then
 	lowWater  atomic.Int64  // tokens: a spend leaving fewer queues a refresh
-	remaining atomic.Uint64 // float64 bits: the regional bucket's tokens at the last grant
+	remaining atomic.Int64  // the regional bucket's whole tokens at the last grant
+	cache     atomic.Pointer[stripeCache] // set once the key's leases are large
+	batch     atomic.Int64                // tokens a stripe entry takes at once
 	queued    atomic.Bool   // a background refresh is queued or in flight
 	evicted   atomic.Bool
-	_         [cacheLine]byte
 
+	// The leases: expiries on this read-mostly line, words on their own.
 	slots slots
 	_     [cacheLine]byte
 
@@ -37,9 +38,6 @@ type keyState struct {
 	// leased path): tokens denied, and tokens admitted by failure modes.
 	denied atomic.Int64
 	extra  atomic.Int64
-	// lost counts tokens a put-back could not return because their lease
-	// was replaced meanwhile.
-	lost atomic.Int64
 
 	mu sync.Mutex
 	// flight is the round trip in progress for this key, sync or
@@ -57,6 +55,8 @@ type keyState struct {
 	fallback             emergency
 	// Activity, for returning an unused lease and evicting an idle key.
 	checkedAsked int64
+	checkedAt    int64
+	recentRate   float64 // tokens/s asked between the last two checks
 	lastActive   int64
 	// Position in the refresher's schedule: due time and heap index (-1
 	// when not scheduled).
@@ -72,7 +72,7 @@ func (k *keyState) isEvicted() bool { return k.evicted.Load() }
 
 // spent is the tokens requests took from this key's leases so far.
 func (k *keyState) spentLocked() int64 {
-	return k.granted - k.slots.total() - k.dropped - k.returned - k.lost.Load()
+	return k.granted - k.held() - k.dropped - k.returned - k.slots.lost.Load()
 }
 
 // askedLocked is the key's cumulative demand in tokens: spent from leases,
@@ -81,9 +81,6 @@ func (k *keyState) askedLocked() int64 {
 	return k.spentLocked() + k.extra.Load() + k.denied.Load()
 }
 
-func (k *keyState) regionRemaining() float64 {
-	return math.Float64frombits(k.remaining.Load())
-}
 
 // flight is one round trip that several requests may wait for.
 type flight struct {

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"encoding/binary"
 	"hash/maphash"
 	"sync"
 	"sync/atomic"
@@ -12,11 +13,14 @@ import (
 // that a lookup with a []byte id does not allocate (m[string(b)] does not
 // copy) and sharded so that inserting cold keys rarely contends.
 type keyMap struct {
-	seed   maphash.Seed
+	mix    uint64
 	shards [keyShards]keyShard
 }
 
-const keyShards = 64
+const (
+	keyShardBits = 6
+	keyShards    = 1 << keyShardBits
+)
 
 type keyShard struct {
 	read atomic.Pointer[readTable]
@@ -36,15 +40,29 @@ type readTable struct {
 }
 
 func newKeyMap() *keyMap {
-	km := &keyMap{seed: maphash.MakeSeed()}
+	km := &keyMap{mix: maphash.Comparable(maphash.MakeSeed(), 0)}
 	for i := range km.shards {
 		km.shards[i].read.Store(&readTable{m: map[string]*keyState{}})
 	}
 	return km
 }
 
+// shard picks id's shard from a cheap mix of its length and its last
+// eight bytes (where keys that share a rule differ), seeded per map. The
+// shard's Go map hashes the id properly; this only spreads inserts, so it
+// need not resist adversarial keys, just avoid a second full hash on every
+// lookup.
 func (km *keyMap) shard(id []byte) *keyShard {
-	return &km.shards[maphash.Bytes(km.seed, id)%keyShards]
+	h := km.mix ^ uint64(len(id))
+	if len(id) >= 8 {
+		h ^= binary.LittleEndian.Uint64(id[len(id)-8:])
+	} else {
+		for _, c := range id {
+			h = h<<8 | uint64(c)
+		}
+	}
+	h *= 0x9E3779B97F4A7C15
+	return &km.shards[h>>(64-keyShardBits)]
 }
 
 // get returns the state of id, or nil. A state found may have been evicted

@@ -3,7 +3,6 @@ package agent
 import (
 	"context"
 	"fmt"
-	"math"
 	"time"
 
 	leasev1 "github.com/ration-dev/ration/lease/v1"
@@ -71,7 +70,7 @@ func (a *Agent) leaseCall(f *flight, timeout time.Duration) {
 		k.mu.Lock()
 		if err == nil {
 			if debugLeases {
-				a.cfg.Logger.Debug("grant", "agent", a.cfg.AgentID, "key", k.key[len(k.key)-4:], "t", time.Duration(sent), "rtt", rtt, "want", wants[i], "got", resp.Grants[i].GetGranted(), "rate", int(k.rate.rate), "live", k.slots.live(now), "dropped", k.dropped)
+				a.cfg.Logger.Debug("grant", "agent", a.cfg.AgentID, "key", k.key[len(k.key)-4:], "t", time.Duration(sent), "rtt", rtt, "want", wants[i], "got", resp.Grants[i].GetGranted(), "rate", int(k.rate.rate), "live", k.liveTokens(now), "dropped", k.dropped)
 			}
 			a.applyLocked(k, f.rules[i], resp.Grants[i], sent, now, wants[i])
 		} else {
@@ -109,14 +108,20 @@ func (a *Agent) applyLocked(k *keyState, r *policy.Rule, g *leasev1.LeaseGrant, 
 	if granted > 0 {
 		if exp > now {
 			a.dropLocked(k, k.slots.install(now, exp, granted))
+			if granted >= cacheMinLease && len(a.stripes) > 1 {
+				k.batch.Store(max(granted/int64(4*len(a.stripes)), 1))
+				if k.cache.Load() == nil {
+					k.cache.Store(&stripeCache{e: make([]cacheEntry, len(a.stripes))})
+				}
+			}
 		} else {
 			a.dropLocked(k, granted) // the round trip outlasted the TTL
 		}
 	}
-	a.dropLocked(k, k.slots.collect(now))
+	a.dropLocked(k, k.collect(now))
 	k.hasGrant = true
 	k.regionRate, k.capacity = g.GetRate(), g.GetCapacity()
-	k.remaining.Store(math.Float64bits(g.GetRemaining()))
+	k.remaining.Store(int64(min(max(g.GetRemaining(), 0), maxLeaseTokens)))
 	k.fallback.active = false
 
 	lead := a.lead.Load()

@@ -3,6 +3,7 @@ package agent
 import (
 	"container/heap"
 	"context"
+	"math"
 	"time"
 
 	"github.com/ration-dev/ration/policy"
@@ -115,10 +116,18 @@ func (a *Agent) check(k *keyState, pol *policy.Set, now int64, rets *returnBatch
 	if k.evicted.Load() {
 		return actNone
 	}
-	a.dropLocked(k, k.slots.collect(now))
+	a.dropLocked(k, k.collect(now))
 	active := false
-	if asked := k.askedLocked(); asked != k.checkedAsked {
-		k.checkedAsked, k.lastActive, active = asked, max(k.lastActive, now), true
+	asked := k.askedLocked()
+	if dt := now - k.checkedAt; dt > 0 {
+		k.recentRate = float64(asked-k.checkedAsked) / (float64(dt) / 1e9)
+	}
+	if asked != k.checkedAsked {
+		k.lastActive, active = max(k.lastActive, now), true
+	}
+	k.checkedAsked, k.checkedAt = asked, now
+	if debugLeases {
+		a.cfg.Logger.Debug("check", "t", time.Duration(now), "active", active, "queued", k.queued.Load(), "live", k.liveTokens(now), "first", time.Duration(k.firstExpiry(now)), "lead", time.Duration(a.renewLead()), "flight", k.flight != nil, "lastActive", time.Duration(k.lastActive))
 	}
 	switch {
 	case k.flight != nil:
@@ -127,19 +136,19 @@ func (a *Agent) check(k *keyState, pol *policy.Set, now int64, rets *returnBatch
 		a.evictLocked(k, now, rets) // the rule is gone
 		return actNone
 	case active || k.queued.Load():
-		return a.checkActive(k, now)
+		return a.checkActive(k, pol.Rule(k.rule), now, rets)
 	case now-k.lastActive >= int64(a.cfg.IdleAfter):
 		a.evictLocked(k, now, rets)
 		return actNone
 	}
-	if live := k.slots.live(now); live > 0 {
-		if renewAt := k.slots.firstExpiry(now) - a.renewLead(); now+int64(a.tick()) < renewAt {
+	if live := k.liveTokens(now); live > 0 {
+		if renewAt := k.firstExpiry(now) - a.renewLead(); now+int64(a.tick()) < renewAt {
 			a.scheduleAt(k, renewAt)
 			return actNone
 		}
 		// Unused since the last check and about to expire: give the
 		// tokens back while someone can still spend them.
-		live, dropped := k.slots.drain(now)
+		live, dropped := k.drain(now)
 		a.dropLocked(k, dropped)
 		k.returned += live
 		rets.add(k, live)
@@ -153,18 +162,26 @@ func (a *Agent) check(k *keyState, pol *policy.Set, now int64, rets *returnBatch
 // tokens that will still be spendable after the next round trip and tick
 // (the horizon) fall below the low-water mark, unless the deny cache says
 // to wait; otherwise its next check is planned.
-func (a *Agent) checkActive(k *keyState, now int64) action {
-	live := k.slots.live(now)
+func (a *Agent) checkActive(k *keyState, r *policy.Rule, now int64, rets *returnBatch) action {
+	live := k.liveTokens(now)
 	horizon := now + a.renewLead() + int64(a.tick())
-	lasting := k.slots.live(horizon)
+	lasting := k.liveTokens(horizon)
 	if k.queued.Load() && lasting >= k.lowWater.Load() {
 		k.queued.Store(false) // the other slot still holds enough
 	}
 	switch {
 	case k.queued.Load():
 	case live > 0 && lasting < k.lowWater.Load():
+		// A lease is about to expire. What the key will not spend before
+		// then goes back to the region instead of being dropped, and the
+		// key is renewed only if it is still spending.
+		a.returnSurplusLocked(k, now, horizon, rets)
+		if k.recentRate*a.cfg.LeaseTTL.Seconds() < float64(r.Cost) {
+			a.scheduleAt(k, k.lastActive+int64(a.cfg.IdleAfter))
+			return actNone
+		}
 	case live > 0:
-		a.scheduleAt(k, k.slots.firstExpiry(horizon)-a.renewLead())
+		a.scheduleAt(k, k.firstExpiry(horizon)-a.renewLead())
 		return actNone
 	default:
 		// No lease, no low-water signal: demand that was denied or decided
@@ -179,10 +196,27 @@ func (a *Agent) checkActive(k *keyState, now int64) action {
 	return actRefresh
 }
 
+// returnSurplusLocked returns the tokens of leases expiring before horizon
+// beyond what the key, at its recent rate, will spend until they expire.
+func (a *Agent) returnSurplusLocked(k *keyState, now, horizon int64, rets *returnBatch) {
+	for i := range k.slots.word {
+		exp := k.slots.exp[i].Load()
+		if exp <= now || exp > horizon {
+			continue
+		}
+		use := int64(math.Ceil(k.recentRate * float64(exp-now) / 1e9))
+		if surplus := balance(k.slots.word[i].Load()) - use; surplus > 0 {
+			n := k.slots.takeUpTo(i, surplus)
+			k.returned += n
+			rets.add(k, n)
+		}
+	}
+}
+
 // evictLocked forgets k, returning its live tokens.
 func (a *Agent) evictLocked(k *keyState, now int64, rets *returnBatch) {
 	k.evicted.Store(true)
-	live, dropped := k.slots.drain(now)
+	live, dropped := k.drain(now)
 	a.dropLocked(k, dropped)
 	k.returned += live
 	rets.add(k, live)
@@ -196,21 +230,6 @@ func (a *Agent) evictLocked(k *keyState, now int64, rets *returnBatch) {
 func (a *Agent) renewLead() int64 { return a.lead.Load() + int64(a.tick()) }
 
 func (a *Agent) tick() time.Duration { return max(a.cfg.LeasePeriod/5, time.Millisecond) }
-
-// firstExpiry is the earliest expiry among slots holding live tokens at
-// now, or now when none does.
-func (s *slots) firstExpiry(now int64) int64 {
-	first := int64(-1)
-	for i := range s {
-		if e := s[i].exp.Load(); e > now && balance(s[i].word.Load()) > 0 && (first < 0 || e < first) {
-			first = e
-		}
-	}
-	if first < 0 {
-		return now
-	}
-	return first
-}
 
 // schedule is a min-heap of keys by due time, guarded by Agent.smu.
 type schedule []*keyState

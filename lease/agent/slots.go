@@ -7,85 +7,135 @@ import "sync/atomic"
 // merging them would let the old tokens live until the new expiry, which the
 // bound (DESIGN.md, "The bound") does not allow.
 //
-// Each slot is one atomic word, generation<<48 | balance, plus its expiry.
-// Spending is a CAS on the word, so the request path takes no lock. The
-// generation changes whenever the slot is emptied for a new lease; a spend
-// that must be put back (a later rule of the same request failed) is put
-// back only into the generation it came from, so a token can never move
-// from an expired lease into a fresh one.
+// Each slot is one atomic word, balance<<16 | generation, plus its expiry.
+// The request path spends with a single atomic add of −n on the word (one
+// cache-line transfer on a hot key, never a retry loop); a spend that takes
+// the balance below zero failed and adds n back. The generation, in the low
+// bits where an add of whole tokens never reaches it, changes whenever a
+// slot is emptied for a new lease: undoing a failed spend and putting back a
+// spend (when a later rule of the same request denies) only happen within
+// the generation they came from, so a token can never move from an expired
+// lease into a fresh one.
+//
+// The expiries sit on their own cache line, written only when a lease is
+// installed, so reading them costs a hot key's cores nothing.
 //
 // Times are int64 nanoseconds since the agent's start (see Agent.now).
 
 const (
-	balBits = 48
-	balMask = 1<<balBits - 1
-	// maxLeaseTokens caps one slot's balance, leaving room so that adding a
-	// grant can never carry into the generation bits.
-	maxLeaseTokens = balMask >> 1
+	genBits = 16
+	genMask = 1<<genBits - 1
+	// maxLeaseTokens caps a slot's balance and maxSpend the tokens one
+	// request may take on the lock-free path, so that the balance field
+	// (47 bits and a sign) never overflows, however many spends are in
+	// flight.
+	maxLeaseTokens = 1 << 44
+	maxSpend       = 1 << 40
 )
 
-type slot struct {
-	word atomic.Uint64 // generation<<balBits | balance
-	// exp is when the slot's tokens stop being spendable. Writers store it
-	// after emptying the word under a new generation and before adding
-	// tokens, so a reader that loads the word first and exp second never
-	// pairs tokens with a later expiry than their own.
-	exp atomic.Int64
+type slots struct {
+	// exp is when each slot's tokens stop being spendable; 0 once a spend
+	// found the slot empty (a put-back racing with that is dropped at the
+	// next collect: a few tokens of utilisation, never of the bound). A writer
+	// stores it after emptying the word under a new generation and before
+	// adding tokens, so a spend that read an old expiry either finds the
+	// word empty or spends new tokens under an earlier (older) expiry.
+	exp [2]atomic.Int64
+	_   [cacheLine]byte
+	// word is balance<<genBits | generation.
+	word [2]atomic.Int64
+	// lost counts tokens that left a lease without being spent, returned
+	// or dropped by a writer: a put-back or an undo that found its lease
+	// replaced.
+	lost atomic.Int64
 }
 
-type slots [2]slot
+func balance(w int64) int64 { return w >> genBits }
 
-func balance(w uint64) int64 { return int64(w & balMask) }
-
-func nextGen(w uint64) uint64 { return (w>>balBits + 1) << balBits & ^uint64(balMask) }
+func sameGen(a, b int64) bool { return (a^b)&genMask == 0 }
 
 // spend takes n tokens from a live slot, the one expiring first when both
-// have enough. It returns the slot's index and its word after the spend.
-func (s *slots) spend(now, n int64) (int, uint64, bool) {
+// are live. It returns the slot's index, its word after the spend and its
+// expiry.
+func (s *slots) spend(now, n int64) (int, int64, int64, bool) {
+	if n > maxSpend {
+		return 0, 0, 0, false
+	}
+	exp := [2]int64{s.exp[0].Load(), s.exp[1].Load()}
 	first := 0
-	if s[1].exp.Load() < s[0].exp.Load() {
+	if exp[1] < exp[0] {
 		first = 1
 	}
 	for j := 0; j < 2; j++ {
 		i := first ^ j
-		sl := &s[i]
-		for {
-			w := sl.word.Load()
-			if balance(w) < n || sl.exp.Load() <= now {
-				break
-			}
-			if sl.word.CompareAndSwap(w, w-uint64(n)) {
-				return i, w - uint64(n), true
-			}
+		if exp[i] <= now {
+			continue
+		}
+		w := s.word[i].Add(-n << genBits)
+		if balance(w) >= 0 {
+			return i, w, exp[i], true
+		}
+		if !addSameGen(&s.word[i], w, n) {
+			s.lost.Add(max(balance(w)+n, 0))
+		} else if cur := s.word[i].Load(); sameGen(cur, w) && balance(cur) == 0 {
+			// The slot is empty: retire it, so that later spends skip it
+			// without touching its word instead of failing there until it
+			// expires. A balance below zero is other spends failing right
+			// now, not emptiness; the CAS leaves a newer lease alone.
+			s.exp[i].CompareAndSwap(exp[i], 0)
 		}
 	}
-	return 0, 0, false
+	return 0, 0, 0, false
 }
 
-// putBack returns n tokens spent from slot i when its word became after, if
-// the slot still holds the same lease. It reports false when the lease was
-// replaced meanwhile: the tokens are then lost (counted as dropped), never
-// moved into the new lease.
-func (s *slots) putBack(i int, after uint64, n int64) bool {
-	sl := &s[i]
-	gen := after >> balBits
-	for {
-		w := sl.word.Load()
-		if w>>balBits != gen {
-			return false
+// spendAll takes n tokens from a live slot, like spend, but never drives a
+// balance below zero, so a large take that fails does not make concurrent
+// small spends fail with it. For refills of a stripe entry, off the
+// per-request path.
+func (s *slots) spendAll(now, n int64) (int, int64, int64, bool) {
+	if n > maxSpend {
+		return 0, 0, 0, false
+	}
+	exp := [2]int64{s.exp[0].Load(), s.exp[1].Load()}
+	first := 0
+	if exp[1] < exp[0] {
+		first = 1
+	}
+	for j := 0; j < 2; j++ {
+		i := first ^ j
+		if exp[i] <= now {
+			continue
 		}
-		if sl.word.CompareAndSwap(w, w+uint64(n)) {
-			return true
+		for {
+			w := s.word[i].Load()
+			if balance(w) < n {
+				break
+			}
+			if s.word[i].CompareAndSwap(w, w-n<<genBits) {
+				return i, w - n<<genBits, exp[i], true
+			}
 		}
 	}
+	return 0, 0, 0, false
+}
+
+// putBack returns n tokens spent from slot i when its word became after.
+// It reports false when the lease was replaced meanwhile: the tokens are
+// then lost (counted as such), never moved into the new lease.
+func (s *slots) putBack(i int, after, n int64) bool {
+	if addSameGen(&s.word[i], after, n) {
+		return true
+	}
+	s.lost.Add(n)
+	return false
 }
 
 // live returns the tokens in slots that are still spendable at now.
 func (s *slots) live(now int64) int64 {
 	var n int64
-	for i := range s {
-		if w := s[i].word.Load(); s[i].exp.Load() > now {
-			n += balance(w)
+	for i := range s.word {
+		if s.exp[i].Load() > now {
+			n += max(balance(s.word[i].Load()), 0)
 		}
 	}
 	return n
@@ -93,71 +143,81 @@ func (s *slots) live(now int64) int64 {
 
 // otherLive returns the live tokens of the slot other than i.
 func (s *slots) otherLive(i int, now int64) int64 {
-	o := &s[i^1]
-	if w := o.word.Load(); o.exp.Load() > now {
-		return balance(w)
+	if s.exp[i^1].Load() > now {
+		return max(balance(s.word[i^1].Load()), 0)
 	}
 	return 0
 }
 
 // total returns every token held, spendable or not yet collected as expired.
 func (s *slots) total() int64 {
-	return balance(s[0].word.Load()) + balance(s[1].word.Load())
+	return max(balance(s.word[0].Load()), 0) + max(balance(s.word[1].Load()), 0)
 }
 
 // empty takes every token out of slot i under a new generation and returns
-// them.
-func (s *slots) empty(i int) int64 {
-	sl := &s[i]
-	for {
-		w := sl.word.Load()
-		if sl.word.CompareAndSwap(w, nextGen(w)) {
-			return balance(w)
-		}
-	}
-}
+// them. A balance below zero (spends failing at this instant) holds none.
+func (s *slots) empty(i int) int64 { return emptyWord(&s.word[i]) }
 
 // install adds a grant of n tokens spendable until exp. It fills a slot that
-// is expired or empty; when both hold live tokens it adds to the one that
-// expires later and lowers that slot's expiry to exp if exp is earlier, so
-// that no token ever outlives its own lease. It returns the tokens it found
+// is expired or empty; when both hold live tokens it replaces the earlier
+// one if that holds fewer than n (dropping them), else adds to the later
+// one, lowering its expiry to exp if exp is earlier, so that no token ever
+// outlives its own lease. It returns the tokens it found
 // in the slot it emptied (expired ones, or a racing put-back), which the
 // caller counts as dropped. Writers are serialised by the key's mutex.
 func (s *slots) install(now, exp, n int64) (dropped int64) {
 	free := -1
-	for i := range s {
-		if s[i].exp.Load() <= now || balance(s[i].word.Load()) == 0 {
-			if free < 0 || s[i].exp.Load() < s[free].exp.Load() {
+	for i := range s.word {
+		if s.exp[i].Load() <= now || balance(s.word[i].Load()) <= 0 {
+			if free < 0 || s.exp[i].Load() < s.exp[free].Load() {
 				free = i
 			}
 		}
 	}
 	if free >= 0 {
 		dropped = s.empty(free)
-		s[free].exp.Store(exp)
-		s[free].word.Add(uint64(min(n, maxLeaseTokens)))
-		return dropped
+		s.exp[free].Store(exp)
+		s.word[free].Add(min(n, maxLeaseTokens) << genBits)
+		return dropped + max(n-maxLeaseTokens, 0)
 	}
+	// Both hold live tokens. If the earlier lease has fewer left than the
+	// grant brings, replace it (its few tokens were about to expire); else
+	// add to the later one, at the earlier of the two expiries.
 	later := 0
-	if s[1].exp.Load() > s[0].exp.Load() {
+	if s.exp[1].Load() > s.exp[0].Load() {
 		later = 1
 	}
-	if exp < s[later].exp.Load() {
-		s[later].exp.Store(exp)
+	if earlier := later ^ 1; balance(s.word[earlier].Load()) < n {
+		dropped = s.empty(earlier)
+		s.exp[earlier].Store(exp)
+		s.word[earlier].Add(min(n, maxLeaseTokens) << genBits)
+		return dropped + max(n-maxLeaseTokens, 0)
 	}
-	room := maxLeaseTokens - balance(s[later].word.Load())
-	s[later].word.Add(uint64(max(min(n, room), 0)))
-	if n > room {
-		dropped = n - room
+	if exp < s.exp[later].Load() {
+		s.exp[later].Store(exp)
 	}
-	return dropped
+	room := max(maxLeaseTokens-balance(s.word[later].Load()), 0)
+	s.word[later].Add(min(n, room) << genBits)
+	return max(n-room, 0)
+}
+
+// takeUpTo removes up to n tokens from slot i, leaving its generation and
+// expiry alone, and returns how many it took.
+func (s *slots) takeUpTo(i int, n int64) int64 {
+	for {
+		w := s.word[i].Load()
+		t := min(max(balance(w), 0), n)
+		if t == 0 || s.word[i].CompareAndSwap(w, w-t<<genBits) {
+			return t
+		}
+	}
 }
 
 // collect empties the slots that are expired at now and returns their
 // tokens (dropped at expiry).
 func (s *slots) collect(now int64) (dropped int64) {
-	for i := range s {
-		if s[i].exp.Load() <= now && balance(s[i].word.Load()) > 0 {
+	for i := range s.word {
+		if s.exp[i].Load() <= now && balance(s.word[i].Load()) > 0 {
 			dropped += s.empty(i)
 		}
 	}
@@ -167,8 +227,8 @@ func (s *slots) collect(now int64) (dropped int64) {
 // drain empties both slots: live tokens can be returned to the region,
 // expired ones are dropped.
 func (s *slots) drain(now int64) (live, dropped int64) {
-	for i := range s {
-		expired := s[i].exp.Load() <= now
+	for i := range s.word {
+		expired := s.exp[i].Load() <= now
 		n := s.empty(i)
 		if expired {
 			dropped += n
@@ -177,4 +237,19 @@ func (s *slots) drain(now int64) (live, dropped int64) {
 		}
 	}
 	return live, dropped
+}
+
+// firstExpiry is the earliest expiry among slots holding live tokens at
+// now, or now when none does.
+func (s *slots) firstExpiry(now int64) int64 {
+	first := int64(-1)
+	for i := range s.word {
+		if e := s.exp[i].Load(); e > now && balance(s.word[i].Load()) > 0 && (first < 0 || e < first) {
+			first = e
+		}
+	}
+	if first < 0 {
+		return now
+	}
+	return first
 }

@@ -8,9 +8,10 @@ import (
 )
 
 // maxAttempts bounds the round trips one request makes: after a grant,
-// other requests may take the tokens first; a request tries again a couple
-// of times within its deadline, then gives up.
-const maxAttempts = 3
+// other requests may take the tokens first (a cold key's first leases are
+// small and grow by doubling), so a request tries again within its
+// deadline, up to this many times, before it gives up.
+const maxAttempts = 8
 
 // slowPath decides the rules that the leased path could not: keys without
 // tokens and without a deny cache entry. It makes one round trip for all of
@@ -23,6 +24,9 @@ func (a *Agent) slowPath(ctx context.Context, s *scratch, now int64) int64 {
 	defer cancel()
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		if !a.pendingRules(s) {
+			return now
+		}
+		if a.fromSplitLeases(s, now) && !a.pendingRules(s) {
 			return now
 		}
 		call, probe := a.mayCall(now)
@@ -71,7 +75,7 @@ func (a *Agent) slowPath(ctx context.Context, s *scratch, now int64) int64 {
 				a.failMode(rr, now)
 				continue
 			}
-			if j, w, ok := rr.k.slots.spend(now, rr.need); ok {
+			if j, w, ok := a.take(rr.k, s.stripeIdx, now, rr.need); ok {
 				rr.done, rr.ok, rr.path = true, true, PathLease
 				rr.undo, rr.slot, rr.word = undoSlot, j, w
 				continue
@@ -98,6 +102,28 @@ func (a *Agent) slowPath(ctx context.Context, s *scratch, now int64) int64 {
 		}
 	}
 	return now
+}
+
+// fromSplitLeases serves undecided rules whose keys hold enough live
+// tokens in total but not in any one slot or stripe entry, by gathering
+// them into one slot first. It reports whether it decided any.
+func (a *Agent) fromSplitLeases(s *scratch, now int64) bool {
+	any := false
+	for i := range s.res {
+		rr := &s.res[i]
+		if rr.done || rr.k == nil || rr.k.liveTokens(now) < rr.need {
+			continue
+		}
+		rr.k.mu.Lock()
+		a.dropLocked(rr.k, rr.k.consolidateLocked(now))
+		rr.k.mu.Unlock()
+		if j, w, ok := a.take(rr.k, s.stripeIdx, now, rr.need); ok {
+			rr.done, rr.ok, rr.path = true, true, PathLease
+			rr.undo, rr.slot, rr.word = undoSlot, j, w
+			any = true
+		}
+	}
+	return any
 }
 
 func (a *Agent) pendingRules(s *scratch) bool {

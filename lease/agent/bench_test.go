@@ -1,0 +1,174 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"github.com/ration-dev/ration/policy"
+)
+
+// benchPolicy is a limit no benchmark reaches, so that every decision is a
+// leased spend (the path being measured) and never a denial.
+const benchPolicy = `
+rules:
+  - name: bench
+    key: [tenant]
+    limit: 1000000000000000
+    period: 1s
+`
+
+// benchAgent starts a region and an agent for a benchmark and warms key
+// until its leases cover the spend rate.
+func benchAgent(b *testing.B, warm []policy.Descriptor) *Agent {
+	b.Helper()
+	r := startRegion(b, benchPolicy, nil)
+	a := newAgent(b, r, Config{})
+	ctx := context.Background()
+	deadline := time.Now().Add(300 * time.Millisecond)
+	for time.Now().Before(deadline) {
+		for i := 0; i < 1000; i++ {
+			a.Allow(ctx, warm, 1)
+		}
+	}
+	return a
+}
+
+// BenchmarkAllowHotKey: one goroutine deciding requests on one leased key,
+// beside x/time/rate's Limiter.Allow.
+func BenchmarkAllowHotKey(b *testing.B) {
+	d := ds("tenant", "acme")
+	a := benchAgent(b, d)
+	ctx := context.Background()
+	b.Run("ration", func(b *testing.B) {
+		b.ReportAllocs()
+		denied := 0
+		for b.Loop() {
+			if !a.Allow(ctx, d, 1).Allowed {
+				denied++
+			}
+		}
+		if denied > 0 {
+			b.Errorf("%d denied on a key far below its limit", denied)
+		}
+		st := a.Stats()
+		b.Logf("N=%d lease calls %d sync %d p99 %v", b.N, st.LeaseCalls, st.SyncDecisions, st.RoundTripP99)
+	})
+	b.Run("baseline=x-time-rate", func(b *testing.B) {
+		b.ReportAllocs()
+		lim := rate.NewLimiter(1e15, math.MaxInt32)
+		for b.Loop() {
+			lim.Allow()
+		}
+	})
+}
+
+// BenchmarkAllowHotKeyParallel: every core deciding requests on the same
+// leased key, beside x/time/rate, whose Limiter takes a mutex.
+func BenchmarkAllowHotKeyParallel(b *testing.B) {
+	d := ds("tenant", "acme")
+	a := benchAgent(b, d)
+	b.Run("ration", func(b *testing.B) {
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			ctx := context.Background()
+			for pb.Next() {
+				a.Allow(ctx, d, 1)
+			}
+		})
+	})
+	b.Run("baseline=x-time-rate", func(b *testing.B) {
+		b.ReportAllocs()
+		lim := rate.NewLimiter(1e15, math.MaxInt32)
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				lim.Allow()
+			}
+		})
+	})
+}
+
+// BenchmarkAllowManyKeys: decisions spread over 1M distinct leased keys
+// (the map lookup and a cache miss per key dominate), beside a sync.Map of
+// x/time/rate Limiters. The leases are installed directly: fetching a
+// million of them one request at a time would measure the network, not
+// Allow.
+func BenchmarkAllowManyKeys(b *testing.B) {
+	const n = 1 << 20
+	descs := make([][]policy.Descriptor, n)
+	names := make([]string, n)
+	for i := range descs {
+		names[i] = fmt.Sprintf("t%07d", i)
+		descs[i] = ds("tenant", names[i])
+	}
+	a := benchAgent(b, descs[0])
+	rule := a.Policy().Rule("bench")
+	now := a.now()
+	far := now + int64(time.Hour)
+	var buf []byte
+	for i := range descs {
+		buf = append(append(append(buf[:0], rule.Name...), 0), "tenant="+names[i]...)
+		k := a.keys.getOrCreate(buf, func(id string) *keyState { return newKeyState(id, len(rule.Name), now) })
+		k.slots.install(now, far, 1<<40)
+	}
+	b.Run("ration", func(b *testing.B) {
+		b.ReportAllocs()
+		ctx := context.Background()
+		i := 0
+		for b.Loop() {
+			if !a.Allow(ctx, descs[i&(n-1)], 1).Allowed {
+				b.Fatal("denied")
+			}
+			i++
+		}
+	})
+	b.Run("baseline=x-time-rate-syncmap", func(b *testing.B) {
+		b.ReportAllocs()
+		var m sync.Map
+		for _, name := range names {
+			m.Store(name, rate.NewLimiter(1e15, math.MaxInt32))
+		}
+		i := 0
+		b.ResetTimer()
+		for b.Loop() {
+			l, _ := m.Load(names[i&(n-1)])
+			l.(*rate.Limiter).Allow()
+			i++
+		}
+	})
+}
+
+func TestAllowIsAllocationFree(t *testing.T) {
+	if raceEnabled {
+		t.Skip("sync.Pool drops items at random under the race detector")
+	}
+	r := startRegion(t, benchPolicy, nil)
+	a := newAgent(t, r, Config{})
+	d := ds("tenant", "acme")
+	ctx := context.Background()
+	for i := 0; i < 1000; i++ {
+		a.Allow(ctx, d, 1)
+	}
+	// Install a lease that outlasts the measurement, so that no refresh or
+	// round trip is part of it.
+	k := a.keys.get([]byte("bench\x00tenant=acme"))
+	eventually(t, 5*time.Second, "no round trip in flight", func() bool {
+		k.mu.Lock()
+		defer k.mu.Unlock()
+		if k.flight != nil {
+			return false
+		}
+		k.slots.install(a.now(), a.now()+int64(time.Hour), 1<<40)
+		k.lowWater.Store(0)
+		k.queued.Store(true) // as if a refresh were queued: none will be
+		return true
+	})
+	if allocs := testing.AllocsPerRun(10000, func() { a.Allow(ctx, d, 1) }); allocs != 0 {
+		t.Errorf("Allow on a leased key allocates %v times, want 0", allocs)
+	}
+}

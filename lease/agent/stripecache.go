@@ -1,0 +1,238 @@
+package agent
+
+import "sync/atomic"
+
+// A hot key spent from every core contends on its slots' cache line: each
+// spend moves the line between cores, and that transfer, not the arithmetic,
+// bounds the key's throughput. A key whose leases are large therefore gets
+// a stripe cache: one entry per decision stripe (each pooled scratch, so in
+// practice each P, uses one stripe), each on its own cache line. A spend
+// takes from its stripe's entry, an uncontended atomic add; when the entry
+// runs dry it takes its own request's tokens and a batch for the entry from
+// the slots in the same atomic add.
+//
+// The tokens in an entry are still the key's leased tokens: an entry keeps
+// the expiry of the slot they came from and is counted, drained, collected
+// and returned with the slots. Tokens of one stripe are not lent to
+// another, so a stripe may ask the region while another stripe holds a
+// batch: the batch is kept small (a sixteenth of a lease per stripe or less)
+// and a key gets a cache only when its leases are large, where that is noise.
+
+// cacheMinLease is the lease size from which a key gets a stripe cache.
+const cacheMinLease = 4096
+
+// cacheSlot + j marks, in ruleResult.slot, tokens taken from stripe entry j.
+const cacheSlot = 2
+
+type cacheEntry struct {
+	word atomic.Int64 // balance<<genBits | generation, as in slots
+	exp  atomic.Int64
+	_    [cacheLine - 16]byte
+}
+
+type stripeCache struct {
+	e []cacheEntry
+}
+
+// take spends n tokens of k for a decision on stripe idx: from the stripe's
+// cache entry when k has a cache, else (or when the entry and a refill
+// fail) from the slots. It returns where the tokens came from (a slot index
+// or cacheSlot + entry) and the word after the spend, for a put-back.
+func (a *Agent) take(k *keyState, idx int, now, n int64) (int, int64, bool) {
+	c := k.cache.Load()
+	if c == nil {
+		i, w, _, ok := k.slots.spend(now, n)
+		return i, w, ok
+	}
+	own := idx % len(c.e)
+	e := &c.e[own]
+	if w, ok := k.spendEntry(e, now, n); ok {
+		return cacheSlot + own, w, true
+	}
+	// A batch of whole requests of this size, so that a steady stream of
+	// equal requests empties the entry exactly instead of stranding a
+	// remainder too small for the next one.
+	b := max(k.batch.Load()/n, 1) * n
+	if i, w, exp, ok := k.slots.spendAll(now, n+b); ok {
+		// The request's n came from slot i; the batch goes to the entry,
+		// with that slot's expiry.
+		a.refill(k, e, exp, b)
+		return i, w, true
+	}
+	if i, w, _, ok := k.slots.spend(now, n); ok {
+		return i, w, true
+	}
+	// The slots are dry: borrow from the other stripes' entries rather
+	// than leave their tokens stranded while this request goes to the
+	// region.
+	for j := range c.e {
+		if j != own {
+			if w, ok := k.spendEntry(&c.e[j], now, n); ok {
+				return cacheSlot + j, w, true
+			}
+		}
+	}
+	return 0, 0, false
+}
+
+// spendEntry takes n tokens from entry e if it holds them, live, at now.
+func (k *keyState) spendEntry(e *cacheEntry, now, n int64) (int64, bool) {
+	if e.exp.Load() <= now {
+		return 0, false
+	}
+	w := e.word.Add(-n << genBits)
+	if balance(w) >= 0 {
+		return w, true
+	}
+	if !addSameGen(&e.word, w, n) {
+		k.slots.lost.Add(max(balance(w)+n, 0))
+	}
+	return 0, false
+}
+
+// refill replaces entry e's tokens with b tokens expiring at exp. Tokens it
+// finds there (expired ones, or a racing put-back) are dropped.
+func (a *Agent) refill(k *keyState, e *cacheEntry, exp, b int64) {
+	for {
+		w := e.word.Load()
+		if e.word.CompareAndSwap(w, (w+1)&genMask) {
+			if left := max(balance(w), 0); left > 0 {
+				k.slots.lost.Add(left)
+				a.ctr.dropped.Add(left)
+			}
+			break
+		}
+	}
+	e.exp.Store(exp)
+	e.word.Add(b << genBits)
+}
+
+// putBackCache returns n tokens to k's entry j, as putBack does for a
+// slot.
+func (k *keyState) putBackCache(j int, after, n int64) bool {
+	c := k.cache.Load()
+	if c != nil && addSameGen(&c.e[j].word, after, n) {
+		return true
+	}
+	k.slots.lost.Add(n)
+	return false
+}
+
+// addSameGen adds n tokens to word if it still holds the generation of w.
+func addSameGen(word *atomic.Int64, w, n int64) bool {
+	for {
+		cur := word.Load()
+		if !sameGen(cur, w) {
+			return false
+		}
+		if word.CompareAndSwap(cur, cur+n<<genBits) {
+			return true
+		}
+	}
+}
+
+// The key-level views of its tokens: slots and stripe entries together.
+
+// held returns every token k holds, spendable or not yet collected.
+func (k *keyState) held() int64 {
+	n := k.slots.total()
+	if c := k.cache.Load(); c != nil {
+		for i := range c.e {
+			n += max(balance(c.e[i].word.Load()), 0)
+		}
+	}
+	return n
+}
+
+// liveTokens returns k's tokens spendable at now.
+func (k *keyState) liveTokens(now int64) int64 {
+	n := k.slots.live(now)
+	if c := k.cache.Load(); c != nil {
+		for i := range c.e {
+			if c.e[i].exp.Load() > now {
+				n += max(balance(c.e[i].word.Load()), 0)
+			}
+		}
+	}
+	return n
+}
+
+// collect empties what expired at now and returns it (dropped at expiry).
+func (k *keyState) collect(now int64) int64 {
+	n := k.slots.collect(now)
+	if c := k.cache.Load(); c != nil {
+		for i := range c.e {
+			if c.e[i].exp.Load() <= now && balance(c.e[i].word.Load()) > 0 {
+				n += emptyWord(&c.e[i].word)
+			}
+		}
+	}
+	return n
+}
+
+// drain empties everything: live tokens to return, expired ones dropped.
+func (k *keyState) drain(now int64) (live, dropped int64) {
+	live, dropped = k.slots.drain(now)
+	if c := k.cache.Load(); c != nil {
+		for i := range c.e {
+			expired := c.e[i].exp.Load() <= now
+			if n := emptyWord(&c.e[i].word); expired {
+				dropped += n
+			} else {
+				live += n
+			}
+		}
+	}
+	return live, dropped
+}
+
+// firstExpiry is the earliest expiry among k's live tokens at now, or now.
+func (k *keyState) firstExpiry(now int64) int64 {
+	first := k.slots.firstExpiry(now)
+	if c := k.cache.Load(); c != nil {
+		for i := range c.e {
+			if e := c.e[i].exp.Load(); e > now && balance(c.e[i].word.Load()) > 0 && (first == now || e < first) {
+				first = e
+			}
+		}
+	}
+	return first
+}
+
+// consolidateLocked gathers k's live tokens, spread over two slots and the
+// stripe entries, into one slot, so that a request bigger than any single
+// part can be served. The merged tokens take the earliest expiry among
+// them: no token outlives its lease. It returns the expired tokens it
+// dropped. Called with k.mu held.
+func (k *keyState) consolidateLocked(now int64) (dropped int64) {
+	exp := int64(-1)
+	consider := func(e, w int64) {
+		if e > now && balance(w) > 0 && (exp < 0 || e < exp) {
+			exp = e
+		}
+	}
+	for i := range k.slots.word {
+		consider(k.slots.exp[i].Load(), k.slots.word[i].Load())
+	}
+	if c := k.cache.Load(); c != nil {
+		for i := range c.e {
+			consider(c.e[i].exp.Load(), c.e[i].word.Load())
+		}
+	}
+	live, dropped := k.drain(now)
+	if live > 0 && exp > now {
+		dropped += k.slots.install(now, exp, live)
+	}
+	return dropped
+}
+
+// emptyWord empties a balance word under a new generation and returns
+// what it held.
+func emptyWord(word *atomic.Int64) int64 {
+	for {
+		w := word.Load()
+		if word.CompareAndSwap(w, (w+1)&genMask) {
+			return max(balance(w), 0)
+		}
+	}
+}
