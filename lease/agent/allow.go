@@ -12,9 +12,9 @@ import (
 // scratch is one decision's working memory, pooled so that a decision on
 // leased keys allocates nothing.
 type scratch struct {
-	rules  []*policy.Rule
-	res    []ruleResult
-	buf    []byte // the ids of the matched keys, back to back
+	rules     []*policy.Rule
+	res       []ruleResult
+	buf       []byte // the ids of the matched keys, back to back
 	stripe    *stripe
 	stripeIdx int
 	synced    bool // the decision needed a round trip

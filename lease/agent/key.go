@@ -18,12 +18,12 @@ const cacheLine = 64
 // evict the read-mostly fields from other cores' caches.
 type keyState struct {
 	// Read on every decision, written when a grant is applied.
-	denyUntil atomic.Int64  // agent nanos: without tokens, deny locally until then
-	lowWater  atomic.Int64  // tokens: a spend leaving fewer queues a refresh
-	remaining atomic.Int64  // the regional bucket's whole tokens at the last grant
+	denyUntil atomic.Int64                // agent nanos: without tokens, deny locally until then
+	lowWater  atomic.Int64                // tokens: a spend leaving fewer queues a refresh
+	remaining atomic.Int64                // the regional bucket's whole tokens at the last grant
 	cache     atomic.Pointer[stripeCache] // set once the key's leases are large
 	batch     atomic.Int64                // tokens a stripe entry takes at once
-	queued    atomic.Bool   // a background refresh is queued or in flight
+	queued    atomic.Bool                 // a background refresh is queued or in flight
 	evicted   atomic.Bool
 
 	// The leases: expiries on this read-mostly line, words on their own.
@@ -80,7 +80,6 @@ func (k *keyState) spentLocked() int64 {
 func (k *keyState) askedLocked() int64 {
 	return k.spentLocked() + k.extra.Load() + k.denied.Load()
 }
-
 
 // flight is one round trip that several requests may wait for.
 type flight struct {
