@@ -267,7 +267,7 @@ rules:
 	}
 	// The returned tokens are in the region again: its bucket holds all
 	// but what the agent spent or dropped (and a few tokens of refill).
-	resp, err := r.svc.Lease(ctx, &leasev1.LeaseRequest{
+	resp, err := r.Service.Lease(ctx, &leasev1.LeaseRequest{
 		Agent: &leasev1.Agent{Id: "probe"},
 		Items: []*leasev1.LeaseItem{{Rule: "pool", Key: "tenant=acme", Want: 100000}},
 	})

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"time"
 
 	leasev1 "github.com/ration-dev/ration/lease/v1"
@@ -44,8 +45,13 @@ type Driver struct {
 	// order, as the refresher goroutine makes them one after the other.
 	busy     *Call
 	queue    []refresherStep
-	nextTick int64
-	ticked   bool // a tick came while the refresher was busy
+	nextTick int64 // the first tick after the refresher last ran
+	ticked   bool  // a tick came while the refresher was busy
+
+	// The last time converted, since a caller deciding many requests at
+	// one instant passes the same time again and again.
+	lastT  time.Time
+	lastAt int64
 }
 
 // Call is a Lease or Return call the driver asks its caller to carry to
@@ -151,7 +157,12 @@ func (d *Driver) newScratch() *scratch {
 }
 
 // at converts a time to agent time.
-func (d *Driver) at(t time.Time) int64 { return int64(t.Sub(d.a.base)) }
+func (d *Driver) at(t time.Time) int64 {
+	if t != d.lastT {
+		d.lastT, d.lastAt = t, int64(t.Sub(d.a.base))
+	}
+	return d.lastAt
+}
 
 func (d *Driver) wall(at int64) time.Time { return d.a.base.Add(time.Duration(at)) }
 
@@ -403,8 +414,33 @@ func (d *Driver) Wants() bool {
 	return len(d.out) > 0 || len(d.a.queue) > 0 || len(d.wait) > 0
 }
 
-// NextTick returns when the refresher's ticker fires next.
-func (d *Driver) NextTick() time.Time { return d.wall(d.nextTick) }
+// NextTick returns the refresher's next tick that has work: the first one
+// at or after the earliest scheduled check (every tick while the region is
+// unreachable, for the probe). Ticks before it would find nothing to do, so
+// a caller may skip them; Wants reports work that does not wait for a
+// tick.
+func (d *Driver) NextTick() time.Time { return d.wall(d.nextWake()) }
+
+func (d *Driver) nextWake() int64 {
+	a := d.a
+	if a.down.Load() {
+		return d.nextTick
+	}
+	a.smu.Lock()
+	due := int64(math.MaxInt64)
+	if len(a.sched) > 0 {
+		due = a.sched[0].due
+	}
+	a.smu.Unlock()
+	if due <= d.nextTick {
+		return d.nextTick
+	}
+	if due > math.MaxInt64/2 {
+		return math.MaxInt64 / 2
+	}
+	tick := int64(a.tick())
+	return (due + tick - 1) / tick * tick
+}
 
 // Poll runs, at now, what the refresher goroutine and waiting requests
 // would: deadlines of waiting requests, the refresher's tick and the keys
@@ -415,7 +451,7 @@ func (d *Driver) Poll(now time.Time) []*Call {
 	if len(d.wait) > 0 {
 		d.progress(t)
 	}
-	if t >= d.nextTick {
+	if t >= d.nextWake() {
 		d.ticked = true
 		tick := int64(d.a.tick())
 		d.nextTick = (t/tick + 1) * tick

@@ -181,5 +181,5 @@ func runFaultScenario(t *testing.T, target string, stop, start func()) {
 // comes back on the same address.
 func TestFaultLeaseServiceStops(t *testing.T) {
 	r := startRegion(t, faultPolicy, nil)
-	runFaultScenario(t, r.addr, r.stop, r.start)
+	runFaultScenario(t, r.Addr, r.Stop, r.Start)
 }

@@ -220,7 +220,7 @@ func TestBoundAndUtilisationUnderOverload(t *testing.T) {
 		duration: 2500 * time.Millisecond, window: 1500 * time.Millisecond,
 		cfg: testConfig(),
 	}
-	res := runLoad(t, r.addr, spec)
+	res := runLoad(t, r.Addr, spec)
 	checkBoundAndUtilisation(t, spec, res, 1500, 1500)
 }
 
@@ -240,7 +240,7 @@ rules:
 		duration: 2 * time.Second, window: time.Second,
 		cfg: testConfig(),
 	}
-	res := runLoad(t, r.addr, spec)
+	res := runLoad(t, r.Addr, spec)
 	opsPer := float64(res.winOps) / float64(max(res.winAdmittedAll, 1))
 	var dropped, sync uint64
 	for _, s := range res.stats {
