@@ -154,6 +154,9 @@ func (a *Assembler) Add(now time.Time, p *Part) (*region.Report, error) {
 		return nil, drop(ReasonInconsistent, "report %x from %s/%s: %d keys in its parts, %d announced", p.ID, sk.region, sk.replica, n, pd.total)
 	}
 	r := pd.hdr
+	if n > 0 {
+		r.Keys = make([]region.KeyReport, 0, n)
+	}
 	for _, ks := range pd.parts {
 		r.Keys = append(r.Keys, ks...)
 	}

@@ -1,0 +1,197 @@
+package exchange
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/ration-dev/ration/region"
+)
+
+// benchRegions is a deployment of region.States exchanging in-process
+// through the codec: everything an epoch costs except NATS and the store.
+type benchRegions struct {
+	names  []string
+	states []*region.State
+	keys   []string
+	demand [][]int64 // per region, per key: tokens per epoch
+	now    time.Time
+	asm    []*Assembler
+	msgs   [][][]byte // per region: its latest report's messages
+	bytes  int        // bytes published in the latest epoch, all regions
+}
+
+const benchMaxPayload = 1 << 20 // NATS's default max_payload
+
+func newBenchRegions(tb testing.TB, nkeys int) *benchRegions {
+	tb.Helper()
+	rng := rand.New(rand.NewPCG(1, 2))
+	b := &benchRegions{names: []string{"ap", "eu", "us"}, now: time.Unix(1_700_000_000, 0)}
+	for i := 0; i < nkeys; i++ {
+		b.keys = append(b.keys, region.GlobalKey("per-tenant", fmt.Sprintf("tenant=%07d", i)))
+	}
+	for _, r := range b.names {
+		st, err := region.New(region.Config{Self: r, Regions: b.names})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		d := make([]int64, nkeys)
+		for i := range d {
+			d[i] = rng.Int64N(1000)
+		}
+		b.states = append(b.states, st)
+		b.demand = append(b.demand, d)
+		b.asm = append(b.asm, NewAssembler(AssemblerConfig{}))
+	}
+	b.msgs = make([][][]byte, len(b.names))
+	return b
+}
+
+// produce runs the sending half of an epoch in region i: observe, compute,
+// commit, report and encode.
+func (b *benchRegions) produce(tb testing.TB, i int) {
+	st := b.states[i]
+	for k, key := range b.keys {
+		st.Observe(key, b.demand[i][k], b.demand[i][k])
+	}
+	p := st.Epoch(b.now)
+	if err := st.Commit(p); err != nil {
+		tb.Fatal(err)
+	}
+	rep := st.Report()
+	msgs, err := EncodeReport(&rep, uint64(i)<<32|uint64(b.now.Unix()), benchMaxPayload)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	b.msgs[i] = msgs
+	for _, m := range msgs {
+		b.bytes += len(m)
+	}
+}
+
+// consume runs the receiving half in region i: decode, reassemble and
+// merge every other region's report.
+func (b *benchRegions) consume(tb testing.TB, i int) {
+	for j := range b.names {
+		if j == i {
+			continue
+		}
+		for _, m := range b.msgs[j] {
+			p, err := DecodePart(m, Limits{})
+			if err != nil {
+				tb.Fatal(err)
+			}
+			r, err := b.asm[i].Add(b.now, p)
+			if err != nil {
+				tb.Fatal(err)
+			}
+			if r != nil {
+				if err := b.states[i].Receive(b.now, *r); err != nil {
+					tb.Fatal(err)
+				}
+			}
+		}
+	}
+}
+
+// epoch runs one epoch of every region.
+func (b *benchRegions) epoch(tb testing.TB) {
+	b.now = b.now.Add(time.Second)
+	b.bytes = 0
+	for i := range b.names {
+		b.produce(tb, i)
+	}
+	for i := range b.names {
+		b.consume(tb, i)
+	}
+}
+
+// BenchmarkEpoch100k is one sync epoch at 100,000 active global keys in each
+// of three regions: per region, observe the tallies, compute and commit the
+// plan, build and encode the report (split to 1 MiB messages), then decode,
+// reassemble and merge the two peers' reports. ns/op and B/op are for all
+// three regions; the custom metrics are per region and epoch.
+//
+//	go test -run '^$' -bench Epoch100k -benchmem -benchtime 10x ./sync/exchange
+func BenchmarkEpoch100k(b *testing.B) {
+	br := newBenchRegions(b, 100_000)
+	for i := 0; i < 3; i++ { // every key enters its generation
+		br.epoch(b)
+	}
+	b.ResetTimer()
+	start := time.Now()
+	var bytes int
+	for i := 0; i < b.N; i++ {
+		br.epoch(b)
+		bytes += br.bytes
+	}
+	per := float64(b.N * len(br.names))
+	b.ReportMetric(float64(time.Since(start).Milliseconds())/per, "ms/region-epoch")
+	b.ReportMetric(float64(bytes)/per, "wire-B/region-epoch")
+	b.ReportMetric(float64(len(br.msgs[0])), "msgs/report")
+}
+
+// BenchmarkEpochPhases splits the same epoch into its phases for one region
+// (eu), at 100,000 keys: compute (observe, Epoch, Commit, Report), encode,
+// decode (with reassembly) and merge (Receive) of the two peers' reports.
+func BenchmarkEpochPhases(b *testing.B) {
+	br := newBenchRegions(b, 100_000)
+	for i := 0; i < 3; i++ {
+		br.epoch(b)
+	}
+	const eu = 1
+	st := br.states[eu]
+	b.Run("compute", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			br.now = br.now.Add(time.Second)
+			for k, key := range br.keys {
+				st.Observe(key, br.demand[eu][k], br.demand[eu][k])
+			}
+			p := st.Epoch(br.now)
+			if err := st.Commit(p); err != nil {
+				b.Fatal(err)
+			}
+			_ = st.Report()
+		}
+	})
+	rep := st.Report()
+	b.Run("encode", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			if _, err := EncodeReport(&rep, uint64(i), benchMaxPayload); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	br.epoch(b)
+	msgs := br.msgs[0] // ap's report, as eu receives it
+	var reps []*region.Report
+	b.Run("decode", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			reps = reps[:0]
+			a := NewAssembler(AssemblerConfig{})
+			for _, m := range msgs {
+				p, err := DecodePart(m, Limits{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				r, err := a.Add(br.now, p)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if r != nil {
+					reps = append(reps, r)
+				}
+			}
+		}
+	})
+	r := *reps[0]
+	b.Run("merge", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			r.Epoch++ // each merge is of a newer report
+			if err := st.Receive(br.now, r); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
