@@ -225,13 +225,9 @@ func (a *Agent) finish(s *scratch, now int64) Decision {
 		}
 	}
 	if tight == nil {
-		// Only shadow rules matched, and they all would have allowed.
-		for i := range s.res {
-			if rr := &s.res[i]; rr.done {
-				tight = rr
-				break
-			}
-		}
+		// Only shadow rules matched, and they all would have allowed: no
+		// rule decided.
+		return Decision{Allowed: true}
 	}
 	return a.allowed(tight, path, now)
 }
