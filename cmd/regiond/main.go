@@ -10,6 +10,16 @@
 //
 //	regiond -region eu -listen :7070 -admin :7071 -redis redis://redis:6379/0 -policy /etc/ration/policy.yaml
 //
+// Several regions share each global quota by exchanging reports over NATS
+// once per sync period: give every region's daemons the same -regions and a
+// NATS server, cluster or supercluster (-nats), or run one in-process
+// (-nats-embedded, for one machine):
+//
+//	regiond -region eu -regions us,eu,ap -nats nats://nats.eu:4222 -redis redis://redis:6379/0
+//
+// Without -nats or -nats-embedded a region exchanges nothing and holds the
+// whole of every quota (share 1).
+//
 // SIGHUP reloads the policy file; SIGINT or SIGTERM stops accepting calls,
 // lets in-flight calls finish and exits 0.
 package main
@@ -22,6 +32,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -43,6 +54,12 @@ func run(args []string) error {
 	fs.StringVar(&cfg.Admin, "admin", "127.0.0.1:7071", "admin HTTP address (/healthz, /readyz, /metrics); - disables it")
 	fs.StringVar(&cfg.RedisURL, "redis", "", "Redis URL (redis://host:port/db, rediss://…, or host:port,host:port for a cluster); empty uses the embedded memory store")
 	fs.StringVar(&cfg.PolicyFile, "policy", "", "policy YAML file, watched for changes; empty uses the embedded example policy")
+	fs.StringVar(&cfg.NATSURL, "nats", "", "NATS URL(s) of the cross-region exchange (nats://host:4222, comma-separated for a cluster); empty with no -nats-embedded: no exchange")
+	fs.BoolVar(&cfg.NATSEmbedded, "nats-embedded", false, "run nats-server in-process on -nats-listen and exchange over it")
+	fs.StringVar(&cfg.NATSListen, "nats-listen", "127.0.0.1:4222", "client address of the embedded NATS server")
+	regions := fs.String("regions", "", "all regions of the deployment, comma-separated, this one included (default: this region alone)")
+	fs.DurationVar(&cfg.SyncPeriod, "sync-period", time.Second, "how often regions exchange reports and move shares (the same in every region)")
+	fs.StringVar(&cfg.Replica, "replica", "", "this replica's name within its region (default: hostname and a random suffix)")
 	fs.DurationVar(&cfg.LeaseTTL, "lease-ttl", 100*time.Millisecond, "lease lifetime τ")
 	fs.DurationVar(&cfg.StoreTimeout, "store-timeout", 50*time.Millisecond, "deadline of each store call")
 	grace := fs.Duration("grace", 10*time.Second, "how long in-flight calls may take to finish at shutdown")
@@ -52,6 +69,11 @@ func run(args []string) error {
 			return nil
 		}
 		return err
+	}
+	if *regions != "" {
+		for _, r := range strings.Split(*regions, ",") {
+			cfg.Regions = append(cfg.Regions, strings.TrimSpace(r))
+		}
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
@@ -70,6 +92,9 @@ func run(args []string) error {
 	}
 	fmt.Printf("regiond %s: lease API on %s, admin on http://%s (/healthz /readyz /metrics)\n",
 		cfg.Region, d.LeaseAddr(), d.AdminAddr())
+	if u := d.NATSURL(); u != "" {
+		fmt.Printf("regiond %s: embedded NATS on %s (-nats %s for the other regions)\n", cfg.Region, u, u)
+	}
 
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)

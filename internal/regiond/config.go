@@ -8,9 +8,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ration-dev/ration/region"
 )
 
 // Config configures a Daemon. Zero values mean the defaults in the field
@@ -33,6 +36,10 @@ type Config struct {
 	PolicyFile string
 	// PolicyInterval is how often the policy file is checked (default 1s).
 	PolicyInterval time.Duration
+	// PolicyYAML is the policy served when PolicyFile is empty, for
+	// in-process deployments such as the local demo (default: the embedded
+	// example policy). It is validated like a file.
+	PolicyYAML []byte
 	// LeaseTTL is τ, the lifetime of a lease (default 100ms).
 	LeaseTTL time.Duration
 	// StoreTimeout bounds every store call (default 50ms).
@@ -40,6 +47,35 @@ type Config struct {
 	// SweepInterval is how often the memory store drops idle buckets
 	// (default 10s).
 	SweepInterval time.Duration
+	// NATSURL is the NATS server (or a comma-separated list of a cluster's
+	// servers) that carries the cross-region exchange. With neither it nor
+	// NATSEmbedded set there is no exchange: the region holds the whole of
+	// every global key (share 1), as a single-region deployment should.
+	NATSURL string
+	// NATSEmbedded runs nats-server in-process on NATSListen and exchanges
+	// over it; other regions' daemons connect to it (Daemon.NATSURL).
+	// Exclusive with NATSURL.
+	NATSEmbedded bool
+	// NATSListen is the embedded NATS server's client address (default
+	// "127.0.0.1:4222"; port 0 picks a free port).
+	NATSListen string
+	// NATSReconnectWait is how long the NATS client waits between
+	// reconnection attempts; it retries forever (default 250ms).
+	NATSReconnectWait time.Duration
+	// Regions are all regions of the deployment, Region included, in any
+	// order (default: Region alone). Every region must list the same ones;
+	// each starts with an equal part of every global key.
+	Regions []string
+	// SyncPeriod is the exchange's epoch: reports are published and shares
+	// moved once per period (default 1s; every region must use the same).
+	SyncPeriod time.Duration
+	// Replica names this replica within its region (default
+	// "<hostname>-<random>"). Replicas of one region share its store; one
+	// at a time runs the exchange.
+	Replica string
+	// ExchangeTune, if set, adjusts the exchange's region.Config (for tests
+	// that shorten idle and grace periods).
+	ExchangeTune func(*region.Config)
 	// Registry receives all metrics and is served on /metrics (default a
 	// new registry with the Go and process collectors).
 	Registry *prometheus.Registry
@@ -69,6 +105,20 @@ func (c *Config) ensureDefaults() {
 	if c.SweepInterval == 0 {
 		c.SweepInterval = 10 * time.Second
 	}
+	if c.NATSListen == "" {
+		c.NATSListen = "127.0.0.1:4222"
+	}
+	if c.NATSReconnectWait == 0 {
+		c.NATSReconnectWait = 250 * time.Millisecond
+	}
+	if c.SyncPeriod == 0 {
+		c.SyncPeriod = time.Second
+	}
+	if len(c.Regions) == 0 {
+		c.Regions = []string{c.Region}
+	}
+	c.Regions = slices.Clone(c.Regions)
+	slices.Sort(c.Regions)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -76,17 +126,44 @@ func (c *Config) ensureDefaults() {
 
 func (c *Config) validate() error {
 	var errs []error
-	if c.PolicyInterval < 0 || c.LeaseTTL < 0 || c.StoreTimeout < 0 || c.SweepInterval < 0 {
+	if c.PolicyInterval < 0 || c.LeaseTTL < 0 || c.StoreTimeout < 0 || c.SweepInterval < 0 || c.NATSReconnectWait < 0 {
 		errs = append(errs, errors.New("durations must not be negative"))
 	}
-	for _, ch := range c.Region {
-		if !(ch >= 'a' && ch <= 'z' || ch >= '0' && ch <= '9' || ch == '-' || ch == '_') {
-			errs = append(errs, fmt.Errorf("region %q: use lower-case letters, digits, '-' and '_'", c.Region))
+	if c.SyncPeriod < time.Millisecond {
+		errs = append(errs, fmt.Errorf("sync period %v is below 1ms", c.SyncPeriod))
+	}
+	if c.NATSURL != "" && c.NATSEmbedded {
+		errs = append(errs, errors.New("NATS: use an external server (NATSURL) or the embedded one, not both"))
+	}
+	for _, r := range append([]string{c.Region}, c.Regions...) {
+		if !validRegion(r) {
+			errs = append(errs, fmt.Errorf("region %q: use lower-case letters, digits, '-' and '_'", r))
 			break
 		}
+	}
+	if !slices.Contains(c.Regions, c.Region) {
+		errs = append(errs, fmt.Errorf("regions %v do not include this region %q", c.Regions, c.Region))
+	}
+	if len(slices.Compact(slices.Clone(c.Regions))) != len(c.Regions) {
+		errs = append(errs, fmt.Errorf("regions %v: a region is listed twice", c.Regions))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("regiond: invalid config: %w", err)
 	}
 	return nil
 }
+
+func validRegion(r string) bool {
+	if r == "" {
+		return false
+	}
+	for _, ch := range r {
+		if !(ch >= 'a' && ch <= 'z' || ch >= '0' && ch <= '9' || ch == '-' || ch == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// exchanging reports whether the cross-region exchange runs.
+func (c *Config) exchanging() bool { return c.NATSURL != "" || c.NATSEmbedded }

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"google.golang.org/grpc"
@@ -19,6 +20,8 @@ import (
 	"github.com/ration-dev/ration/lease"
 	"github.com/ration-dev/ration/lease/service"
 	"github.com/ration-dev/ration/policy"
+	"github.com/ration-dev/ration/sync/embedded"
+	"github.com/ration-dev/ration/sync/exchange"
 )
 
 //go:embed default-policy.yaml
@@ -30,10 +33,20 @@ type Daemon struct {
 	cfg     Config
 	log     *slog.Logger
 	store   service.Store
+	shares  shareStore         // the same store, as the exchange writes it
 	mem     *lease.MemoryStore // nil with Redis
+	redis   *lease.RedisStore  // nil with the memory store
 	closeDB func() error
+	initial int64 // this region's initial share of a global key
 	svc     *service.Service
 	watcher *policy.Watcher // nil with the embedded policy
+
+	// The cross-region exchange, when NATS is configured.
+	obs     observer
+	natsMet *natsMetrics
+	nats    *embedded.Server // nil without -nats-embedded
+	nc      *nats.Conn
+	x       *exchange.Exchanger
 
 	grpc     *grpc.Server
 	leaseLis net.Listener
@@ -58,13 +71,29 @@ func New(cfg Config) (*Daemon, error) {
 		cfg.Registry = prometheus.NewRegistry()
 		cfg.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
-	d := &Daemon{cfg: cfg, log: cfg.Logger.With("region", cfg.Region)}
+	if cfg.Replica == "" {
+		cfg.Replica = defaultReplica()
+	}
+	d := &Daemon{cfg: cfg, log: cfg.Logger.With("region", cfg.Region), initial: lease.PPM}
+	if cfg.exchanging() {
+		var err error
+		if d.initial, err = initialShare(&cfg); err != nil {
+			return nil, fmt.Errorf("regiond: exchange: %w", err)
+		}
+		d.natsMet = newNATSMetrics(cfg.Registry)
+		if err := d.natsMet.registerError; err != nil {
+			return nil, fmt.Errorf("regiond: metrics: %w", err)
+		}
+	}
 
 	var pol *policy.Set
 	var err error
-	if cfg.PolicyFile == "" {
+	switch {
+	case cfg.PolicyFile == "" && cfg.PolicyYAML != nil:
+		pol, err = policy.Parse("config:PolicyYAML", cfg.PolicyYAML)
+	case cfg.PolicyFile == "":
 		pol, err = policy.Parse("embedded:default-policy.yaml", defaultPolicy)
-	} else {
+	default:
 		d.watcher, err = policy.NewWatcher(policy.WatcherConfig{Path: cfg.PolicyFile, Interval: cfg.PolicyInterval, Logger: d.log})
 		if err == nil {
 			pol = d.watcher.Current()
@@ -76,7 +105,7 @@ func New(cfg Config) (*Daemon, error) {
 
 	if cfg.RedisURL == "" {
 		d.mem = lease.NewMemoryStore(lease.MemoryConfig{})
-		d.store = d.mem
+		d.store, d.shares = d.mem, d.mem
 		d.closeDB = func() error { return nil }
 	} else {
 		client, err := lease.NewRedisClient(cfg.RedisURL)
@@ -88,11 +117,11 @@ func New(cfg Config) (*Daemon, error) {
 			client.Close()
 			return nil, fmt.Errorf("regiond: redis: %w", err)
 		}
-		d.store = rs
+		d.store, d.shares, d.redis = rs, rs, rs
 		d.closeDB = client.Close
 	}
 
-	d.svc, err = service.New(service.Config{
+	scfg := service.Config{
 		Region:       cfg.Region,
 		Store:        d.store,
 		Policy:       pol,
@@ -100,7 +129,12 @@ func New(cfg Config) (*Daemon, error) {
 		StoreTimeout: cfg.StoreTimeout,
 		Registerer:   cfg.Registry,
 		Logger:       d.log,
-	})
+	}
+	if cfg.exchanging() {
+		scfg.Observer = &d.obs
+		scfg.InitialShareFor = func(string, *policy.Rule) int64 { return d.initial }
+	}
+	d.svc, err = service.New(scfg)
 	if err != nil {
 		d.closeDB()
 		return nil, fmt.Errorf("regiond: %w", err)
@@ -159,7 +193,14 @@ func (d *Daemon) Start(ctx context.Context) error {
 	if d.mem != nil {
 		d.goRun("sweep", func() error { d.sweep(runCtx); return nil })
 	}
-	d.log.Info("regiond started", "lease_api", d.LeaseAddr(), "admin", d.AdminAddr(), "store", d.storeName(), "policy", d.policyName())
+	if d.cfg.exchanging() {
+		if err := d.startExchange(); err != nil {
+			_ = d.Shutdown(ctx)
+			return err
+		}
+	}
+	d.log.Info("regiond started", "lease_api", d.LeaseAddr(), "admin", d.AdminAddr(), "store", d.storeName(), "policy", d.policyName(),
+		"regions", d.cfg.Regions, "replica", d.cfg.Replica, "exchange", d.exchangeName())
 	return nil
 }
 
@@ -234,11 +275,24 @@ func (d *Daemon) storeName() string {
 	return "redis"
 }
 
-func (d *Daemon) policyName() string {
-	if d.watcher == nil {
-		return "embedded example"
+func (d *Daemon) exchangeName() string {
+	switch {
+	case d.cfg.NATSEmbedded:
+		return "embedded nats " + d.NATSURL()
+	case d.cfg.NATSURL != "":
+		return "nats " + d.cfg.NATSURL
 	}
-	return d.cfg.PolicyFile
+	return "none (single region, share 1)"
+}
+
+func (d *Daemon) policyName() string {
+	switch {
+	case d.watcher != nil:
+		return d.cfg.PolicyFile
+	case d.cfg.PolicyYAML != nil:
+		return "in-process"
+	}
+	return "embedded example"
 }
 
 // Ready reports whether the daemon can serve leases: policy loaded and the
@@ -279,6 +333,9 @@ func (d *Daemon) shutdown(ctx context.Context) error {
 			if err := d.admin.Shutdown(ctx); err != nil {
 				errs = append(errs, fmt.Errorf("admin: %w", err))
 			}
+		}
+		if err := d.stopExchange(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("exchange: %w", err))
 		}
 		d.cancel()
 		d.wg.Wait()

@@ -1,0 +1,221 @@
+package regiond
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"sync/atomic"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ration-dev/ration/lease"
+	"github.com/ration-dev/ration/policy"
+	"github.com/ration-dev/ration/region"
+	"github.com/ration-dev/ration/sync/embedded"
+	"github.com/ration-dev/ration/sync/exchange"
+)
+
+// shareStore is the region's store as the exchange writes it.
+type shareStore interface {
+	exchange.Store
+	Shares(ctx context.Context, keys []string, out []int64) error
+}
+
+// observer forwards the lease service's tallies to the exchange once it
+// runs; before (and without) it they are dropped.
+type observer struct {
+	x atomic.Pointer[exchange.Exchanger]
+}
+
+func (o *observer) Observe(key string, rule *policy.Rule, demand, granted int64) {
+	if x := o.x.Load(); x != nil {
+		x.Observe(key, rule, demand, granted)
+	}
+}
+
+// natsMetrics count what the NATS client's handlers see.
+type natsMetrics struct {
+	connected     prometheus.Gauge
+	disconnects   prometheus.Counter
+	reconnects    prometheus.Counter
+	asyncErrors   prometheus.Counter
+	registerError error
+}
+
+func newNATSMetrics(reg prometheus.Registerer) *natsMetrics {
+	m := &natsMetrics{
+		connected: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ration_nats_connected",
+			Help: "1 while the exchange's NATS connection is up.",
+		}),
+		disconnects: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ration_nats_disconnects_total",
+			Help: "Times the exchange's NATS connection went down.",
+		}),
+		reconnects: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ration_nats_reconnects_total",
+			Help: "Times the exchange's NATS connection came back.",
+		}),
+		asyncErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ration_nats_async_errors_total",
+			Help: "Asynchronous NATS errors (slow consumer, permission violations).",
+		}),
+	}
+	for _, c := range []prometheus.Collector{m.connected, m.disconnects, m.reconnects, m.asyncErrors} {
+		if err := reg.Register(c); err != nil {
+			m.registerError = err
+		}
+	}
+	return m
+}
+
+// initialShare is the region's initial share of every global key, as the
+// exchange will compute it; New also validates the exchange's region
+// config with it.
+func initialShare(cfg *Config) (int64, error) {
+	rc := region.Config{Self: cfg.Region, Regions: cfg.Regions, Period: cfg.SyncPeriod}
+	if cfg.ExchangeTune != nil {
+		cfg.ExchangeTune(&rc)
+	}
+	st, err := region.New(rc)
+	if err != nil {
+		return 0, err
+	}
+	return st.Initial(cfg.Region), nil
+}
+
+func defaultReplica() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "regiond"
+	}
+	var b [3]byte
+	_, _ = rand.Read(b[:])
+	return host + "-" + hex.EncodeToString(b[:])
+}
+
+// startExchange starts the embedded NATS server if asked, connects and
+// starts the exchange. On error it undoes what it started.
+func (d *Daemon) startExchange() (err error) {
+	cfg := &d.cfg
+	url := cfg.NATSURL
+	if cfg.NATSEmbedded {
+		d.nats, err = embedded.Start(embedded.Config{Listen: cfg.NATSListen})
+		if err != nil {
+			return fmt.Errorf("regiond: %w", err)
+		}
+		url = d.nats.ClientURL()
+	}
+	defer func() {
+		if err != nil {
+			d.stopExchange(context.Background())
+		}
+	}()
+	log := d.log
+	m := d.natsMet
+	d.nc, err = nats.Connect(url,
+		nats.Name("regiond "+cfg.Region+"/"+cfg.Replica),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(cfg.NATSReconnectWait),
+		nats.RetryOnFailedConnect(true), // serve leases while NATS is away
+		nats.ConnectHandler(func(*nats.Conn) { m.connected.Set(1); log.Info("nats connected", "url", url) }),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			m.connected.Set(0)
+			m.disconnects.Inc()
+			log.Warn("nats disconnected; shares stay as they are until it is back", "err", err)
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			m.connected.Set(1)
+			m.reconnects.Inc()
+			log.Info("nats reconnected", "url", nc.ConnectedUrl())
+		}),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			m.asyncErrors.Inc()
+			log.Warn("nats error", "err", err)
+		}),
+	)
+	if err != nil {
+		return fmt.Errorf("regiond: nats %s: %w", url, err)
+	}
+	if d.nc.IsConnected() {
+		m.connected.Set(1)
+	}
+	var coord exchange.Coordinator = d.redis
+	if d.redis == nil {
+		coord = lease.NewMemoryExchange(nil) // one process, one replica
+	}
+	x, err := exchange.New(exchange.Config{
+		Region:      cfg.Region,
+		Replica:     cfg.Replica,
+		Regions:     cfg.Regions,
+		Period:      cfg.SyncPeriod,
+		Conn:        d.nc,
+		Store:       d.shares,
+		Coordinator: coord,
+		Policy:      d.svc.Policy,
+		Tune:        cfg.ExchangeTune,
+		Registerer:  cfg.Registry,
+		Logger:      d.log,
+	})
+	if err != nil {
+		return fmt.Errorf("regiond: exchange: %w", err)
+	}
+	if err := x.Start(); err != nil {
+		return fmt.Errorf("regiond: exchange: %w", err)
+	}
+	d.x = x
+	d.obs.x.Store(x)
+	return nil
+}
+
+// stopExchange closes the exchange (giving its lease up), the NATS
+// connection and the embedded server, in that order.
+func (d *Daemon) stopExchange(ctx context.Context) error {
+	var errs []error
+	d.obs.x.Store(nil)
+	if d.x != nil {
+		if err := d.x.Close(ctx); err != nil {
+			errs = append(errs, err)
+		}
+		d.x = nil
+	}
+	if d.nc != nil {
+		d.nc.Close()
+		d.nc = nil
+	}
+	if d.nats != nil {
+		d.nats.Shutdown()
+		d.nats = nil
+	}
+	return errors.Join(errs...)
+}
+
+// NATSURL is the embedded NATS server's client URL ("" without one): the
+// URL other regions' daemons connect to.
+func (d *Daemon) NATSURL() string {
+	if d.nats == nil {
+		return ""
+	}
+	return d.nats.ClientURL()
+}
+
+// Exchanger is the running cross-region exchange (nil without NATS).
+func (d *Daemon) Exchanger() *exchange.Exchanger { return d.x }
+
+// Share returns this region's applied share of a global key in ppm, as the
+// store holds it: the region's initial share until the exchange wrote one.
+// key is region.GlobalKey(rule, descriptor key).
+func (d *Daemon) Share(ctx context.Context, key string) (int64, error) {
+	out := []int64{0}
+	if err := d.shares.Shares(ctx, []string{key}, out); err != nil {
+		return 0, err
+	}
+	if out[0] < 0 {
+		return d.initial, nil
+	}
+	return out[0], nil
+}
