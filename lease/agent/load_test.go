@@ -247,8 +247,13 @@ rules:
 		dropped += uint64(s.TokensDropped)
 		sync += s.SyncDecisions
 	}
-	t.Logf("%v; window: %d store ops for %d admitted = %.4f per admitted request; sync decisions %d; dropped %d",
-		res.perKey[0], res.winOps, res.winAdmittedAll, opsPer, sync, dropped)
+	var leases, returns int64
+	for _, s := range res.stats {
+		leases += s.LeaseItems
+		returns += s.ReturnItems
+	}
+	t.Logf("%v; window: %d store ops for %d admitted = %.4f per admitted request; sync decisions %d; dropped %d; lease items %d, return items %d over the run",
+		res.perKey[0], res.winOps, res.winAdmittedAll, opsPer, sync, dropped, leases, returns)
 	if opsPer > 0.025 && !raceEnabled {
 		t.Errorf("%.4f store ops per admitted request at steady state, want at most 0.02 (0.025 allowed for timing noise)", opsPer)
 	}
