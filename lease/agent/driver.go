@@ -31,6 +31,9 @@ import (
 //   - Complete hands a call's outcome back at the time it arrived: the
 //     response, or the error (a timeout is an error at Sent + Timeout).
 //
+// Times are durations since the epoch given to NewDriver, which every
+// driver of one simulation may share.
+//
 // A Driver is not safe for concurrent use.
 type Driver struct {
 	a *Agent
@@ -47,11 +50,6 @@ type Driver struct {
 	queue    []refresherStep
 	nextTick int64 // the first tick after the refresher last ran
 	ticked   bool  // a tick came while the refresher was busy
-
-	// The last time converted, since a caller deciding many requests at
-	// one instant passes the same time again and again.
-	lastT  time.Time
-	lastAt int64
 }
 
 // Call is a Lease or Return call the driver asks its caller to carry to
@@ -62,7 +60,7 @@ type Call struct {
 	// Sent is when the call was sent; Timeout how long the agent waits for
 	// its answer. An answer later than Sent + Timeout must be dropped and
 	// the call completed with an error at Sent + Timeout instead.
-	Sent    time.Time
+	Sent    time.Duration
 	Timeout time.Duration
 
 	sent      int64
@@ -77,7 +75,7 @@ type Call struct {
 type Resolution struct {
 	Tag      uint64
 	Decision Decision
-	At       time.Time
+	At       time.Duration
 }
 
 // ErrCallTimeout is a convenient error for Complete when a call's answer
@@ -101,16 +99,17 @@ type refresherStep struct {
 	rets *returnBatch
 }
 
-// NewDriver returns a driver for an agent configured by cfg, whose time
-// starts at start. Target, Conn, DialOptions, Registerer and Clock are
+// NewDriver returns a driver for an agent configured by cfg. Its times are
+// durations since epoch, and its refresher ticks at whole multiples of the
+// tick from epoch. Target, Conn, DialOptions, Registerer and Clock are
 // ignored; AgentID is required (a default would be random). Logger
 // defaults to discarding.
-func NewDriver(cfg Config, start time.Time) (*Driver, error) {
+func NewDriver(cfg Config, epoch time.Time) (*Driver, error) {
 	if cfg.AgentID == "" {
 		return nil, fmt.Errorf("%w: a Driver needs an AgentID", ErrInvalidConfig)
 	}
 	cfg.Target, cfg.Conn, cfg.DialOptions, cfg.Registerer = "driver", nil, nil, nil
-	cfg.Clock = func() time.Time { return start }
+	cfg.Clock = func() time.Time { return epoch }
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -122,7 +121,7 @@ func NewDriver(cfg Config, start time.Time) (*Driver, error) {
 	}
 	a := &Agent{
 		cfg:    cfg,
-		base:   start,
+		base:   epoch,
 		id:     &leasev1.Agent{Id: cfg.AgentID},
 		params: newRateParams(cfg.LeasePeriod),
 		margin: cfg.LeasePeriod / 20,
@@ -156,15 +155,6 @@ func (d *Driver) newScratch() *scratch {
 	}
 }
 
-// at converts a time to agent time.
-func (d *Driver) at(t time.Time) int64 {
-	if t != d.lastT {
-		d.lastT, d.lastAt = t, int64(t.Sub(d.a.base))
-	}
-	return d.lastAt
-}
-
-func (d *Driver) wall(at int64) time.Time { return d.a.base.Add(time.Duration(at)) }
 
 // SetPolicy installs a rule set, as the policy stream would.
 func (d *Driver) SetPolicy(set *policy.Set) {
@@ -180,8 +170,8 @@ func (d *Driver) Stats() Stats { return d.a.Stats() }
 // Decide decides a request described by ds at now, as Allow does. It
 // returns the Decision and true, or false when the request waits for a
 // round trip: its Decision then comes from Resolved, with tag.
-func (d *Driver) Decide(now time.Time, ds []policy.Descriptor, hits int64, tag uint64) (Decision, bool) {
-	t := d.at(now)
+func (d *Driver) Decide(now time.Duration, ds []policy.Descriptor, hits int64, tag uint64) (Decision, bool) {
+	t := int64(now)
 	s := d.s
 	dec, slow := d.decideLocal(s, t, ds, hits)
 	if !slow {
@@ -387,7 +377,7 @@ func (d *Driver) progress(now int64) {
 	for _, w := range d.wait {
 		if w.ready() || now >= w.deadline {
 			if d.settle(w, now) {
-				d.done = append(d.done, Resolution{Tag: w.tag, Decision: d.resolve(w, now), At: d.wall(now)})
+				d.done = append(d.done, Resolution{Tag: w.tag, Decision: d.resolve(w, now), At: time.Duration(now)})
 				continue
 			}
 		}
@@ -419,7 +409,7 @@ func (d *Driver) Wants() bool {
 // unreachable, for the probe). Ticks before it would find nothing to do, so
 // a caller may skip them; Wants reports work that does not wait for a
 // tick.
-func (d *Driver) NextTick() time.Time { return d.wall(d.nextWake()) }
+func (d *Driver) NextTick() time.Duration { return time.Duration(d.nextWake()) }
 
 func (d *Driver) nextWake() int64 {
 	a := d.a
@@ -446,8 +436,8 @@ func (d *Driver) nextWake() int64 {
 // would: deadlines of waiting requests, the refresher's tick and the keys
 // queued below low water. It returns the calls to send at now; the slice is
 // reused by the next call to Poll.
-func (d *Driver) Poll(now time.Time) []*Call {
-	t := d.at(now)
+func (d *Driver) Poll(now time.Duration) []*Call {
+	t := int64(now)
 	if len(d.wait) > 0 {
 		d.progress(t)
 	}
@@ -517,7 +507,7 @@ func (d *Driver) nextRefresherCall(now int64) {
 			n := min(len(st.rets.items), maxBatch)
 			c := &Call{
 				Return:    &leasev1.ReturnRequest{Agent: a.id, Items: st.rets.items[:n:n]},
-				Sent:      d.wall(now),
+				Sent:      time.Duration(now),
 				Timeout:   a.cfg.RefreshTimeout,
 				sent:      now,
 				rets:      &returnBatch{items: st.rets.items[:n:n], keys: st.rets.keys[:n:n]},
@@ -605,18 +595,18 @@ func (d *Driver) leaseCall(f *flight, sent int64, timeout time.Duration, refresh
 		k.reportedAsked, k.reportedAdmitted = asked, admitted
 		k.mu.Unlock()
 	}
-	return &Call{Lease: req, Sent: d.wall(sent), Timeout: timeout, sent: sent, f: f, wants: wants, refresher: refresher}
+	return &Call{Lease: req, Sent: time.Duration(sent), Timeout: timeout, sent: sent, f: f, wants: wants, refresher: refresher}
 }
 
 // Complete applies the outcome of call c at now, when its answer arrived
 // (resp for a Lease call, nil for a Return) or failed (err). Each call is
 // completed once; later completions are ignored.
-func (d *Driver) Complete(now time.Time, c *Call, resp *leasev1.LeaseResponse, err error) {
+func (d *Driver) Complete(now time.Duration, c *Call, resp *leasev1.LeaseResponse, err error) {
 	if c.completed {
 		return
 	}
 	c.completed = true
-	t := max(d.at(now), c.sent)
+	t := max(int64(now), c.sent)
 	if c.Lease != nil {
 		d.completeLease(c, t, resp, err)
 	} else {

@@ -1,0 +1,120 @@
+package sim
+
+import (
+	"math"
+	"time"
+)
+
+// fault starts fault i at t.
+func (w *world) fault(i int, t int64) {
+	f := &w.sc.Faults[i]
+	r := w.rs[w.sc.regionIndex(f.Region)]
+	switch f.Kind {
+	case "partition":
+		r.partitioned++
+		w.ev.push(event{at: t + int64(f.For), kind: evHeal, fault: i})
+	case "redis_failover":
+		w.failover(r, f, t)
+	case "crash_agents":
+		if w.alg == Ideal {
+			return
+		}
+		n := int(math.Round(f.Fraction * float64(len(r.agents))))
+		for ; n > 0 && len(r.agents) > 0; n-- {
+			j := w.net.IntN(len(r.agents))
+			a := r.agents[j]
+			a.alive = false
+			w.dead = append(w.dead, a.d.Stats())
+			r.agents = append(r.agents[:j], r.agents[j+1:]...)
+		}
+		if f.For > 0 {
+			w.ev.push(event{at: t + int64(f.For), kind: evHeal, fault: i})
+		}
+	case "add_agents":
+		w.addAgents(r, f.Agents)
+	}
+}
+
+// heal ends fault i at t: a partition lifts, crashed agents come back
+// (new processes: cold, with nothing leased).
+func (w *world) heal(i int, t int64) {
+	f := &w.sc.Faults[i]
+	r := w.rs[w.sc.regionIndex(f.Region)]
+	switch f.Kind {
+	case "partition":
+		r.partitioned--
+	case "crash_agents":
+		n := int(math.Round(f.Fraction * float64(w.sc.AgentsPerRegion)))
+		w.addAgents(r, n)
+	}
+}
+
+func (w *world) addAgents(r *regiond, n int) {
+	if w.alg == Ideal {
+		return
+	}
+	for ; n > 0; n-- {
+		if err := w.addAgent(r); err != nil {
+			w.fail(err)
+			return
+		}
+	}
+}
+
+// failover models a Redis failover in region r that loses the writes of the
+// last LostWrites: the store falls back to the copy taken then, buckets and
+// applied shares alike. The regiond's exchange state lives in its memory
+// and is not touched. The excess it allows is counted in the bound: each
+// key's bucket may hold up to b × its share again (DESIGN.md, "E_fault").
+func (w *world) failover(r *regiond, f *Fault, t int64) {
+	if w.alg == Ideal {
+		return // the ideal bucket is global and never fails
+	}
+	snap := r.snap
+	if snap == nil {
+		return
+	}
+	for ki := range w.keys {
+		k := &w.keys[ki]
+		s := max(w.share(r, r.store, k.storeKey), w.share(r, snap, k.storeKey))
+		excess := k.burst * float64(s) / lease1
+		w.m.addFault(ki, t-int64(f.LostWrites), t+w.refillSpan(k, s), excess)
+	}
+	r.store.Restore(snap)
+	r.snap = nil
+}
+
+const lease1 = 1_000_000 // lease.PPM as a float divisor
+
+// refillSpan is how long tokens a failover gave back can stay in a
+// bucket before it would have been full anyway, plus the leases they may
+// sit in: capacity ÷ rate + 2τ.
+func (w *world) refillSpan(k *simKey, sharePPM int64) int64 {
+	span := k.burst / k.rate
+	if sharePPM > 0 {
+		span = max(span, float64(k.cost)/(k.rate*float64(sharePPM)/lease1))
+	}
+	return int64(span*float64(time.Second)) + 2*int64(w.sc.LeaseTTL)
+}
+
+// ratesAt sets w.rates to each region's request rate at t.
+func (w *world) ratesAt(t int64) {
+	ds := w.sc.Demand
+	for w.demandAt+1 < len(ds) && int64(ds[w.demandAt+1].At) <= t {
+		w.demandAt++
+	}
+	cur := &ds[w.demandAt]
+	rates := cur.Rates
+	if cur.Every > 0 && ((t-int64(cur.At))/int64(cur.Every))%2 == 1 {
+		rates = cur.AltRates
+	}
+	for i, name := range w.sc.Regions {
+		x := rates[name]
+		if cur.Ramp > 0 && w.demandAt > 0 && t < int64(cur.At+cur.Ramp) {
+			prev := ds[w.demandAt-1].Rates[name]
+			frac := float64(t-int64(cur.At)) / float64(cur.Ramp)
+			x = prev + (x-prev)*frac
+		}
+		w.rates[i] = x
+	}
+}

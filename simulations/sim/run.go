@@ -1,0 +1,356 @@
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ration-dev/ration/lease"
+	"github.com/ration-dev/ration/lease/agent"
+	"github.com/ration-dev/ration/region"
+)
+
+// Options tune one run.
+type Options struct {
+	// Algorithm defaults to Escrow.
+	Algorithm Algorithm
+	// Progress, when set, is called with the simulated time done, about
+	// every 1% of the run and at its end.
+	Progress func(done, total time.Duration)
+	// ViaService sends agents' calls through lease/service's handlers
+	// instead of calling the store the way they do (same results, slower).
+	ViaService bool
+}
+
+// Result is what a run measured.
+type Result struct {
+	Summary Summary
+	// Series is the time series, one row per Scenario.Sample.
+	Series []Sample
+	// Regions are the regions' names, as the series' columns index them.
+	Regions []string
+
+	limit float64 // Σ L over the keys, for plots
+}
+
+// Run simulates sc with one algorithm. The Summary's WallSeconds is the
+// only field that depends on anything but sc and its seed.
+func Run(sc *Scenario, opt Options) (*Result, error) {
+	if opt.Algorithm == "" {
+		opt.Algorithm = Escrow
+	}
+	switch opt.Algorithm {
+	case Escrow, Static, Ideal:
+	default:
+		return nil, fmt.Errorf("sim: unknown algorithm %q (want escrow, static or ideal)", opt.Algorithm)
+	}
+	start := time.Now()
+	w, err := newWorld(sc, opt.Algorithm, opt.ViaService)
+	if err != nil {
+		return nil, err
+	}
+	w.loop(opt.Progress)
+	if w.firstErr != nil {
+		return nil, w.firstErr
+	}
+	res := w.result()
+	res.Summary.WallSeconds = round3(time.Since(start).Seconds())
+	return res, nil
+}
+
+// loop runs the clock: at each step, the events due, then the step's
+// arrivals, then the agents' refreshers.
+func (w *world) loop(progress func(done, total time.Duration)) {
+	sc := w.sc
+	step, end := int64(sc.Step), int64(sc.Duration)
+	grid, sample := int64(w.m.grid), int64(w.m.sample)
+	const checkEvery = int64(100 * time.Millisecond)
+	if w.alg == Escrow {
+		for _, r := range w.rs {
+			first := int64(sc.SyncPeriod) - r.skew
+			for first <= 0 {
+				first += int64(sc.SyncPeriod)
+			}
+			w.ev.push(event{at: first, kind: evEpoch, region: r.idx})
+		}
+	}
+	for i, f := range sc.Faults {
+		if f.Kind == "redis_failover" {
+			w.ev.push(event{at: max(int64(f.At-f.LostWrites), 0), kind: evClone, region: sc.regionIndex(f.Region), fault: i})
+		}
+		w.ev.push(event{at: int64(f.At), kind: evFault, fault: i})
+	}
+	nextProgress := int64(0)
+	for t := int64(0); t < end; t += step {
+		w.events(t, false) // what happened before t belongs to the bins before t
+		if t > 0 && t%grid == 0 {
+			w.m.closeBin(t)
+		}
+		if t > 0 && t%int64(time.Second) == 0 {
+			w.m.closeSecond()
+		}
+		if t > 0 && t%sample == 0 {
+			w.m.closeSample(t)
+		}
+		w.events(t, true)
+		if w.alg == Escrow && t%checkEvery == 0 {
+			w.m.checkConvergence(t)
+		}
+		w.arrivals(t)
+		w.pollAgents(t)
+		if progress != nil && t >= nextProgress {
+			progress(dur(t), sc.Duration)
+			nextProgress = t + end/100
+		}
+		if w.firstErr != nil {
+			return
+		}
+	}
+	w.events(end, false)
+	w.m.closeBin(end)
+	if end%int64(time.Second) == 0 {
+		w.m.closeSecond()
+	}
+	w.m.closeSample(end)
+	if progress != nil {
+		progress(sc.Duration, sc.Duration)
+	}
+}
+
+// events handles the events due before t (or at t too, when inclusive).
+func (w *world) events(t int64, inclusive bool) {
+	for {
+		at, ok := w.ev.next()
+		if !ok || at > t || (at == t && !inclusive) {
+			return
+		}
+		e := w.ev.pop()
+		w.now = e.at
+		w.handle(&e)
+	}
+}
+
+func (w *world) handle(e *event) {
+	switch e.kind {
+	case evExec:
+		w.exec(e)
+	case evDone:
+		if a := e.ag; a.alive {
+			a.d.Complete(dur(e.at), e.call, e.resp, e.err)
+			w.resolved(a)
+			w.poll(a, e.at)
+		}
+	case evEpoch:
+		w.epoch(w.rs[e.region], e.at)
+	case evReport:
+		w.deliver(e)
+	case evFault:
+		w.fault(e.fault, e.at)
+	case evHeal:
+		w.heal(e.fault, e.at)
+	case evClone:
+		w.rs[e.region].snap = w.rs[e.region].store.Clone()
+	}
+}
+
+// arrivals draws the step's requests of every region and decides each.
+func (w *world) arrivals(t int64) {
+	w.ratesAt(t)
+	stepS := w.sc.Step.Seconds()
+	now := dur(t)
+	for ri, r := range w.rs {
+		n := w.poisson[ri].draw(w.arr, w.rates[ri]*stepS)
+		for ; n > 0; n-- {
+			ki := w.pick.draw(w.arr)
+			k := &w.keys[ki]
+			w.m.asked(ki, ri, k.cost)
+			if w.alg == Ideal {
+				w.idealOps++
+				w.ideal.GrantAt(w.base.Add(now), w.idealReq[ki:ki+1], w.idealOut)
+				if w.idealOut[0].Granted > 0 {
+					w.m.admitted(ki, ri, k.cost)
+				}
+				continue
+			}
+			if len(r.agents) == 0 {
+				continue // no agent to ask: the request goes nowhere
+			}
+			a := r.agents[w.arr.IntN(len(r.agents))]
+			if d, ok := a.d.Decide(now, k.ds, 1, uint64(ki)); ok && d.Allowed {
+				w.m.admitted(ki, ri, k.cost)
+			}
+			if !a.dirty && a.d.Wants() {
+				a.dirty = true
+				w.dirty = append(w.dirty, a)
+			}
+		}
+	}
+}
+
+// resolved counts the decisions of a's requests that waited.
+func (w *world) resolved(a *agentSim) {
+	for _, res := range a.d.Resolved() {
+		if res.Decision.Allowed {
+			ki := int(res.Tag)
+			w.m.admitted(ki, a.r.idx, w.keys[ki].cost)
+		}
+	}
+}
+
+// pollAgents runs, at t, the refreshers of the agents that have work: those
+// a decision of this step gave some, those with requests waiting, and, on
+// a tick, those whose next tick with work has come.
+func (w *world) pollAgents(t int64) {
+	keep := w.dirty[:0]
+	for _, a := range w.dirty {
+		if a.alive {
+			w.poll(a, t)
+		}
+		if a.alive && a.d.Waiting() > 0 {
+			keep = append(keep, a) // its deadlines are checked every step
+		} else {
+			a.dirty = false
+		}
+	}
+	clear(w.dirty[len(keep):])
+	w.dirty = keep
+	if t < w.nextScan {
+		return
+	}
+	w.nextScan = (t/w.tick + 1) * w.tick
+	for _, r := range w.rs {
+		for _, a := range r.agents {
+			if t >= a.nextTick {
+				w.poll(a, t)
+			}
+		}
+	}
+}
+
+func (w *world) poll(a *agentSim, t int64) {
+	for _, c := range a.d.Poll(dur(t)) {
+		w.send(a, c, t)
+	}
+	w.resolved(a)
+	a.nextTick = int64(a.d.NextTick())
+}
+
+// send carries a call to the agent's regiond: half a round trip there,
+// half the store's latency to Redis and back, half a round trip home.
+func (w *world) send(a *agentSim, c *agent.Call, t int64) {
+	nw := &w.sc.Network
+	rtt := int64(nw.AgentRTT)
+	if j := int64(nw.AgentJitter); j > 0 {
+		rtt += w.net.Int64N(2*j+1) - j
+	}
+	rtt = max(rtt, 0)
+	redis := int64(w.sc.Redis.Latency)
+	exec := t + rtt/2 + redis/2
+	reply := t + rtt + redis
+	if reply-t > int64(c.Timeout) {
+		w.ev.push(event{at: t + int64(c.Timeout), kind: evDone, ag: a, call: c, err: agent.ErrCallTimeout})
+		reply = -1
+	}
+	w.ev.push(event{at: exec, kind: evExec, ag: a, call: c, replyAt: reply})
+}
+
+// exec runs a call on its region's lease service, with the store acting
+// at the current time.
+func (w *world) exec(e *event) {
+	r := e.ag.r
+	var out event
+	out = event{at: e.replyAt, kind: evDone, ag: e.ag, call: e.call}
+	switch {
+	case w.via && e.call.Lease != nil:
+		out.resp, out.err = r.svc.Lease(w.ctx, e.call.Lease)
+	case w.via:
+		_, out.err = r.svc.Return(w.ctx, e.call.Return)
+	case e.call.Lease != nil:
+		out.resp = w.leaseDirect(r, e.call.Lease)
+	default:
+		out.err = w.returnDirect(r, e.call.Return)
+	}
+	if e.replyAt >= 0 {
+		w.ev.push(out)
+	}
+}
+
+// epoch runs region r's exchange epoch at t in the order regiond's
+// exchanger does: plan, lower, commit, publish, raise, retire.
+func (w *world) epoch(r *regiond, t int64) {
+	w.ev.push(event{at: t + int64(w.sc.SyncPeriod), kind: evEpoch, region: r.idx})
+	now := w.base.Add(dur(t))
+	plan := r.st.Epoch(w.base.Add(dur(t + r.skew)))
+	if len(plan.Lower) > 0 {
+		if err := r.store.SetSharesAt(now, w.updates(r, plan.Lower)); err != nil {
+			w.fail(fmt.Errorf("sim: region %s: lowering shares: %w", r.name, err))
+			plan.Lower = nil
+		}
+		w.shareWrites += int64(len(plan.Lower))
+	}
+	if err := r.st.Commit(plan); err != nil {
+		w.commitErrors++
+		return
+	}
+	rep := r.st.Report()
+	w.publish(r, &rep, t)
+	if len(plan.Raise) > 0 {
+		if err := r.store.SetSharesAt(now, w.updates(r, plan.Raise)); err != nil {
+			w.fail(fmt.Errorf("sim: region %s: raising shares: %w", r.name, err))
+		}
+		w.shareWrites += int64(len(plan.Raise))
+	}
+	if len(plan.Retire) > 0 {
+		if err := r.store.DeleteShares(w.ctx, plan.Retire); err != nil {
+			w.fail(fmt.Errorf("sim: region %s: retiring shares: %w", r.name, err))
+		}
+		w.shareWrites += int64(len(plan.Retire))
+	}
+}
+
+func (w *world) updates(r *regiond, cs []region.ShareChange) []lease.ShareUpdate {
+	ups := make([]lease.ShareUpdate, len(cs))
+	for i, c := range cs {
+		ups[i] = lease.ShareUpdate{Key: c.Key, SharePPM: c.SharePPM, Limit: w.limitOf(r, c.Key)}
+	}
+	return ups
+}
+
+// publish sends a report to every other region over the modelled NATS.
+func (w *world) publish(r *regiond, rep *region.Report, t int64) {
+	bytes, msgs := reportWire(rep)
+	w.natsMsgs += int64(msgs)
+	w.natsBytes += int64(bytes)
+	nw := &w.sc.Network
+	for _, to := range w.rs {
+		if to == r {
+			continue
+		}
+		if r.partitioned > 0 || to.partitioned > 0 {
+			continue
+		}
+		if nw.Loss > 0 && w.net.Float64() < nw.Loss {
+			continue
+		}
+		d := int64(nw.Delay)
+		if j := int64(nw.Jitter); j > 0 {
+			d += w.net.Int64N(2*j+1) - j
+		}
+		w.ev.push(event{at: t + max(d, 0), kind: evReport, region: to.idx, from: r.idx, report: rep})
+	}
+}
+
+func (w *world) deliver(e *event) {
+	to, from := w.rs[e.region], w.rs[e.from]
+	if to.partitioned > 0 || from.partitioned > 0 {
+		return // the partition began while it was on its way
+	}
+	err := to.st.Receive(w.base.Add(dur(e.at+to.skew)), *e.report)
+	switch {
+	case err == nil:
+	case errors.Is(err, region.ErrStale):
+		w.recvStale++
+	default:
+		w.recvErrors++
+	}
+}

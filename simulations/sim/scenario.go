@@ -1,0 +1,190 @@
+// Package sim is ration's regional skew simulator: a deterministic
+// discrete-event simulation that drives the production agent logic
+// (lease/agent's Driver), the regional allocator (lease.MemoryStore behind
+// the real lease/service), and the cross-region share exchange (region)
+// on a virtual clock, with a modelled network and Redis, and checks the
+// admitted traffic of every key against the bound of DESIGN.md.
+//
+// A scenario is a YAML file (see simulations/README.md); Parse validates
+// it, Run simulates it with one algorithm and returns a Result whose
+// Summary is what summary.json holds. Same scenario and seed, same bytes.
+package sim
+
+import (
+	"errors"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Scenario is a validated simulation scenario. Durations are virtual time.
+type Scenario struct {
+	// Name identifies the scenario in outputs.
+	Name string
+	// Seed seeds every random choice of the run.
+	Seed uint64
+	// Duration is the simulated time.
+	Duration time.Duration
+	// Step is the arrival clock step: requests arriving within one step
+	// are decided at its start (default 1ms).
+	Step time.Duration
+	// Grid is the resolution at which windows are checked against the
+	// bound (default Step for up to 16 keys, else 10ms).
+	Grid time.Duration
+	// Sample is the time series' interval (default duration/1000, at
+	// least 100ms, a multiple of Grid).
+	Sample time.Duration
+	// Regions are the region names, sorted.
+	Regions []string
+	// AgentsPerRegion is how many agents each region starts with.
+	AgentsPerRegion int
+	// SyncPeriod is the exchange's epoch (default 1s).
+	SyncPeriod time.Duration
+	// LeaseTTL is τ (default 100ms); LeasePeriod is T_lease (default 50ms).
+	LeaseTTL, LeasePeriod time.Duration
+	Network               Network
+	Redis                 Redis
+	Keys                  []KeyGroup
+	Demand                []DemandStep
+	Faults                []Fault
+
+	// File is where the scenario was read from, for messages.
+	File string
+}
+
+// Network models NATS between regions and agent↔regiond round trips.
+type Network struct {
+	// Delay and Jitter: a report takes Delay ± Jitter (uniform) to
+	// arrive. Loss is the chance that a report copy is lost.
+	Delay, Jitter time.Duration
+	Loss          float64
+	// ClockSkew: each region's clock is off by a uniform [-skew, +skew],
+	// which moves its epochs and the times its exchange sees.
+	ClockSkew time.Duration
+	// AgentRTT ± AgentJitter is an agent↔regiond round trip (default 1ms ±
+	// 20%).
+	AgentRTT, AgentJitter time.Duration
+}
+
+// Redis models the regional store.
+type Redis struct {
+	// Latency is one store round trip from regiond (default 500µs).
+	Latency time.Duration
+}
+
+// KeyGroup is Count keys of one rule.
+type KeyGroup struct {
+	// Name is the rule's name and its key descriptor's name.
+	Name string
+	// Limit is L in tokens per second; with LimitMax the keys' limits are
+	// spread evenly over [Limit, LimitMax].
+	Limit, LimitMax int64
+	// Burst is b in tokens (default the key's limit).
+	Burst int64
+	// Cost is tokens per request (default 1).
+	Cost int64
+	// Count is the number of keys (default 1).
+	Count int
+	// Weight is the group's part of every region's requests, relative to
+	// the other groups (default 1).
+	Weight float64
+	// Zipf, when > 0, spreads the group's requests over its keys with
+	// P(key i) ∝ 1/(i+1)^Zipf; otherwise evenly.
+	Zipf float64
+	// OnError is the rule's failure mode (default local).
+	OnError string
+}
+
+// DemandStep sets the request rates from At on.
+type DemandStep struct {
+	At time.Duration
+	// Ramp makes the rates change linearly from the previous step's over
+	// Ramp; zero steps at once.
+	Ramp time.Duration
+	// Rates are requests per second per region (regions not named: 0).
+	Rates map[string]float64
+	// Every and AltRates, when set, alternate the rates with AltRates every
+	// Every (Rates first).
+	Every    time.Duration
+	AltRates map[string]float64
+	Line     int
+}
+
+// Fault is one injected fault, starting at At.
+type Fault struct {
+	At time.Duration
+	// Kind is "partition", "redis_failover", "crash_agents" or "add_agents".
+	Kind   string
+	Region string
+	// For: how long a partition lasts; for crashed agents, when they come
+	// back (0: never).
+	For time.Duration
+	// LostWrites: a failover loses the store's writes of this last window.
+	LostWrites time.Duration
+	// Fraction of the region's agents that crash.
+	Fraction float64
+	// Agents added (a cold-start scale-up).
+	Agents int
+	Line   int
+}
+
+// ErrInvalid is wrapped by every validation error of Parse.
+var ErrInvalid = errors.New("sim: invalid scenario")
+
+// FieldError is one problem in a scenario file: "file:line: field: msg".
+type FieldError struct {
+	File  string
+	Line  int
+	Field string
+	Msg   string
+}
+
+func (e *FieldError) Error() string {
+	var b strings.Builder
+	b.WriteString(e.File)
+	if e.Line > 0 {
+		b.WriteString(":" + strconv.Itoa(e.Line))
+	}
+	b.WriteString(": ")
+	if e.Field != "" {
+		b.WriteString(e.Field + ": ")
+	}
+	b.WriteString(e.Msg)
+	return b.String()
+}
+
+// Unwrap returns ErrInvalid.
+func (e *FieldError) Unwrap() error { return ErrInvalid }
+
+// Errors is every problem found in a scenario, in line order.
+type Errors []*FieldError
+
+func (es Errors) Error() string {
+	s := make([]string, len(es))
+	for i, e := range es {
+		s[i] = e.Error()
+	}
+	return strings.Join(s, "\n")
+}
+
+// Is reports ErrInvalid.
+func (es Errors) Is(target error) bool { return target == ErrInvalid }
+
+// Keys returns the total number of keys.
+func (s *Scenario) keyCount() int {
+	n := 0
+	for _, g := range s.Keys {
+		n += g.Count
+	}
+	return n
+}
+
+// regionIndex returns the index of a region name, or -1.
+func (s *Scenario) regionIndex(name string) int {
+	for i, r := range s.Regions {
+		if r == name {
+			return i
+		}
+	}
+	return -1
+}

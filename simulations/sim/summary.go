@@ -1,0 +1,302 @@
+package sim
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/ration-dev/ration/lease/agent"
+)
+
+// Summary is a run's results: summary.json. Every field but WallSeconds is
+// a function of the scenario and its seed.
+type Summary struct {
+	Scenario  string    `json:"scenario"`
+	Seed      uint64    `json:"seed"`
+	Algorithm Algorithm `json:"algorithm"`
+	DurationS float64   `json:"duration_s"`
+	Regions   []string  `json:"regions"`
+	// Agents at the start, and keys.
+	Agents int `json:"agents"`
+	Keys   int `json:"keys"`
+	// Requests is the number of requests decided; Demanded and Admitted
+	// are tokens asked for and admitted.
+	Requests int64 `json:"requests"`
+	Demanded int64 `json:"demanded"`
+	Admitted int64 `json:"admitted"`
+	// OvershootPct is, per window length, the worst excess over L·W in
+	// percent of L·W, over every key and window (negative: never reached
+	// L·W). It includes the burst b, which the ideal bucket also admits.
+	OvershootPct PerWindow `json:"overshoot_pct"`
+	// ExcessOverIdealPct is the worst (admitted − L·W − b) / (L·W): the
+	// excess over what the ideal bucket could ever admit.
+	ExcessOverIdealPct PerWindow `json:"excess_over_ideal_pct"`
+	// BoundTokens is B of the first key without faults, per window.
+	BoundTokens PerWindow `json:"bound_tokens"`
+	// BoundRatioMax is the worst (admitted − L·W) / B over every key and
+	// window; above 1 the bound is broken. WindowsOverBound counts those.
+	BoundRatioMax    float64 `json:"bound_ratio_max"`
+	WindowsOverBound int64   `json:"windows_over_bound"`
+	// UtilizationPct is Σ min(admitted, L) / Σ L over the one-second
+	// windows (per key) whose demand was at least L; null when none was.
+	UtilizationPct *float64 `json:"utilization_pct"`
+	// JainFairness is Jain's index over regions of admitted ÷ max-min
+	// target (L water-filled over the regions' demand), summed over the
+	// contended seconds of every key (every second if none was contended).
+	JainFairness float64 `json:"jain_fairness"`
+	// ConvergenceS is the worst time, after each demand change settles,
+	// until every region's share of the first key is within ±5% of its
+	// max-min target; a change never converged counts its whole phase and
+	// in UnconvergedChanges. Null for static and ideal.
+	ConvergenceS       *float64 `json:"convergence_s"`
+	UnconvergedChanges int      `json:"unconverged_changes"`
+	NatsMsgsPerS       float64  `json:"nats_msgs_per_s"`
+	NatsBytesPerS      float64  `json:"nats_bytes_per_s"`
+	// StoreOpsPerAdmitted counts allocator operations (lease and return
+	// items, share writes; for ideal, one per request) per admitted request.
+	StoreOpsPerAdmitted float64 `json:"store_ops_per_admitted"`
+	// SyncDecisionPct is the share of decisions that waited for a round
+	// trip; DroppedPct the leased tokens dropped unspent at expiry.
+	SyncDecisionPct float64          `json:"sync_decision_pct"`
+	DroppedPct      float64          `json:"dropped_pct"`
+	Paths           map[string]int64 `json:"paths,omitempty"`
+	ReportsStale    int64            `json:"reports_stale"`
+	ReportErrors    int64            `json:"report_errors"`
+	// WallSeconds is the run's wall-clock time: the only field that
+	// differs between two runs of the same scenario and seed.
+	WallSeconds float64 `json:"wall_s"`
+}
+
+// PerWindow holds one value per window length; null when the run is
+// shorter than the window.
+type PerWindow struct {
+	S1  *float64 `json:"1s"`
+	S10 *float64 `json:"10s"`
+	S60 *float64 `json:"60s"`
+}
+
+func (p *PerWindow) set(i int, v float64) {
+	x := round4(v)
+	switch i {
+	case 0:
+		p.S1 = &x
+	case 1:
+		p.S10 = &x
+	case 2:
+		p.S60 = &x
+	}
+}
+
+// Get returns the value for window i (0: 1s, 1: 10s, 2: 60s).
+func (p PerWindow) Get(i int) *float64 { return [3]*float64{p.S1, p.S10, p.S60}[i] }
+
+func round4(x float64) float64 { return math.Round(x*1e4) / 1e4 }
+func round3(x float64) float64 { return math.Round(x*1e3) / 1e3 }
+
+// JSON returns the summary as indented JSON with a final newline.
+func (s *Summary) JSON() []byte {
+	b, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		panic(err) // no field can fail to marshal
+	}
+	return append(b, '\n')
+}
+
+func (w *world) result() *Result {
+	sc, m := w.sc, w.m
+	s := Summary{
+		Scenario: sc.Name, Seed: sc.Seed, Algorithm: w.alg, DurationS: sc.Duration.Seconds(),
+		Regions: sc.Regions, Agents: sc.AgentsPerRegion * len(sc.Regions), Keys: len(w.keys),
+		Demanded: m.totAsked, Admitted: m.totAdmitted,
+		BoundRatioMax: math.Inf(-1),
+		ReportsStale:  w.recvStale, ReportErrors: w.recvErrors,
+	}
+	if w.alg == Ideal {
+		s.Agents = 0
+	}
+	for i, n := range m.nw {
+		if n == 0 {
+			continue
+		}
+		over, overIdeal := math.Inf(-1), math.Inf(-1)
+		lw := windows[i].Seconds()
+		for ki := range m.keys {
+			km, k := &m.keys[ki], &w.keys[ki]
+			if !km.checked || math.IsInf(km.maxExcess[i], -1) {
+				continue
+			}
+			over = max(over, km.maxExcess[i]/(k.rate*lw)*100)
+			overIdeal = max(overIdeal, (km.maxExcess[i]-k.burst)/(k.rate*lw)*100)
+		}
+		if !math.IsInf(over, -1) {
+			s.OvershootPct.set(i, over)
+			s.ExcessOverIdealPct.set(i, overIdeal)
+		}
+		s.BoundTokens.set(i, m.keys[0].base[i])
+	}
+	for ki := range m.keys {
+		km := &m.keys[ki]
+		if km.checked {
+			s.BoundRatioMax = max(s.BoundRatioMax, km.maxRatio)
+		}
+		s.WindowsOverBound += km.over
+	}
+	if math.IsInf(s.BoundRatioMax, -1) {
+		s.BoundRatioMax = 0
+	}
+	s.BoundRatioMax = round4(s.BoundRatioMax)
+	if m.utilDen > 0 {
+		u := round4(m.utilNum / m.utilDen * 100)
+		s.UtilizationPct = &u
+	}
+	t, a := m.fairT, m.fairA
+	if sum(t) == 0 {
+		t, a = m.fairTAll, m.fairAAll
+	}
+	s.JainFairness = round4(jain(t, a))
+	if w.alg == Escrow {
+		var worst float64
+		for _, p := range m.phases {
+			took := p.took
+			if !p.done {
+				took = p.end - p.start
+				s.UnconvergedChanges++
+			}
+			worst = max(worst, float64(took)/1e9)
+		}
+		if len(m.phases) > 0 {
+			worst = round3(worst)
+			s.ConvergenceS = &worst
+		}
+	}
+	secs := sc.Duration.Seconds()
+	s.NatsMsgsPerS = round4(float64(w.natsMsgs) / secs)
+	s.NatsBytesPerS = round4(float64(w.natsBytes) / secs)
+	stats := append([]agent.Stats(nil), w.dead...)
+	for _, r := range w.rs {
+		for _, a := range r.agents {
+			stats = append(stats, a.d.Stats())
+		}
+	}
+	var ops, synced, granted, dropped int64
+	paths := map[string]int64{}
+	for _, x := range stats {
+		ops += x.StoreOps()
+		synced += int64(x.SyncDecisions)
+		granted += x.TokensGranted
+		dropped += x.TokensDropped
+		for p := range x.Decisions {
+			for o, n := range x.Decisions[p] {
+				if n > 0 {
+					paths[agent.Path(p).String()+[]string{"_denied", "_allowed"}[o]] += int64(n)
+				}
+			}
+		}
+		s.Requests += int64(x.Total())
+	}
+	if w.alg == Ideal {
+		ops = w.idealOps
+		s.Requests = w.idealOps
+	} else {
+		s.Paths = paths
+		ops += w.shareWrites
+	}
+	if m.admittedReqs > 0 {
+		s.StoreOpsPerAdmitted = round4(float64(ops) / float64(m.admittedReqs))
+	}
+	if s.Requests > 0 {
+		s.SyncDecisionPct = round4(float64(synced) / float64(s.Requests) * 100)
+	}
+	if granted > 0 {
+		s.DroppedPct = round4(float64(dropped) / float64(granted) * 100)
+	}
+	var limit float64
+	for _, k := range w.keys {
+		limit += k.rate
+	}
+	return &Result{Summary: s, Series: m.series, Regions: sc.Regions, limit: limit}
+}
+
+func sum(xs []float64) float64 {
+	var s float64
+	for _, x := range xs {
+		s += x
+	}
+	return s
+}
+
+// jain is Jain's index of admitted[r] / target[r] over the regions with a
+// target: 1 when every region got the same fraction of its fair share.
+func jain(target, admitted []float64) float64 {
+	var s, s2 float64
+	n := 0
+	for r := range target {
+		if target[r] <= 0 {
+			continue
+		}
+		x := admitted[r] / target[r]
+		s += x
+		s2 += x * x
+		n++
+	}
+	if n == 0 || s2 == 0 {
+		return 1
+	}
+	return s * s / (float64(n) * s2)
+}
+
+// WriteTable prints summaries side by side, one column per run.
+func WriteTable(out io.Writer, sums []Summary) error {
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	row := func(name string, f func(s *Summary) string) {
+		cells := []string{name}
+		for i := range sums {
+			cells = append(cells, f(&sums[i]))
+		}
+		fmt.Fprintln(tw, strings.Join(cells, "\t")+"\t")
+	}
+	row("", func(s *Summary) string { return string(s.Algorithm) })
+	row("admitted / demanded", func(s *Summary) string { return pct(float64(s.Admitted), float64(s.Demanded)) })
+	for i, name := range []string{"1s", "10s", "60s"} {
+		row("overshoot "+name, func(s *Summary) string { return optPct(s.OvershootPct.Get(i)) })
+	}
+	row("excess over ideal 10s", func(s *Summary) string { return optPct(s.ExcessOverIdealPct.S10) })
+	row("bound ratio max", func(s *Summary) string { return fmt.Sprintf("%.3f", s.BoundRatioMax) })
+	row("windows over bound", func(s *Summary) string { return fmt.Sprint(s.WindowsOverBound) })
+	row("utilization", func(s *Summary) string { return optPct(s.UtilizationPct) })
+	row("Jain fairness", func(s *Summary) string { return fmt.Sprintf("%.4f", s.JainFairness) })
+	row("convergence", func(s *Summary) string { return optSec(s.ConvergenceS, s.UnconvergedChanges) })
+	row("NATS msgs/s", func(s *Summary) string { return fmt.Sprintf("%.1f", s.NatsMsgsPerS) })
+	row("NATS bytes/s", func(s *Summary) string { return fmt.Sprintf("%.0f", s.NatsBytesPerS) })
+	row("store ops / admitted", func(s *Summary) string { return fmt.Sprintf("%.4f", s.StoreOpsPerAdmitted) })
+	row("sync decisions", func(s *Summary) string { return fmt.Sprintf("%.3f%%", s.SyncDecisionPct) })
+	row("wall", func(s *Summary) string { return fmt.Sprintf("%.1fs", s.WallSeconds) })
+	return tw.Flush()
+}
+
+func pct(a, b float64) string {
+	if b == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f%%", a/b*100)
+}
+
+func optPct(p *float64) string {
+	if p == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f%%", *p)
+}
+
+func optSec(p *float64, unconverged int) string {
+	if p == nil {
+		return "-"
+	}
+	if unconverged > 0 {
+		return fmt.Sprintf("%.1fs (%d never)", *p, unconverged)
+	}
+	return fmt.Sprintf("%.1fs", *p)
+}

@@ -1,0 +1,348 @@
+package sim
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/ration-dev/ration/lease"
+	"github.com/ration-dev/ration/lease/agent"
+	"github.com/ration-dev/ration/lease/service"
+	"github.com/ration-dev/ration/policy"
+	"github.com/ration-dev/ration/region"
+)
+
+// Algorithm is how the quota is coordinated in a run.
+type Algorithm string
+
+const (
+	// Escrow is ration: agents lease from regional buckets whose shares the
+	// regions move between them (DESIGN.md).
+	Escrow Algorithm = "escrow"
+	// Static is the same agents and regional buckets with every region
+	// holding L ÷ regions for good: no exchange.
+	Static Algorithm = "static"
+	// Ideal is one global token bucket that every request asks, with no
+	// latency: the reference the bound is stated against.
+	Ideal Algorithm = "ideal"
+)
+
+// Algorithms lists the algorithms in table order.
+var Algorithms = []Algorithm{Escrow, Static, Ideal}
+
+// simKey is one rate-limited key of the scenario.
+type simKey struct {
+	group    int
+	rule     *policy.Rule
+	ds       []policy.Descriptor
+	storeKey string // as lease/service names it in the store: rule/key
+	rate     float64
+	burst    float64
+	cost     int64
+}
+
+// regiond is one region: its store, its lease service, its exchange state
+// and its agents.
+type regiond struct {
+	idx     int
+	name    string
+	store   *lease.MemoryStore
+	svc     *service.Service
+	st      *region.State
+	initial int64
+	skew    int64 // its clock is ahead of true time by skew
+	// partitioned counts the partitions in force that cut it off.
+	partitioned int
+	agents      []*agentSim // alive
+	serial      int
+	snap        *lease.MemoryStore // the state a failover falls back to
+
+	// The direct lease path's scratch and agent count.
+	grants []lease.GrantRequest
+	out    []lease.Grant
+	rules  []*policy.Rule
+	seen   agentSet
+}
+
+// agentSim is one agent of a region.
+type agentSim struct {
+	d        *agent.Driver
+	r        *regiond
+	alive    bool
+	nextTick int64
+	dirty    bool // in world.dirty
+}
+
+// observer hands lease/service's tallies of global keys to the exchange,
+// as regiond's exchanger does.
+type observer struct{ st *region.State }
+
+func (o observer) Observe(key string, _ *policy.Rule, demand, granted int64) {
+	o.st.Observe(key, demand, granted)
+}
+
+// world is one run.
+type world struct {
+	sc    *Scenario
+	alg   Algorithm
+	via   bool // calls go through lease/service's handlers
+	ttlpb *durationpb.Duration
+	base  time.Time
+	now   int64 // ns since base
+	set   *policy.Set
+	keys  []simKey
+	pick  alias
+	rs    []*regiond
+	ev    eventQueue
+	arr   *rand.Rand // arrivals
+	net   *rand.Rand // network and faults
+	m     *meter
+	agCfg agent.Config
+	ctx   context.Context
+
+	ideal    *lease.MemoryStore // the ideal algorithm's one bucket
+	idealReq []lease.GrantRequest
+	idealOut []lease.Grant
+
+	rates    []float64 // requests/s per region at the current step
+	poisson  []poissonDraw
+	dirty    []*agentSim // agents to poll at the end of the step
+	tick     int64       // the agents' refresher tick
+	nextScan int64       // the next tick at which to look for due agents
+	demandAt int       // index of the demand step in force
+	dead     []agent.Stats
+
+	natsMsgs, natsBytes, shareWrites, idealOps int64
+	recvStale, recvErrors, commitErrors      int64
+	firstErr                                  error
+}
+
+var epoch0 = time.Unix(1_700_000_000, 0).UTC()
+
+// storeTimeout is the lease services' StoreTimeout in a run: longer than any
+// run, since simulated time decides when a store answers.
+const storeTimeout = 100_000 * time.Hour
+
+// callCtx is the context of the simulator's calls into lease services. Its
+// deadline, earlier than any the service derives from StoreTimeout, makes
+// context.WithTimeout there return a plain cancel context instead of
+// starting a real timer per call; it is never done.
+type callCtx struct {
+	context.Context
+	deadline time.Time
+}
+
+func (c callCtx) Deadline() (time.Time, bool) { return c.deadline, true }
+
+func newWorld(sc *Scenario, alg Algorithm, viaService bool) (*world, error) {
+	w := &world{
+		sc: sc, alg: alg, via: viaService, ttlpb: durationpb.New(sc.LeaseTTL), base: epoch0, ctx: callCtx{context.Background(), time.Now().Add(storeTimeout / 2)},
+		arr: rand.New(rand.NewPCG(sc.Seed, 0x61727269)),
+		net: rand.New(rand.NewPCG(sc.Seed, 0x6e6574)),
+	}
+	if err := w.buildPolicy(); err != nil {
+		return nil, err
+	}
+	w.rates = make([]float64, len(sc.Regions))
+	w.poisson = make([]poissonDraw, len(sc.Regions))
+	w.tick = int64(max(sc.LeasePeriod/5, time.Millisecond)) // agent.Config's refresher tick
+	w.agCfg = agent.Config{LeasePeriod: sc.LeasePeriod, LeaseTTL: sc.LeaseTTL, Logger: slog.New(slog.DiscardHandler)}
+	clock := func() time.Time { return w.base.Add(dur(w.now)) }
+	for i, name := range sc.Regions {
+		st, err := region.New(region.Config{Self: name, Regions: sc.Regions, Period: sc.SyncPeriod, Policy: w.keyPolicy})
+		if err != nil {
+			return nil, fmt.Errorf("sim: region %s: %w", name, err)
+		}
+		r := &regiond{idx: i, name: name, st: st, initial: st.Initial(name)}
+		if sc.Network.ClockSkew > 0 {
+			r.skew = w.net.Int64N(2*int64(sc.Network.ClockSkew)+1) - int64(sc.Network.ClockSkew)
+		}
+		r.store = lease.NewMemoryStore(lease.MemoryConfig{Clock: clock, Shards: 1})
+		initial := r.initial
+		cfg := service.Config{
+			Region: name, Store: r.store, Policy: w.set, LeaseTTL: sc.LeaseTTL,
+			InitialShareFor: func(string, *policy.Rule) int64 { return initial },
+			// A simulated store answers when the simulator says so: the
+			// timeout never fires, and callCtx makes it cost no timer.
+			StoreTimeout: storeTimeout,
+			Logger:       slog.New(slog.DiscardHandler), Clock: clock,
+		}
+		if alg == Escrow {
+			cfg.Observer = observer{st}
+		}
+		if r.svc, err = service.New(cfg); err != nil {
+			return nil, fmt.Errorf("sim: region %s: %w", name, err)
+		}
+		w.rs = append(w.rs, r)
+	}
+	if alg == Ideal {
+		w.ideal = lease.NewMemoryStore(lease.MemoryConfig{Clock: clock, Shards: 1})
+		w.idealReq = make([]lease.GrantRequest, len(w.keys))
+		for i, k := range w.keys {
+			w.idealReq[i] = lease.GrantRequest{Key: k.storeKey, Want: k.cost,
+				Limit: lease.Limit{Rate: k.rate, Burst: k.burst, Cost: k.cost, InitialShare: lease.PPM}}
+		}
+		w.idealOut = make([]lease.Grant, 1)
+	} else {
+		for _, r := range w.rs {
+			for j := 0; j < sc.AgentsPerRegion; j++ {
+				if err := w.addAgent(r); err != nil {
+					return nil, err
+				}
+			}
+		}
+	}
+	w.m = newMeter(w)
+	return w, nil
+}
+
+// buildPolicy writes the scenario's keys as a policy document and parses
+// it with the policy package, so that agents and services run real rules.
+// A group whose limits vary gets one rule per distinct limit; every rule
+// matches the descriptor rule=<its name> and keys on <group>=<key>.
+func (w *world) buildPolicy() error {
+	var doc strings.Builder
+	doc.WriteString("rules:\n")
+	type ruleOf struct {
+		name  string
+		limit int64
+	}
+	var keyRules []ruleOf
+	var keyGroups []int
+	seen := map[string]bool{}
+	for gi, g := range w.sc.Keys {
+		for i := 0; i < g.Count; i++ {
+			limit := g.Limit
+			if g.LimitMax > g.Limit && g.Count > 1 {
+				limit = g.Limit + int64(i)*(g.LimitMax-g.Limit)/int64(g.Count-1)
+			}
+			name := g.Name
+			if g.LimitMax > g.Limit {
+				name = g.Name + "-l" + strconv.FormatInt(limit, 10)
+			}
+			burst := g.Burst
+			if g.LimitMax > g.Limit {
+				burst = max(limit*g.Burst/g.Limit, g.Cost)
+			}
+			if !seen[name] {
+				seen[name] = true
+				fmt.Fprintf(&doc, "  - {name: %s, match: {rule: %s}, key: [%s], limit: %d, burst: %d, cost: %d, on_error: %s}\n",
+					name, name, g.Name, limit, burst, g.Cost, g.OnError)
+			}
+			keyRules = append(keyRules, ruleOf{name, limit})
+			keyGroups = append(keyGroups, gi)
+		}
+	}
+	set, err := policy.Parse(w.sc.Name+" (generated policy)", []byte(doc.String()))
+	if err != nil {
+		return fmt.Errorf("sim: the scenario's keys make an invalid policy: %w", err)
+	}
+	w.set = set
+	weights := make([]float64, 0, len(keyRules))
+	var sumW float64
+	for _, g := range w.sc.Keys {
+		sumW += g.Weight
+	}
+	idx := 0
+	for gi, g := range w.sc.Keys {
+		ps := groupSpread(g)
+		for i := 0; i < g.Count; i++ {
+			kr := keyRules[idx]
+			r := set.Rule(kr.name)
+			value := g.Name
+			if g.Count > 1 {
+				value = strconv.Itoa(i)
+			}
+			ds := []policy.Descriptor{{Key: "rule", Value: kr.name}, {Key: g.Name, Value: value}}
+			w.keys = append(w.keys, simKey{
+				group: gi, rule: r, ds: ds,
+				storeKey: region.GlobalKey(r.Name, string(r.AppendKey(nil, ds))),
+				rate:     r.Rate(), burst: float64(r.Burst), cost: r.Cost,
+			})
+			weights = append(weights, g.Weight/sumW*ps[i])
+			idx++
+		}
+	}
+	_ = keyGroups
+	w.pick = newAlias(weights)
+	return nil
+}
+
+// groupSpread is the probability of each key of a group given a request
+// to the group: uniform, or Zipf.
+func groupSpread(g KeyGroup) []float64 {
+	ps := make([]float64, g.Count)
+	var sum float64
+	for i := range ps {
+		ps[i] = 1
+		if g.Zipf > 0 {
+			ps[i] = 1 / pow(float64(i+1), g.Zipf)
+		}
+		sum += ps[i]
+	}
+	for i := range ps {
+		ps[i] /= sum
+	}
+	return ps
+}
+
+// keyPolicy is region.Config.Policy: the rule of a global key.
+func (w *world) keyPolicy(key string) region.KeyPolicy {
+	name, _, _ := strings.Cut(key, "/")
+	r := w.set.Rule(name)
+	if r == nil {
+		return region.KeyPolicy{}
+	}
+	return region.KeyPolicy{Rate: r.Rate(), ReclaimAfter: r.PartitionReclaimAfter}
+}
+
+// limitOf is the store's Limit of a global key in region r, as lease/service
+// and the exchanger compute it.
+func (w *world) limitOf(r *regiond, key string) lease.Limit {
+	name, _, _ := strings.Cut(key, "/")
+	rule := w.set.Rule(name)
+	if rule == nil {
+		return lease.Limit{Rate: 1, Burst: 1, Cost: 1, InitialShare: r.initial}
+	}
+	share := r.initial
+	if rule.Scope == policy.ScopeRegion {
+		share = lease.PPM
+	}
+	return lease.Limit{Rate: rule.Rate(), Burst: float64(rule.Burst), Cost: rule.Cost, InitialShare: share, StartEmpty: rule.StartEmpty}
+}
+
+func (w *world) addAgent(r *regiond) error {
+	cfg := w.agCfg
+	cfg.AgentID = r.name + "-" + strconv.Itoa(r.serial)
+	r.serial++
+	d, err := agent.NewDriver(cfg, w.base)
+	if err != nil {
+		return fmt.Errorf("sim: agent %s: %w", cfg.AgentID, err)
+	}
+	d.SetPolicy(w.set)
+	a := &agentSim{d: d, r: r, alive: true}
+	a.nextTick = int64(d.NextTick())
+	r.agents = append(r.agents, a)
+	return nil
+}
+
+// share returns region r's applied share of a key in its store, in ppm.
+func (w *world) share(r *regiond, store *lease.MemoryStore, key string) int64 {
+	var out [1]int64
+	if err := store.Shares(w.ctx, []string{key}, out[:]); err != nil || out[0] < 0 {
+		return r.initial
+	}
+	return out[0]
+}
+
+func (w *world) fail(err error) {
+	if w.firstErr == nil {
+		w.firstErr = err
+	}
+}
