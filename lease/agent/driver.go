@@ -155,7 +155,6 @@ func (d *Driver) newScratch() *scratch {
 	}
 }
 
-
 // SetPolicy installs a rule set, as the policy stream would.
 func (d *Driver) SetPolicy(set *policy.Set) {
 	if set != nil && set != d.a.pol.Load() {

@@ -11,13 +11,13 @@ import (
 type eventKind uint8
 
 const (
-	evExec    eventKind = iota // a call reaches regiond: the store acts
-	evDone                     // a call's answer (or its timeout) reaches the agent
-	evEpoch                    // a region's exchange epoch
-	evReport                   // a report reaches a region over NATS
-	evFault                    // a fault starts
-	evHeal                     // a partition ends, or crashed agents come back
-	evClone                    // the store state a failover will fall back to
+	evExec   eventKind = iota // a call reaches regiond: the store acts
+	evDone                    // a call's answer (or its timeout) reaches the agent
+	evEpoch                   // a region's exchange epoch
+	evReport                  // a report reaches a region over NATS
+	evFault                   // a fault starts
+	evHeal                    // a partition ends, or crashed agents come back
+	evClone                   // the store state a failover will fall back to
 )
 
 // event is one scheduled happening. Ties in time are broken by seq, the

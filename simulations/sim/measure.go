@@ -22,11 +22,11 @@ type meter struct {
 	keys         []keyMeter
 	nreg         int
 
-	secAsked, secAdm []int64 // [key*nreg + region], this second
-	utilNum, utilDen float64
-	fairT, fairA     []float64 // per region, seconds when demand ≥ L
+	secAsked, secAdm   []int64 // [key*nreg + region], this second
+	utilNum, utilDen   float64
+	fairT, fairA       []float64 // per region, seconds when demand ≥ L
 	fairTAll, fairAAll []float64
-	dem, tgt         []float64 // scratch
+	dem, tgt           []float64 // scratch
 
 	smpAsked, smpAdm []int64 // per region, this sample
 	smpRatio         [3]float64
@@ -34,7 +34,7 @@ type meter struct {
 	lastSample       int64
 
 	totAsked, totAdmitted, admittedReqs int64
-	phases          []phase
+	phases                              []phase
 }
 
 type keyMeter struct {

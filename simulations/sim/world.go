@@ -115,12 +115,12 @@ type world struct {
 	dirty    []*agentSim // agents to poll at the end of the step
 	tick     int64       // the agents' refresher tick
 	nextScan int64       // the next tick at which to look for due agents
-	demandAt int       // index of the demand step in force
+	demandAt int         // index of the demand step in force
 	dead     []agent.Stats
 
 	natsMsgs, natsBytes, shareWrites, idealOps int64
-	recvStale, recvErrors, commitErrors      int64
-	firstErr                                  error
+	recvStale, recvErrors, commitErrors        int64
+	firstErr                                   error
 }
 
 var epoch0 = time.Unix(1_700_000_000, 0).UTC()
