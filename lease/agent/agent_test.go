@@ -3,8 +3,6 @@ package agent
 import (
 	"context"
 	"errors"
-	"log/slog"
-	"os"
 	"testing"
 	"time"
 
@@ -294,11 +292,6 @@ rules:
 `, nil, service.Config{LeaseTTL: 500 * time.Millisecond})
 	cfg := testConfig()
 	cfg.LeasePeriod, cfg.LeaseTTL, cfg.IdleAfter = 100*time.Millisecond, 500*time.Millisecond, time.Second
-	if os.Getenv("DEBUG_IDLE") != "" {
-		debugLeases = true
-		defer func() { debugLeases = false }()
-		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
 	a := newAgent(t, r, cfg)
 	ctx := context.Background()
 	for i := 0; i < 500; i++ {

@@ -13,8 +13,6 @@ import (
 // default MaxItems).
 const maxBatch = 1000
 
-var debugLeases = false // set by tests to log every grant
-
 // leaseCall runs flight f: one Lease call for all its keys, bounded by
 // timeout, then applies the grants and wakes whoever waits for f.
 func (a *Agent) leaseCall(f *flight, timeout time.Duration) {
@@ -69,9 +67,6 @@ func (a *Agent) leaseCall(f *flight, timeout time.Duration) {
 	for i, k := range f.keys {
 		k.mu.Lock()
 		if err == nil {
-			if debugLeases {
-				a.cfg.Logger.Debug("grant", "agent", a.cfg.AgentID, "key", k.key[len(k.key)-4:], "t", time.Duration(sent), "rtt", rtt, "want", wants[i], "got", resp.Grants[i].GetGranted(), "rate", int(k.rate.rate), "live", k.liveTokens(now), "dropped", k.dropped)
-			}
 			a.applyLocked(k, f.rules[i], resp.Grants[i], sent, now, wants[i])
 		} else {
 			// Report this demand with the next call instead.

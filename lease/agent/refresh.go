@@ -126,9 +126,6 @@ func (a *Agent) check(k *keyState, pol *policy.Set, now int64, rets *returnBatch
 		k.lastActive, active = max(k.lastActive, now), true
 	}
 	k.checkedAsked, k.checkedAt = asked, now
-	if debugLeases {
-		a.cfg.Logger.Debug("check", "t", time.Duration(now), "active", active, "queued", k.queued.Load(), "live", k.liveTokens(now), "first", time.Duration(k.firstExpiry(now)), "lead", time.Duration(a.renewLead()), "flight", k.flight != nil, "lastActive", time.Duration(k.lastActive))
-	}
 	switch {
 	case k.flight != nil:
 		return actNone // its completion schedules the next check
