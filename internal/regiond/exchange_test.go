@@ -1,0 +1,340 @@
+package regiond
+
+import (
+	"context"
+	"maps"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	leasev1 "github.com/ration-dev/ration/lease/v1"
+	"github.com/ration-dev/ration/internal/redistest"
+	"github.com/ration-dev/ration/region"
+	"github.com/ration-dev/ration/sync/embedded"
+)
+
+// The tests in this file run whole regions in-process: regiond daemons,
+// each region with its own real redis-server, exchanging over one embedded
+// NATS server on loopback. Demand is driven through the lease API.
+
+const syncPeriod = 100 * time.Millisecond
+
+// exKey is the global key the tests move: the example policy's per-tenant
+// rule (1,000 tokens/s) for tenant acme.
+var exKey = region.GlobalKey("per-tenant", "tenant=acme")
+
+func startNATS(t *testing.T) string {
+	t.Helper()
+	s, err := embedded.Start(embedded.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Shutdown)
+	return s.ClientURL()
+}
+
+// deployment is a set of regions, each with one or more replicas.
+type deployment struct {
+	t       *testing.T
+	regions []string
+	nodes   map[string][]*Daemon // by region
+	proxies map[string]*proxy    // by region: its daemons' path to NATS
+	redis   map[string]string    // by region: its Redis URL
+}
+
+func newDeployment(t *testing.T, regions ...string) *deployment {
+	t.Helper()
+	url := startNATS(t)
+	dep := &deployment{t: t, regions: regions, nodes: map[string][]*Daemon{}, proxies: map[string]*proxy{}, redis: map[string]string{}}
+	for _, r := range regions {
+		dep.proxies[r] = startProxy(t, strings.TrimPrefix(url, "nats://"))
+		dep.redis[r] = redistest.StartServer(t).URL()
+	}
+	return dep
+}
+
+// add starts a replica of region r.
+func (dep *deployment) add(r, replica string) *Daemon {
+	dep.t.Helper()
+	d := startDaemon(dep.t, Config{
+		Region:            r,
+		Regions:           dep.regions,
+		Replica:           replica,
+		RedisURL:          dep.redis[r],
+		NATSURL:           dep.proxies[r].URL(),
+		NATSReconnectWait: 20 * time.Millisecond,
+		SyncPeriod:        syncPeriod,
+		StoreTimeout:      time.Second, // a loaded CI machine must not fail writes
+	})
+	dep.nodes[r] = append(dep.nodes[r], d)
+	return d
+}
+
+// shares reads every region's applied share of exKey from its store. It
+// reads them all twice and retries until both passes agree, so that the
+// values held at one instant (the third read) and no read straddles a move.
+func (dep *deployment) shares() map[string]int64 {
+	dep.t.Helper()
+	read := func() map[string]int64 {
+		m := map[string]int64{}
+		for _, r := range dep.regions {
+			v, err := dep.nodes[r][0].Share(context.Background(), exKey)
+			if err != nil {
+				dep.t.Fatalf("reading %s's share: %v", r, err)
+			}
+			m[r] = v
+		}
+		return m
+	}
+	for i := 0; ; i++ {
+		a, b := read(), read()
+		if maps.Equal(a, b) {
+			return a
+		}
+		if i == 100 {
+			dep.t.Fatalf("shares never stood still: %v then %v", a, b)
+		}
+	}
+}
+
+// observe samples the shares until ok holds or within passes, checking at
+// every sample that they sum to at most PPM. It returns the last sample
+// and how long it took.
+func (dep *deployment) observe(what string, within time.Duration, ok func(map[string]int64) bool) (map[string]int64, time.Duration) {
+	dep.t.Helper()
+	start := time.Now()
+	for {
+		sh := dep.shares()
+		var sum int64
+		for _, v := range sh {
+			sum += v
+		}
+		if sum > region.PPM {
+			dep.t.Fatalf("%s: shares %v sum to %d ppm, more than %d", what, sh, sum, region.PPM)
+		}
+		if ok(sh) {
+			return sh, time.Since(start)
+		}
+		if time.Since(start) > within {
+			dep.t.Fatalf("%s: not reached within %v; shares %v", what, within, sh)
+		}
+		time.Sleep(syncPeriod / 20) // sampling interval, not a wait for an event
+	}
+}
+
+// load sends demand for exKey through the lease API: rate tokens/s at
+// each region's chosen daemon, in 10ms steps, until the test ends.
+type load struct {
+	mu     sync.Mutex
+	rates  map[string]int64
+	target map[string]*Daemon
+	stop   chan struct{}
+	wg     sync.WaitGroup
+}
+
+func (dep *deployment) load(rates map[string]int64) *load {
+	l := &load{rates: rates, target: map[string]*Daemon{}, stop: make(chan struct{})}
+	for _, r := range dep.regions {
+		l.target[r] = dep.nodes[r][0]
+	}
+	for _, r := range dep.regions {
+		clients := map[*Daemon]leasev1.LeaseServiceClient{}
+		for _, d := range dep.nodes[r] {
+			clients[d] = client(dep.t, d)
+		}
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			tick := time.NewTicker(10 * time.Millisecond)
+			defer tick.Stop()
+			last := time.Now()
+			var owed float64
+			for {
+				select {
+				case <-l.stop:
+					return
+				case now := <-tick.C:
+					l.mu.Lock()
+					rate, d := l.rates[r], l.target[r]
+					l.mu.Unlock()
+					owed += float64(rate) * now.Sub(last).Seconds()
+					last = now
+					n := int64(owed)
+					if n <= 0 {
+						continue
+					}
+					owed -= float64(n)
+					ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+					_, err := clients[d].Lease(ctx, &leasev1.LeaseRequest{
+						Agent: &leasev1.Agent{Id: "load-" + r},
+						Items: []*leasev1.LeaseItem{{Rule: "per-tenant", Key: "tenant=acme", Want: n, Demand: n}},
+					})
+					cancel()
+					if err != nil {
+						owed += float64(n) // not reported: report it next time
+					}
+				}
+			}
+		}()
+	}
+	dep.t.Cleanup(func() { close(l.stop); l.wg.Wait() })
+	return l
+}
+
+func (l *load) set(rates map[string]int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.rates = rates
+}
+
+func (l *load) sendTo(r string, d *Daemon) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.target[r] = d
+}
+
+// targets are the max-min targets for demand rates (tokens/s) of a key of
+// 1,000 tokens/s, with region's default 2% floor.
+func targets(regions []string, rates map[string]int64) map[string]int64 {
+	need := make([]float64, len(regions))
+	for i, r := range regions {
+		need[i] = float64(rates[r]) / 1000 * region.PPM
+	}
+	t := region.Targets(region.PPM, need, 20_000, nil)
+	m := map[string]int64{}
+	for i, r := range regions {
+		m[r] = t[i]
+	}
+	return m
+}
+
+// within5 reports whether every share is within ±5% of the quota (50,000
+// ppm) of its target, the tolerance of region's property test.
+func within5(sh, target map[string]int64, regions ...string) bool {
+	for _, r := range regions {
+		if d := sh[r] - target[r]; d < -50_000 || d > 50_000 {
+			return false
+		}
+	}
+	return true
+}
+
+// TestThreeRegionsMoveShareAndSurviveAPartition is the exchange end to end:
+// demand moves from us to eu and eu's share follows within 3 sync periods;
+// then us's NATS connection is cut while its demand rises: no share moves
+// toward or away from it; once it is back, the shares converge again. The
+// shares, read from the three Redis servers, never sum above 1.
+func TestThreeRegionsMoveShareAndSurviveAPartition(t *testing.T) {
+	regions := []string{"ap", "eu", "us"}
+	dep := newDeployment(t, regions...)
+	for _, r := range regions {
+		dep.add(r, r+"-0")
+	}
+
+	phase1 := map[string]int64{"us": 900, "eu": 100}
+	l := dep.load(phase1)
+	dep.observe("us takes the share", 10*time.Second, func(sh map[string]int64) bool {
+		return within5(sh, targets(regions, phase1), regions...)
+	})
+
+	// Demand moves from us to eu.
+	phase2 := map[string]int64{"us": 100, "eu": 900}
+	want := targets(regions, phase2)
+	l.set(phase2)
+	sh, took := dep.observe("eu takes the share", 10*time.Second, func(sh map[string]int64) bool {
+		return within5(sh, want, "eu")
+	})
+	t.Logf("eu within 5%% of its target %d after %v (%.1f sync periods): %v", want["eu"], took, float64(took)/float64(syncPeriod), sh)
+	// The first epoch after the move tallies part of the new demand, the
+	// second all of it; from there the givers' EWMA needs one more epoch
+	// to put eu within 5%, and eu applies the gift at its next epoch: 3
+	// sync periods once the new demand is tallied, 5 from the move.
+	if limit := 5 * syncPeriod; took > limit {
+		t.Errorf("eu reached its target %v after the demand moved, want within %v (3 sync periods once the new demand is tallied)", took, limit)
+	}
+	dep.observe("all settle", 10*time.Second, func(sh map[string]int64) bool { return within5(sh, want, regions...) })
+
+	// Partition us, and make it hungry.
+	dep.proxies["us"].Cut()
+	cutAt := time.Now()
+	phase3 := map[string]int64{"us": 900, "eu": 100}
+	l.set(phase3)
+	// Gifts already in flight when the cut came may still land for a few
+	// periods (StaleAfter is 3): then us's share is frozen.
+	for time.Since(cutAt) < 5*syncPeriod {
+		dep.observe("as the partition starts", time.Second, func(map[string]int64) bool { return true })
+		time.Sleep(syncPeriod / 2) // sampling interval
+	}
+	frozen := dep.shares()["us"]
+	for time.Since(cutAt) < 20*syncPeriod {
+		sh, _ := dep.observe("during the partition", time.Second, func(map[string]int64) bool { return true })
+		if sh["us"] != frozen {
+			t.Fatalf("us's share moved from %d to %d while it was cut off: %v", frozen, sh["us"], sh)
+		}
+		if sh["eu"]+sh["ap"] > region.PPM-frozen {
+			t.Fatalf("eu and ap hold %d ppm while us keeps %d: %v", sh["eu"]+sh["ap"], frozen, sh)
+		}
+		time.Sleep(syncPeriod / 2) // sampling interval
+	}
+
+	dep.proxies["us"].Mend()
+	want = targets(regions, phase3)
+	sh, took = dep.observe("us takes the share after the partition", 20*time.Second, func(sh map[string]int64) bool {
+		return within5(sh, want, regions...)
+	})
+	t.Logf("after the partition healed: targets reached in %v: %v", took, sh)
+
+	_, body := get(t, "http://"+dep.nodes["us"][0].AdminAddr()+"/metrics")
+	for _, m := range []string{`ration_nats_reconnects_total 1`, `ration_exchange_leader 1`, `ration_exchange_share_ppm{key="per-tenant/tenant=acme",region="us"}`} {
+		if !strings.Contains(body, m) {
+			t.Errorf("us's /metrics lacks %q", m)
+		}
+	}
+}
+
+// TestExchangeHolderDies runs eu as two replicas on one Redis. The replica
+// running eu's exchange dies without a word (its lease stays until it
+// lapses); the other takes over from the state persisted in Redis: eu's
+// share carries on where it was, the shares never sum above 1, and the
+// exchange keeps following demand.
+func TestExchangeHolderDies(t *testing.T) {
+	regions := []string{"eu", "us"}
+	dep := newDeployment(t, regions...)
+	a, b := dep.add("eu", "eu-a"), dep.add("eu", "eu-b")
+	dep.add("us", "us-0")
+
+	rates := map[string]int64{"eu": 800, "us": 200}
+	l := dep.load(rates)
+	want := targets(regions, rates)
+	dep.observe("eu takes its share", 10*time.Second, func(sh map[string]int64) bool { return within5(sh, want, regions...) })
+
+	holder, other := a, b
+	if !holder.Exchanger().Leader() {
+		holder, other = b, a
+	}
+	if !holder.Exchanger().Leader() || other.Exchanger().Leader() {
+		t.Fatalf("got leaders %v and %v, want exactly one", a.Exchanger().Leader(), b.Exchanger().Leader())
+	}
+	l.sendTo("eu", other)
+	dep.nodes["eu"] = []*Daemon{other} // read eu's share through the survivor
+	before := dep.shares()
+	holder.Exchanger().Abort()
+	t.Logf("killed %s holding %v", holder.cfg.Replica, before)
+
+	_, took := dep.observe("the other replica takes over", 10*time.Second, func(sh map[string]int64) bool {
+		if d := sh["eu"] - before["eu"]; d < -50_000 || d > 50_000 {
+			t.Fatalf("eu's share jumped from %d to %d during the take-over", before["eu"], sh["eu"])
+		}
+		return other.Exchanger().Leader()
+	})
+	t.Logf("%s took over after %v (lease ttl %v)", other.cfg.Replica, took, 3*syncPeriod)
+	dep.observe("eu keeps its share", 10*time.Second, func(sh map[string]int64) bool { return within5(sh, want, regions...) })
+
+	rates = map[string]int64{"eu": 200, "us": 800}
+	l.set(rates)
+	want = targets(regions, rates)
+	dep.observe("us takes the share from eu's new holder", 10*time.Second, func(sh map[string]int64) bool {
+		return within5(sh, want, regions...)
+	})
+}
