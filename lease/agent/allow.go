@@ -51,6 +51,7 @@ type ruleResult struct {
 	need       int64 // tokens: hits × cost
 	start, end int   // the key's id in scratch.buf
 	nameLen    int
+	nsPerToken float64 // the rule's period ÷ limit, for Reset
 
 	done  bool // decided
 	ok    bool // allowed (for a shadow rule: would have allowed)
@@ -236,12 +237,15 @@ func (a *Agent) finish(s *scratch, now int64) Decision {
 func (a *Agent) allowed(rr *ruleResult, path Path, now int64) Decision {
 	r := rr.rule
 	rem := a.remaining(rr, now)
+	if rr.nsPerToken == 0 { // kept by the memo: one division per match
+		rr.nsPerToken = float64(r.Period) / float64(r.Limit)
+	}
 	return Decision{
 		Allowed:   true,
 		Limit:     r.Limit,
 		Period:    r.Period,
 		Remaining: rem,
-		Reset:     time.Duration(float64(r.Limit-rem) / float64(r.Limit) * float64(r.Period)),
+		Reset:     time.Duration(float64(r.Limit-rem) * rr.nsPerToken),
 		Rule:      r.Name,
 		Path:      path,
 	}

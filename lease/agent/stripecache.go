@@ -44,7 +44,10 @@ func (a *Agent) take(k *keyState, idx int, now, n int64) (int, int64, bool) {
 		i, w, _, ok := k.slots.spend(now, n)
 		return i, w, ok
 	}
-	own := idx % len(c.e)
+	own := idx
+	if own >= len(c.e) { // stripes index the entries; a division only if not
+		own %= len(c.e)
+	}
 	e := &c.e[own]
 	if w, ok := k.spendEntry(e, now, n); ok {
 		return cacheSlot + own, w, true
