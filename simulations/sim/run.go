@@ -154,36 +154,52 @@ func (w *world) handle(e *event) {
 }
 
 // arrivals draws the step's requests of every region and decides each.
+// The regions' requests are interleaved one by one, so that no region is
+// always first at a bucket they share (the ideal algorithm's).
 func (w *world) arrivals(t int64) {
 	w.ratesAt(t)
 	stepS := w.sc.Step.Seconds()
 	now := dur(t)
-	for ri, r := range w.rs {
-		n := w.poisson[ri].draw(w.arr, w.rates[ri]*stepS)
-		for ; n > 0; n-- {
-			ki := w.pick.draw(w.arr)
-			k := &w.keys[ki]
-			w.m.asked(ki, ri, k.cost)
-			if w.alg == Ideal {
-				w.idealOps++
-				w.ideal.GrantAt(w.base.Add(now), w.idealReq[ki:ki+1], w.idealOut)
-				if w.idealOut[0].Granted > 0 {
-					w.m.admitted(ki, ri, k.cost)
-				}
+	left := 0
+	for ri := range w.rs {
+		w.counts[ri] = w.poisson[ri].draw(w.arr, w.rates[ri]*stepS)
+		left += w.counts[ri]
+	}
+	for left > 0 {
+		for ri, r := range w.rs {
+			if w.counts[ri] == 0 {
 				continue
 			}
-			if len(r.agents) == 0 {
-				continue // no agent to ask: the request goes nowhere
-			}
-			a := r.agents[w.arr.IntN(len(r.agents))]
-			if d, ok := a.d.Decide(now, k.ds, 1, uint64(ki)); ok && d.Allowed {
-				w.m.admitted(ki, ri, k.cost)
-			}
-			if !a.dirty && a.d.Wants() {
-				a.dirty = true
-				w.dirty = append(w.dirty, a)
-			}
+			w.counts[ri]--
+			left--
+			w.request(r, ri, now)
 		}
+	}
+}
+
+// request draws one request's key and agent in region r and decides it.
+func (w *world) request(r *regiond, ri int, now time.Duration) {
+	ki := w.pick.draw(w.arr)
+	k := &w.keys[ki]
+	w.m.asked(ki, ri, k.cost)
+	if w.alg == Ideal {
+		w.idealOps++
+		w.ideal.GrantAt(w.base.Add(now), w.idealReq[ki:ki+1], w.idealOut)
+		if w.idealOut[0].Granted > 0 {
+			w.m.admitted(ki, ri, k.cost)
+		}
+		return
+	}
+	if len(r.agents) == 0 {
+		return // no agent to ask: the request goes nowhere
+	}
+	a := r.agents[w.arr.IntN(len(r.agents))]
+	if d, ok := a.d.Decide(now, k.ds, 1, uint64(ki)); ok && d.Allowed {
+		w.m.admitted(ki, ri, k.cost)
+	}
+	if !a.dirty && a.d.Wants() {
+		a.dirty = true
+		w.dirty = append(w.dirty, a)
 	}
 }
 

@@ -112,6 +112,7 @@ type world struct {
 
 	rates    []float64 // requests/s per region at the current step
 	poisson  []poissonDraw
+	counts   []int // requests left to draw per region in this step
 	dirty    []*agentSim // agents to poll at the end of the step
 	tick     int64       // the agents' refresher tick
 	nextScan int64       // the next tick at which to look for due agents
@@ -151,6 +152,7 @@ func newWorld(sc *Scenario, alg Algorithm, viaService bool) (*world, error) {
 	}
 	w.rates = make([]float64, len(sc.Regions))
 	w.poisson = make([]poissonDraw, len(sc.Regions))
+	w.counts = make([]int, len(sc.Regions))
 	w.tick = int64(max(sc.LeasePeriod/5, time.Millisecond)) // agent.Config's refresher tick
 	w.agCfg = agent.Config{LeasePeriod: sc.LeasePeriod, LeaseTTL: sc.LeaseTTL, Logger: slog.New(slog.DiscardHandler)}
 	clock := func() time.Time { return w.base.Add(dur(w.now)) }

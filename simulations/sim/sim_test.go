@@ -1,0 +1,113 @@
+package sim
+
+import (
+	"bufio"
+	"bytes"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func load(t testing.TB, path string) *Scenario {
+	t.Helper()
+	sc, err := LoadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sc
+}
+
+// outputs runs sc and returns summary.json without wall_s, and the CSV.
+func outputs(t testing.TB, sc *Scenario, opt Options) (summary, csv []byte, res *Result) {
+	t.Helper()
+	res, err := Run(sc, opt)
+	if err != nil {
+		t.Fatalf("Run(%s, %s): %v", sc.Name, opt.Algorithm, err)
+	}
+	s := res.Summary
+	s.WallSeconds = 0
+	var b bytes.Buffer
+	w := bufio.NewWriter(&b)
+	if err := WriteCSV(w, res); err != nil {
+		t.Fatal(err)
+	}
+	w.Flush()
+	return s.JSON(), b.Bytes(), res
+}
+
+// TestGolden is the determinism contract: the same scenario and seed give
+// byte-identical summary.json (all but wall_s) and time series, for every
+// algorithm; another seed gives other results.
+func TestGolden(t *testing.T) {
+	sc := load(t, "testdata/golden.yaml")
+	for _, alg := range Algorithms {
+		t.Run(string(alg), func(t *testing.T) {
+			s1, c1, res := outputs(t, sc, Options{Algorithm: alg})
+			s2, c2, _ := outputs(t, sc, Options{Algorithm: alg})
+			if diff := cmp.Diff(string(s1), string(s2)); diff != "" {
+				t.Errorf("summary.json of two runs with seed %d differs (-first +second):\n%s", sc.Seed, diff)
+			}
+			if !bytes.Equal(c1, c2) {
+				t.Errorf("series.csv of two runs with seed %d differs", sc.Seed)
+			}
+			if got := res.Summary.BoundRatioMax; got > 1 {
+				t.Errorf("bound_ratio_max got %v, want ≤ 1", got)
+			}
+			other := *sc
+			other.Seed++
+			s3, _, _ := outputs(t, &other, Options{Algorithm: alg})
+			if bytes.Equal(s1, s3) {
+				t.Errorf("seeds %d and %d gave the same summary", sc.Seed, other.Seed)
+			}
+		})
+	}
+}
+
+// TestDirectPathMatchesService checks that calling the store the way
+// lease/service does gives exactly what the real service handlers give.
+func TestDirectPathMatchesService(t *testing.T) {
+	sc := load(t, "testdata/golden.yaml")
+	for _, alg := range []Algorithm{Escrow, Static} {
+		s1, c1, _ := outputs(t, sc, Options{Algorithm: alg})
+		s2, c2, _ := outputs(t, sc, Options{Algorithm: alg, ViaService: true})
+		if diff := cmp.Diff(string(s2), string(s1)); diff != "" {
+			t.Errorf("%s: summary through lease/service vs direct (-service +direct):\n%s", alg, diff)
+		}
+		if !bytes.Equal(c1, c2) {
+			t.Errorf("%s: series differ between the service and the direct path", alg)
+		}
+	}
+}
+
+// TestCommittedScenariosParse keeps every committed scenario valid.
+func TestCommittedScenariosParse(t *testing.T) {
+	files, err := filepath.Glob("../scenarios/*.yaml")
+	if err != nil || len(files) < 10 {
+		t.Fatalf("found %d scenarios (%v), want at least 10", len(files), err)
+	}
+	for _, f := range files {
+		if _, err := LoadFile(f); err != nil {
+			t.Errorf("%v", err)
+		}
+	}
+}
+
+// TestWriteFiles checks that a run writes every output.
+func TestWriteFiles(t *testing.T) {
+	sc := load(t, "testdata/golden.yaml")
+	res, err := Run(sc, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := WriteFiles(dir, res); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"summary.json", "series.csv", "admitted.png", "shares.png", "bound.png"} {
+		if st, err := os.Stat(filepath.Join(dir, f)); err != nil || st.Size() == 0 {
+			t.Errorf("%s: got %v, want a non-empty file", f, err)
+		}
+	}
+}
