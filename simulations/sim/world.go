@@ -112,7 +112,7 @@ type world struct {
 
 	rates    []float64 // requests/s per region at the current step
 	poisson  []poissonDraw
-	counts   []int // requests left to draw per region in this step
+	counts   []int       // requests left to draw per region in this step
 	dirty    []*agentSim // agents to poll at the end of the step
 	tick     int64       // the agents' refresher tick
 	nextScan int64       // the next tick at which to look for due agents
