@@ -203,6 +203,17 @@ rules:
 	if d := a.Allow(ctx, ds("tenant", "acme"), 1); d.Allowed {
 		t.Errorf("101st..110th token allowed: %+v", d)
 	}
+	// A request bigger than the whole bucket is denied without asking, and
+	// an absurd hit count does not overflow.
+	calls := a.Stats().LeaseCalls
+	for _, hits := range []int64{11, 1 << 62} {
+		if d := a.Allow(ctx, ds("tenant", "other"), hits); d.Allowed || d.Rule != "expensive" {
+			t.Errorf("%d hits got %+v, want a denial by expensive", hits, d)
+		}
+	}
+	if got := a.Stats().LeaseCalls; got != calls {
+		t.Errorf("oversized requests made %d lease calls, want 0", got-calls)
+	}
 }
 
 func TestWaitBlocksUntilAllowed(t *testing.T) {

@@ -123,6 +123,17 @@ func (a *Agent) decide(ctx context.Context, s *scratch, now int64, ds []policy.D
 	slow := false
 	for i := range s.res {
 		rr := &s.res[i]
+		if rr.need > min(rr.rule.Burst, maxSpend) {
+			// More than the rule's whole bucket: no lease can ever hold it.
+			rr.done, rr.path = true, PathLease
+			if rr.k != nil {
+				rr.k.denied.Add(min(rr.need, maxSpend))
+			}
+			if !rr.rule.Shadow {
+				return a.finish(s, now)
+			}
+			continue
+		}
 		if rr.k == nil {
 			slow = true
 			continue
