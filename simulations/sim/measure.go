@@ -101,8 +101,8 @@ func newMeter(w *world) *meter {
 	for i := range m.keys {
 		km := &m.keys[i]
 		km.ring = make([]int64, m.ringN)
-		for j, win := range windows {
-			km.base[j] = w.boundBase(&w.keys[i], win)
+		for j := range windows {
+			km.base[j] = w.boundBase(&w.keys[i])
 			km.maxExcess[j] = math.Inf(-1)
 		}
 		km.maxRatio = math.Inf(-1)
@@ -313,13 +313,13 @@ func (m *meter) checkConvergence(t int64) {
 	}
 }
 
-// boundBase is B for key k and windows of length win without faults:
-// b + L·τ + one cost per region whose b × (least share) is below a cost.
+// boundBase is B for key k without faults, the same for every window
+// length: b + L·τ + one cost per region whose b × (least share) is below a
+// cost.
 // The least share a region's bucket may run at is, for escrow, the
 // exchange's floor (max-min targets never go below it), for static its
 // fixed share; the ideal bucket is one bucket of b with no leases.
-func (w *world) boundBase(k *simKey, win time.Duration) float64 {
-	_ = win
+func (w *world) boundBase(k *simKey) float64 {
 	if w.alg == Ideal {
 		return k.burst
 	}

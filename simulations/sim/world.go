@@ -216,9 +216,8 @@ func (w *world) buildPolicy() error {
 		limit int64
 	}
 	var keyRules []ruleOf
-	var keyGroups []int
 	seen := map[string]bool{}
-	for gi, g := range w.sc.Keys {
+	for _, g := range w.sc.Keys {
 		for i := 0; i < g.Count; i++ {
 			limit := g.Limit
 			if g.LimitMax > g.Limit && g.Count > 1 {
@@ -238,7 +237,6 @@ func (w *world) buildPolicy() error {
 					name, name, g.Name, limit, burst, g.Cost, g.OnError)
 			}
 			keyRules = append(keyRules, ruleOf{name, limit})
-			keyGroups = append(keyGroups, gi)
 		}
 	}
 	set, err := policy.Parse(w.sc.Name+" (generated policy)", []byte(doc.String()))
@@ -271,7 +269,6 @@ func (w *world) buildPolicy() error {
 			idx++
 		}
 	}
-	_ = keyGroups
 	w.pick = newAlias(weights)
 	return nil
 }
