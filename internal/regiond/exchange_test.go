@@ -18,7 +18,7 @@ import (
 // each region with its own real redis-server, exchanging over one embedded
 // NATS server on loopback. Demand is driven through the lease API.
 
-const syncPeriod = 100 * time.Millisecond
+const syncPeriod = 250 * time.Millisecond
 
 // exKey is the global key the tests move: the example policy's per-tenant
 // rule (1,000 tokens/s) for tenant acme.
@@ -79,7 +79,13 @@ func (dep *deployment) shares() map[string]int64 {
 	read := func() map[string]int64 {
 		m := map[string]int64{}
 		for _, r := range dep.regions {
-			v, err := dep.nodes[r][0].Share(context.Background(), exKey)
+			var v int64
+			var err error
+			for try := 0; try < 10; try++ { // a loaded machine may miss a deadline
+				if v, err = dep.nodes[r][0].Share(context.Background(), exKey); err == nil {
+					break
+				}
+			}
 			if err != nil {
 				dep.t.Fatalf("reading %s's share: %v", r, err)
 			}
@@ -241,17 +247,24 @@ func TestThreeRegionsMoveShareAndSurviveAPartition(t *testing.T) {
 	// Demand moves from us to eu.
 	phase2 := map[string]int64{"us": 100, "eu": 900}
 	want := targets(regions, phase2)
+	eu := dep.nodes["eu"][0].Exchanger()
+	e0 := eu.Epochs()
 	l.set(phase2)
 	sh, took := dep.observe("eu takes the share", 10*time.Second, func(sh map[string]int64) bool {
 		return within5(sh, want, "eu")
 	})
-	t.Logf("eu within 5%% of its target %d after %v (%.1f sync periods): %v", want["eu"], took, float64(took)/float64(syncPeriod), sh)
-	// The first epoch after the move tallies part of the new demand, the
-	// second all of it; from there the givers' EWMA needs one more epoch
-	// to put eu within 5%, and eu applies the gift at its next epoch: 3
-	// sync periods once the new demand is tallied, 5 from the move.
-	if limit := 5 * syncPeriod; took > limit {
-		t.Errorf("eu reached its target %v after the demand moved, want within %v (3 sync periods once the new demand is tallied)", took, limit)
+	epochs := eu.Epochs() - e0
+	t.Logf("eu within 5%% of its target %d after %v, %d of its sync epochs: %v", want["eu"], took, epochs, sh)
+	// eu's first epoch after the move tallies part of the new demand, its
+	// second all of it (its report carries the tally to the givers); the
+	// givers' EWMA (α 0.8) needs that and one more epoch to put eu within
+	// 5%; eu applies a gift at its next epoch after the report arrives.
+	// So 5 of eu's epochs after the move (3 once the demand is tallied),
+	// 6 when the regions' epochs fall badly. Counted in eu's epochs, so
+	// that a loaded machine, which slows everything alike, does not fail
+	// the test.
+	if epochs > 6 {
+		t.Errorf("eu reached its target %d of its epochs after the demand moved, want within 6 (3 to 4 sync periods once the new demand is tallied)", epochs)
 	}
 	dep.observe("all settle", 10*time.Second, func(sh map[string]int64) bool { return within5(sh, want, regions...) })
 
@@ -267,7 +280,7 @@ func TestThreeRegionsMoveShareAndSurviveAPartition(t *testing.T) {
 		time.Sleep(syncPeriod / 2) // sampling interval
 	}
 	frozen := dep.shares()["us"]
-	for time.Since(cutAt) < 20*syncPeriod {
+	for time.Since(cutAt) < 12*syncPeriod {
 		sh, _ := dep.observe("during the partition", time.Second, func(map[string]int64) bool { return true })
 		if sh["us"] != frozen {
 			t.Fatalf("us's share moved from %d to %d while it was cut off: %v", frozen, sh["us"], sh)

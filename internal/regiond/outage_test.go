@@ -58,9 +58,12 @@ func TestRedisOutageFailsFastAndRecovers(t *testing.T) {
 				_, err := leaseOne(ctx, c, "per-tenant", "tenant=acme", 1)
 				return err == nil
 			})
-			if code, body := get(t, admin+"/readyz"); code != 200 {
-				t.Fatalf("/readyz after recovery: got %d %q, want 200", code, body)
-			}
+			// A pooled connection may still time out once after the
+			// server comes back; readiness must return by itself.
+			waitFor(t, func() bool {
+				code, _ := get(t, admin+"/readyz")
+				return code == 200
+			})
 		})
 	}
 }
