@@ -1,0 +1,255 @@
+// Command ration-local runs a three-region ration deployment on one machine
+// and shows the coordinator at work: three regiond daemons (us, eu, ap) on
+// memory stores, exchanging over an embedded NATS server, each serving a
+// real agent that a built-in load generator drives. Demand leans on one
+// region and then moves to the next; every second a table shows each
+// region's share of the quota and the tokens admitted and denied.
+//
+//	go run ./cmd/ration-local
+//
+// Ctrl-C stops everything cleanly; -duration makes it stop by itself.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/ration-dev/ration/internal/regiond"
+	"github.com/ration-dev/ration/lease/agent"
+	"github.com/ration-dev/ration/policy"
+	"github.com/ration-dev/ration/region"
+	"github.com/ration-dev/ration/sync/embedded"
+)
+
+var regions = []string{"us", "eu", "ap"}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "ration-local:", err)
+		os.Exit(1)
+	}
+}
+
+type options struct {
+	duration, period, shift time.Duration
+	limit                   int64
+	verbose                 bool
+}
+
+func parse(args []string, stderr io.Writer) (options, error) {
+	fs := flag.NewFlagSet("ration-local", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var o options
+	fs.DurationVar(&o.duration, "duration", 0, "stop after this long (0: run until Ctrl-C)")
+	fs.Int64Var(&o.limit, "limit", 1000, "the demo rule's global limit in tokens per second (burst the same)")
+	fs.DurationVar(&o.period, "sync-period", time.Second, "how often the regions exchange reports and move shares")
+	fs.DurationVar(&o.shift, "shift", 10*time.Second, "how long demand leans on one region before it moves to the next")
+	fs.BoolVar(&o.verbose, "v", false, "log what the daemons do")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	switch {
+	case o.limit < 10:
+		return o, fmt.Errorf("-limit %d: want at least 10 tokens/s", o.limit)
+	case o.period < 10*time.Millisecond:
+		return o, fmt.Errorf("-sync-period %v: want at least 10ms", o.period)
+	case o.shift <= 0 || o.duration < 0:
+		return o, errors.New("-shift must be positive and -duration not negative")
+	}
+	return o, nil
+}
+
+// run starts the deployment, drives it and prints to stdout until ctx is
+// done or the duration has passed, then stops everything it started.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	o, err := parse(args, stderr)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	if o.duration > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, o.duration)
+		defer cancel()
+	}
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if o.verbose {
+		logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	}
+
+	nats, err := embedded.Start(embedded.Config{})
+	if err != nil {
+		return err
+	}
+	defer nats.Shutdown()
+
+	pol := fmt.Sprintf("rules:\n  - name: demo\n    key: [tenant]\n    limit: %d\n    period: 1s\n    burst: %d\n", o.limit, o.limit)
+	daemons := map[string]*regiond.Daemon{}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		for _, d := range daemons {
+			_ = d.Shutdown(sctx)
+		}
+	}()
+	for _, r := range regions {
+		d, err := regiond.New(regiond.Config{
+			Region:     r,
+			Regions:    regions,
+			Replica:    r + "-0",
+			Listen:     "127.0.0.1:0",
+			Admin:      "-",
+			PolicyYAML: []byte(pol),
+			NATSURL:    nats.ClientURL(),
+			SyncPeriod: o.period,
+			Logger:     logger.With("region", r),
+		})
+		if err != nil {
+			return err
+		}
+		if err := d.Start(ctx); err != nil {
+			return err
+		}
+		daemons[r] = d
+	}
+
+	agents := map[string]*agent.Agent{}
+	defer func() {
+		for _, a := range agents {
+			_ = a.Close()
+		}
+	}()
+	for _, r := range regions {
+		a, err := agent.New(agent.Config{Target: daemons[r].LeaseAddr(), AgentID: "ration-local-" + r, Logger: logger})
+		if err != nil {
+			return err
+		}
+		agents[r] = a
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err = a.WaitPolicy(wctx)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("agent in %s: %w", r, err)
+		}
+	}
+
+	fmt.Fprintf(stdout, "ration-local: regions %v, each a regiond on a memory store, exchanging every %v over embedded NATS %s\n",
+		regions, o.period, nats.ClientURL())
+	fmt.Fprintf(stdout, "rule demo: %d tokens/s (burst %d) for tenant=acme, shared by all regions; demand moves every %v\n\n",
+		o.limit, o.limit, o.shift)
+
+	start := time.Now()
+	g := &generator{limit: o.limit, shift: o.shift, start: start}
+	var wg sync.WaitGroup
+	lctx, stopLoad := context.WithCancel(ctx)
+	for i, r := range regions {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			g.drive(lctx, i, agents[r])
+		}()
+	}
+	defer func() { stopLoad(); wg.Wait() }()
+
+	key := region.GlobalKey("demo", "tenant=acme")
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			fmt.Fprintln(stdout, "stopping")
+			return nil
+		case now := <-tick.C:
+			g.print(ctx, stdout, now, daemons, key)
+		}
+	}
+}
+
+// generator drives demand: the hot region asks for 90% of the limit, the
+// next one 20% and the last 10%, so the quota is oversubscribed by 20%;
+// every shift the hot region moves on.
+type generator struct {
+	limit int64
+	shift time.Duration
+	start time.Time
+	// per region: tokens admitted and denied since the last print
+	admitted, denied [3]atomic.Int64
+}
+
+// rate returns region i's demand in tokens/s at elapsed time since start.
+func (g *generator) rate(i int, elapsed time.Duration) int64 {
+	hot := int(elapsed/g.shift) % len(regions)
+	switch (i - hot + len(regions)) % len(regions) {
+	case 0:
+		return g.limit * 9 / 10
+	case 1:
+		return g.limit * 2 / 10
+	}
+	return g.limit / 10
+}
+
+// drive sends region i's requests through its agent in 5ms steps.
+func (g *generator) drive(ctx context.Context, i int, a *agent.Agent) {
+	ds := []policy.Descriptor{{Key: "tenant", Value: "acme"}}
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	last := time.Now()
+	var owed float64
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			owed += float64(g.rate(i, now.Sub(g.start))) * now.Sub(last).Seconds()
+			last = now
+			for ; owed >= 1; owed-- {
+				if a.Allow(ctx, ds, 1).Allowed {
+					g.admitted[i].Add(1)
+				} else {
+					g.denied[i].Add(1)
+				}
+			}
+		}
+	}
+}
+
+// print writes one table: each region's share, admitted and denied tokens
+// in the last second.
+func (g *generator) print(ctx context.Context, w io.Writer, now time.Time, daemons map[string]*regiond.Daemon, key string) {
+	elapsed := now.Sub(g.start)
+	fmt.Fprintf(w, "t=%-4v demand/s:", elapsed.Round(time.Second))
+	for i, r := range regions {
+		fmt.Fprintf(w, " %s %d", r, g.rate(i, elapsed))
+	}
+	fmt.Fprintf(w, "\n  %-6s %7s %9s %7s\n", "region", "share", "admitted", "denied")
+	var share float64
+	var adm, den int64
+	for i, r := range regions {
+		sctx, cancel := context.WithTimeout(ctx, time.Second)
+		ppm, err := daemons[r].Share(sctx, key)
+		cancel()
+		s := "?"
+		if err == nil {
+			s = fmt.Sprintf("%.1f%%", float64(ppm)/1e4)
+			share += float64(ppm) / 1e4
+		}
+		a, d := g.admitted[i].Swap(0), g.denied[i].Swap(0)
+		adm, den = adm+a, den+d
+		fmt.Fprintf(w, "  %-6s %7s %9d %7d\n", r, s, a, d)
+	}
+	fmt.Fprintf(w, "  %-6s %6.1f%% %9d %7d\n\n", "total", share, adm, den)
+}
