@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	leasev1 "github.com/ration-dev/ration/lease/v1"
 	"github.com/ration-dev/ration/internal/redistest"
+	leasev1 "github.com/ration-dev/ration/lease/v1"
 	"github.com/ration-dev/ration/region"
 	"github.com/ration-dev/ration/sync/embedded"
 )
