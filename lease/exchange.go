@@ -15,6 +15,20 @@ import (
 // region's persisted exchange state (DESIGN.md, "Replicas of one region").
 // MemoryExchange (exchange_memory.go) is the same contract for one process.
 
+// ExchangeHold is what AcquireExchange did.
+type ExchangeHold int
+
+const (
+	// HoldNone: another replica holds the lease.
+	HoldNone ExchangeHold = iota
+	// HoldTaken: the lease was free (never taken, lapsed or released) and
+	// the caller took it. A caller that believed it held the lease learns
+	// that it had lapsed: another replica may have run the exchange since.
+	HoldTaken
+	// HoldRenewed: the caller held the lease and renewed it.
+	HoldRenewed
+)
+
 // ErrNotHolder reports a write of the exchange state by a replica that does
 // not hold the region's exchange lease (it lost it, or never had it).
 // Nothing was written.
@@ -40,13 +54,14 @@ func (s *RedisStore) exchangeKey(region, what string) string {
 	return s.cfg.Prefix + "exchange:{" + keyEscaper.Replace(region) + "}:" + what
 }
 
-// acquireScript takes the lease when it is free and renews it when holder
-// already has it. KEYS[1] lease; ARGV[1] holder, ARGV[2] ttl in ms.
+// acquireScript takes the lease when it is free (1) and renews it when
+// holder already has it (2). KEYS[1] lease; ARGV[1] holder, ARGV[2] ttl in
+// ms.
 var acquireScript = redis.NewScript(`
 local v = redis.call('GET', KEYS[1])
 if v == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
+  return 2
 end
 if v then
   return 0
@@ -75,22 +90,22 @@ return 0
 `)
 
 // AcquireExchange takes region's exchange lease for holder for ttl, or
-// renews it when holder holds it already (SET NX PX, in one script). It
-// returns whether holder holds the lease now. The lease is timed by the
+// renews it when holder holds it already (SET NX PX, in one script), and
+// says which; holder holds the lease unless it returns HoldNone. The lease is timed by the
 // server's clock from when the script runs, which is after the caller sent
 // it: a caller that counts its lease from before the call never believes it
 // longer than Redis does. Bounded by RedisConfig.Timeout.
-func (s *RedisStore) AcquireExchange(ctx context.Context, region, holder string, ttl time.Duration) (bool, error) {
+func (s *RedisStore) AcquireExchange(ctx context.Context, region, holder string, ttl time.Duration) (ExchangeHold, error) {
 	if err := validateExchange(region, holder, ttl, true); err != nil {
-		return false, err
+		return HoldNone, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
 	n, err := acquireScript.Run(ctx, s.client, []string{s.exchangeKey(region, "lease")}, holder, ttl.Milliseconds()).Int()
 	if err != nil {
-		return false, s.fail("exchange lease", err)
+		return HoldNone, s.fail("exchange lease", err)
 	}
-	return n == 1, nil
+	return ExchangeHold(n), nil
 }
 
 // ReleaseExchange gives region's exchange lease up if holder holds it, so

@@ -43,21 +43,25 @@ func (m *MemoryExchange) held(region, holder string, now time.Time) bool {
 }
 
 // AcquireExchange is RedisStore.AcquireExchange.
-func (m *MemoryExchange) AcquireExchange(ctx context.Context, region, holder string, ttl time.Duration) (bool, error) {
+func (m *MemoryExchange) AcquireExchange(ctx context.Context, region, holder string, ttl time.Duration) (ExchangeHold, error) {
 	if err := validateExchange(region, holder, ttl, true); err != nil {
-		return false, err
+		return HoldNone, err
 	}
 	if err := ctx.Err(); err != nil {
-		return false, err
+		return HoldNone, err
 	}
 	now := m.clock()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if l, ok := m.leases[region]; ok && l.holder != holder && now.Before(l.until) {
-		return false, nil
+	hold := HoldTaken
+	if l, ok := m.leases[region]; ok && now.Before(l.until) {
+		if l.holder != holder {
+			return HoldNone, nil
+		}
+		hold = HoldRenewed
 	}
 	m.leases[region] = memLease{holder: holder, until: now.Add(ttl)}
-	return true, nil
+	return hold, nil
 }
 
 // ReleaseExchange is RedisStore.ReleaseExchange.

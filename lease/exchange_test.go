@@ -14,7 +14,7 @@ import (
 
 // exchangeStore is the exchange contract both implementations share.
 type exchangeStore interface {
-	AcquireExchange(ctx context.Context, region, holder string, ttl time.Duration) (bool, error)
+	AcquireExchange(ctx context.Context, region, holder string, ttl time.Duration) (ExchangeHold, error)
 	ReleaseExchange(ctx context.Context, region, holder string) error
 	SaveExchangeState(ctx context.Context, region, holder string, state []byte) error
 	LoadExchangeState(ctx context.Context, region string) ([]byte, error)
@@ -25,7 +25,7 @@ type exchangeStore interface {
 // server's.
 func runExchangeContract(t *testing.T, s exchangeStore, ttl time.Duration, expire func()) {
 	ctx := context.Background()
-	acquire := func(region, holder string, want bool) {
+	acquire := func(region, holder string, want ExchangeHold) {
 		t.Helper()
 		got, err := s.AcquireExchange(ctx, region, holder, ttl)
 		if err != nil {
@@ -47,10 +47,10 @@ func runExchangeContract(t *testing.T, s exchangeStore, ttl time.Duration, expir
 	}
 
 	load("eu", nil)
-	acquire("eu", "a", true)
-	acquire("eu", "a", true) // renewal
-	acquire("eu", "b", false)
-	acquire("us", "b", true) // regions are independent
+	acquire("eu", "a", HoldTaken)
+	acquire("eu", "a", HoldRenewed)
+	acquire("eu", "b", HoldNone)
+	acquire("us", "b", HoldTaken) // regions are independent
 
 	if err := s.SaveExchangeState(ctx, "eu", "a", []byte("state-1")); err != nil {
 		t.Fatalf("holder saves: %v", err)
@@ -63,7 +63,7 @@ func runExchangeContract(t *testing.T, s exchangeStore, ttl time.Duration, expir
 
 	// A lapsed lease: another replica takes it, the old holder's writes fail.
 	expire()
-	acquire("eu", "b", true)
+	acquire("eu", "b", HoldTaken)
 	if err := s.SaveExchangeState(ctx, "eu", "a", []byte("late")); !errors.Is(err, ErrNotHolder) {
 		t.Fatalf("old holder saves after losing the lease: got %v, want ErrNotHolder", err)
 	}
@@ -77,11 +77,11 @@ func runExchangeContract(t *testing.T, s exchangeStore, ttl time.Duration, expir
 	if err := s.ReleaseExchange(ctx, "eu", "a"); err != nil {
 		t.Fatal(err)
 	}
-	acquire("eu", "a", false)
+	acquire("eu", "a", HoldNone)
 	if err := s.ReleaseExchange(ctx, "eu", "b"); err != nil {
 		t.Fatal(err)
 	}
-	acquire("eu", "a", true)
+	acquire("eu", "a", HoldTaken)
 	load("eu", []byte("state-2")) // the state outlives leases
 
 	for name, err := range map[string]error{
