@@ -108,12 +108,27 @@ func (s *State) epochKey(now time.Time, ks *keyState, p *Plan) bool {
 		ks.created, ks.lastDemand, ks.lastTransfer = now, now, now
 	}
 
-	// Demand: the EWMA steers by the tallies everyone saw last epoch.
+	// Demand: the EWMA steers by the tallies everyone saw last epoch. A
+	// region we do not hear keeps its smoothed demand (no news is not no
+	// demand); once heard again it restarts from its latest tally, as the
+	// old value says nothing about the epochs missed.
 	s.demands(ks, now)
 	active := ks.cur0.demand > 0
 	for k := 0; k < n; k++ {
+		bit := uint64(1) << k
+		switch {
+		case !s.fresh[k]:
+			// Not idle while a region we cannot hear had demand.
+			ks.unheard |= bit
+			active = active || ks.ewma[k] >= 1
+			continue
+		case ks.unheard&bit != 0:
+			ks.unheard &^= bit
+			ks.ewma[k] = s.x[k]
+		default:
+			ks.ewma[k] = cfg.Alpha*s.x[k] + (1-cfg.Alpha)*ks.ewma[k]
+		}
 		active = active || s.x[k] > 0
-		ks.ewma[k] = cfg.Alpha*s.x[k] + (1-cfg.Alpha)*ks.ewma[k]
 	}
 	if active {
 		ks.lastDemand = now
@@ -154,7 +169,7 @@ func (s *State) epochKey(now time.Time, ks *keyState, p *Plan) bool {
 		// entry must be a Lower.
 		takes = s.reclaims(now, ks, pol)
 	}
-	if idle && gifts == nil && takes == nil && now.Sub(ks.lastTransfer) >= cfg.Grace && sh >= s.initial[me] && s.settled(ks) {
+	if idle && gifts == nil && takes == nil && now.Sub(ks.lastTransfer) >= cfg.Grace && s.atRest(now, ks, sh) && s.settled(ks) {
 		// At rest: leave the generation for none. The store falls back to
 		// the initial share, which is at most what we hold.
 		s.leave(now, ks, false)
@@ -235,6 +250,32 @@ func (s *State) enter(now time.Time, ks *keyState, base int64) {
 		}
 	}
 	ks.lastTransfer = now
+}
+
+// atRest reports whether we can drop the key without losing share: our
+// share is not below our initial share (leaving then would raise it), and
+// any surplus we hold is not owed to a peer below its initial share, which
+// we know only when every peer is heard and in our generation, or has no
+// state for the key.
+func (s *State) atRest(now time.Time, ks *keyState, sh int64) bool {
+	switch init := s.initial[s.self]; {
+	case sh < init:
+		return false
+	case sh == init:
+		return true
+	}
+	for k := 0; k < s.n; k++ {
+		if k == s.self {
+			continue
+		}
+		if h := s.exchHeard[k]; h.IsZero() || now.Sub(h) > s.cfg.StaleAfter {
+			return false
+		}
+		if g := s.peerGen(ks, k); g != 0 && (g != ks.gen || ks.rowGen[k] != ks.gen || s.view(ks, k) < s.initial[k]) {
+			return false // (g == 0: no state there, it holds its initial share)
+		}
+	}
+	return true
 }
 
 // settled reports whether every gift and reclaim we made in the key's

@@ -8,8 +8,8 @@ func (s *State) Debug(key string) string {
 	if ks == nil {
 		return "none"
 	}
-	out := fmt.Sprintf("gen %d base %d own %d applied %d in %v inTaken %v taken %v row %v ackTkn %v unclaim %v cur %v seen %v exch %v",
-		ks.gen, ks.base, s.own(ks), ks.applied, ks.in, ks.inTaken, s.ownTaken(ks), s.ownRow(ks), ks.ackTkn, ks.unclaim, ks.cur, ks.seen, s.exchEpoch)
+	out := fmt.Sprintf("gen %d base %d own %d applied %d in %v inTaken %v taken %v row %v ackTkn %v unclaim %v cur %v seen %v exch %v ewma %.0f lastDemand %v",
+		ks.gen, ks.base, s.own(ks), ks.applied, ks.in, ks.inTaken, s.ownTaken(ks), s.ownRow(ks), ks.ackTkn, ks.unclaim, ks.cur, ks.seen, s.exchEpoch, ks.ewma, ks.lastDemand.Unix())
 	for _, x := range ks.exits {
 		out += fmt.Sprintf(" exit{gen %d taken %v intake %v}", x.gen, x.taken, x.intake)
 	}
@@ -34,4 +34,11 @@ func (s *State) Own(key string) int64 {
 		return s.initial[s.self]
 	}
 	return s.own(ks)
+}
+
+// Synced reports whether the State knows the stored share of key (false
+// after a restore or a write that may have failed, until it rewrites it).
+func (s *State) Synced(key string) bool {
+	ks := s.byKey[key]
+	return ks == nil || ks.applied >= 0
 }

@@ -36,16 +36,18 @@ type State struct {
 	exchHeard []time.Time // per region: when that report was received
 
 	// scratch space for Epoch and Receive
-	tg      targeter
-	recvKS  []*keyState
-	x       []float64
-	v, t    []int64
-	live    []int
-	need    []float64
-	weights []int64
-	lt      []int64
-	gifts   []int64
-	kept    []bool
+	tg       targeter
+	recvKS   []*keyState
+	x        []float64
+	fresh    []bool // per region, for the key at hand: its demand is current
+	heardNow []bool // per region: some replica of it heard within StaleAfter
+	v, t     []int64
+	live     []int
+	need     []float64
+	weights  []int64
+	lt       []int64
+	gifts    []int64
+	kept     []bool
 }
 
 // keyState is the exchange state of one key in this region.
@@ -81,6 +83,7 @@ type keyState struct {
 	cur           []uint64 // generation k listed the key with in its latest exchange report (0: none)
 	seen          []uint64 // epoch of k's latest exchange report that listed the key
 	ewma          []float64
+	unheard       uint64 // regions not heard at the last epoch: their EWMA restarts
 
 	exits []*exitState // generations we left and still announce, oldest first
 	// settled[k] is the newest generation of k's exit records we have
@@ -149,6 +152,8 @@ func New(cfg Config) (*State, error) {
 		exchEpoch: make([]uint64, n),
 		exchHeard: make([]time.Time, n),
 		x:         make([]float64, n),
+		fresh:     make([]bool, n),
+		heardNow:  make([]bool, n),
 		v:         make([]int64, n),
 		t:         make([]int64, n),
 		need:      make([]float64, 0, n),
@@ -337,6 +342,7 @@ func (s *State) demands(ks *keyState, now time.Time) {
 	for k := range s.x {
 		s.x[k] = 0
 	}
+	copy(s.fresh, s.heardNow)
 	s.x[s.self] = float64(ks.pub.demand)
 	live := ks.tallies[:0]
 	for _, e := range ks.tallies {
@@ -354,11 +360,19 @@ func (s *State) demands(ks *keyState, now time.Time) {
 }
 
 // pruneReplicas forgets replicas not heard for long, so that restarts with
-// new replica names do not grow the table forever.
+// new replica names do not grow the table forever, and notes which regions
+// a replica of was heard lately (their tallies are current: a key they do
+// not list has no demand there).
 func (s *State) pruneReplicas(now time.Time) {
 	forget := s.cfg.IdleAfter + 10*s.cfg.StaleAfter
+	for k := range s.heardNow {
+		s.heardNow[k] = k == s.self
+	}
 	for i := range s.replicas {
 		r := &s.replicas[i]
+		if r.live && now.Sub(r.lastHeard) <= s.cfg.StaleAfter {
+			s.heardNow[r.region] = true
+		}
 		if r.live && now.Sub(r.lastHeard) > forget {
 			delete(s.replicaBy, replicaKey(s.cfg.Regions[r.region], r.name))
 			r.live = false
