@@ -3,6 +3,8 @@ package agent
 import (
 	"context"
 	"sync"
+
+	"github.com/google/go-cmp/cmp"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -182,4 +184,28 @@ func runFaultScenario(t *testing.T, target string, stop, start func()) {
 func TestFaultLeaseServiceStops(t *testing.T) {
 	r := startRegion(t, faultPolicy, nil)
 	runFaultScenario(t, r.Addr, r.Stop, r.Start)
+}
+
+// TestColdKeysWhileDown: keys first seen while the region is unreachable
+// are decided by their failure modes (no lease to spend, an emergency bucket
+// at the rule's own rate) and are still forgotten once idle.
+func TestColdKeysWhileDown(t *testing.T) {
+	r := startRegion(t, faultPolicy, nil)
+	cfg := testConfig()
+	cfg.RoundTripTimeout, cfg.BreakerFailures, cfg.IdleAfter = 50*time.Millisecond, 1, 300*time.Millisecond
+	a := newAgent(t, r, cfg)
+	r.Stop()
+	ctx := context.Background()
+	var paths []Path
+	for _, key := range []string{"a", "b", "c", "a"} {
+		paths = append(paths, a.Allow(ctx, ds(key, "cold"), 1).Path)
+	}
+	want := []Path{PathFallbackLocal, PathFailedOpen, PathFailedClosed, PathFallbackLocal}
+	if diff := cmp.Diff(want, paths); diff != "" {
+		t.Errorf("paths (-want +got):\n%s", diff)
+	}
+	if !a.Stats().BreakerOpen {
+		t.Error("breaker not open with the region down")
+	}
+	eventually(t, 10*time.Second, "cold keys evicted", func() bool { return a.Stats().Keys == 0 })
 }

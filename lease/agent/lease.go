@@ -72,7 +72,7 @@ func (a *Agent) leaseCall(f *flight, timeout time.Duration) {
 			// Report this demand with the next call instead.
 			k.reportedAsked -= req.Items[i].Demand
 			k.reportedAdmitted -= req.Items[i].Admitted
-			a.scheduleAt(k, now+int64(a.cfg.ProbeInterval))
+			a.scheduleBy(k, now+int64(a.cfg.ProbeInterval))
 		}
 		if k.flight == f {
 			k.flight = nil

@@ -77,7 +77,7 @@ func (a *Agent) refreshOnce(work []*keyState) []*keyState {
 func (a *Agent) renew(pol *policy.Set, now int64, keys []*keyState) {
 	if call, _ := a.mayCall(now); !call {
 		for _, k := range keys {
-			a.scheduleAt(k, now+int64(a.cfg.ProbeInterval))
+			a.scheduleBy(k, now+int64(a.cfg.ProbeInterval))
 		}
 		return
 	}
@@ -259,6 +259,19 @@ func (a *Agent) scheduleAt(k *keyState, at int64) {
 		heap.Fix(&a.sched, k.heapIdx)
 	} else {
 		heap.Push(&a.sched, k)
+	}
+	a.smu.Unlock()
+}
+
+// scheduleBy makes sure k is checked by at, keeping an earlier plan.
+func (a *Agent) scheduleBy(k *keyState, at int64) {
+	a.smu.Lock()
+	if k.heapIdx < 0 {
+		k.due = at
+		heap.Push(&a.sched, k)
+	} else if at < k.due {
+		k.due = at
+		heap.Fix(&a.sched, k.heapIdx)
 	}
 	a.smu.Unlock()
 }

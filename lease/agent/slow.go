@@ -33,6 +33,7 @@ func (a *Agent) slowPath(ctx context.Context, s *scratch, now int64) int64 {
 		if !call {
 			for i := range s.res {
 				if rr := &s.res[i]; !rr.done {
+					a.ensureKey(s, rr, now)
 					a.failMode(rr, now)
 				}
 			}
@@ -126,6 +127,23 @@ func (a *Agent) fromSplitLeases(s *scratch, now int64) bool {
 	return any
 }
 
+// ensureKey gives rr a live key state, creating one for a new key. A new
+// key is scheduled for an idle check, so that keys which never get a lease
+// (decided by failure modes, say) are still forgotten once idle.
+func (a *Agent) ensureKey(s *scratch, rr *ruleResult, now int64) {
+	if rr.k != nil && !rr.k.isEvicted() {
+		return
+	}
+	nameLen, created := rr.nameLen, false
+	rr.k = a.keys.getOrCreate(s.buf[rr.start:rr.end], func(id string) *keyState {
+		created = true
+		return newKeyState(id, nameLen, now)
+	})
+	if created {
+		a.scheduleAt(rr.k, now+int64(a.cfg.IdleAfter))
+	}
+}
+
 func (a *Agent) pendingRules(s *scratch) bool {
 	for i := range s.res {
 		if !s.res[i].done {
@@ -146,12 +164,7 @@ func (a *Agent) joinOrStart(s *scratch, now int64) *flight {
 			continue
 		}
 		for {
-			if rr.k == nil || rr.k.isEvicted() {
-				nameLen := rr.nameLen
-				rr.k = a.keys.getOrCreate(s.buf[rr.start:rr.end], func(id string) *keyState {
-					return newKeyState(id, nameLen, now)
-				})
-			}
+			a.ensureKey(s, rr, now)
 			k := rr.k
 			k.mu.Lock()
 			if k.evicted.Load() {
