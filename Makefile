@@ -5,9 +5,10 @@ TESTFLAGS ?= -race -count=1 -timeout 30m
 
 .PHONY: run test test-short bench generate vet
 
-# Runs regiond on embedded defaults (memory store, example policy).
+# A local three-region deployment on embedded defaults (embedded NATS,
+# memory stores) with a load generator skewing demand between regions.
 run:
-	$(GO) run ./cmd/regiond
+	$(GO) run ./cmd/ration-local
 
 # Installs redis-server when missing (and it can), then runs every test.
 test:
