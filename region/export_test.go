@@ -42,3 +42,17 @@ func (s *State) Synced(key string) bool {
 	ks := s.byKey[key]
 	return ks == nil || ks.applied >= 0
 }
+
+// Reclaims returns Σ of the reclaims the State holds for key in its current
+// generation.
+func (s *State) Reclaims(key string) int64 {
+	ks := s.byKey[key]
+	if ks == nil || ks.gen == 0 {
+		return 0
+	}
+	var sum int64
+	for _, v := range s.ownTaken(ks) {
+		sum += v
+	}
+	return sum
+}

@@ -117,17 +117,7 @@ func reclaimAllowance(c *cluster, key string) int64 {
 	return held
 }
 
-func reclaimsOf(nd *node, key string) int64 {
-	var held int64
-	for _, k := range nd.st.Snapshot().Keys {
-		if k.Key == key && k.Generation != 0 {
-			for _, v := range k.Taken {
-				held += v
-			}
-		}
-	}
-	return held
-}
+func reclaimsOf(nd *node, key string) int64 { return nd.st.Reclaims(key) }
 
 // TestPropertyEscrow is the safety property of DESIGN.md "Level 2": under
 // loss, duplication, delay and reordering of reports, partitions, failed

@@ -96,32 +96,62 @@ func (s *State) Snapshot() Snapshot {
 		Heard:           slices.Clone(s.exchEpoch),
 		HeardAt:         slices.Clone(s.exchHeard),
 	}
+	// Size everything first: a handful of allocations, not one per row.
+	n := s.n
+	var keys, ints, floats, exits int
 	for _, ks := range s.keys {
 		if ks.gen == 0 && len(ks.exits) == 0 {
 			continue
 		}
-		k := KeySnapshot{Key: ks.key, Generation: ks.gen, GenerationFloor: ks.floor, Settled: slices.Clone(ks.settled)}
+		keys++
+		if ks.gen != 0 {
+			ints += 8 * n
+			floats += n
+		}
+		exits += len(ks.exits)
+		ints += 7 * n * len(ks.exits)
+	}
+	snap.Keys = make([]KeySnapshot, 0, keys)
+	buf := make([]int64, ints)
+	fbuf := make([]float64, floats)
+	gbuf := make([]uint64, keys*n)
+	xbuf := make([]ExitSnapshot, 0, exits)
+	take := func(v []int64) []int64 {
+		out := buf[:n:n]
+		buf = buf[n:]
+		copy(out, v)
+		return out
+	}
+	for _, ks := range s.keys {
+		if ks.gen == 0 && len(ks.exits) == 0 {
+			continue
+		}
+		k := KeySnapshot{Key: ks.key, Generation: ks.gen, GenerationFloor: ks.floor, Settled: gbuf[:n:n]}
+		gbuf = gbuf[n:]
+		copy(k.Settled, ks.settled)
 		if ks.gen != 0 {
 			k.Base = ks.base
-			k.Row = slices.Clone(s.ownRow(ks))
-			k.Taken = slices.Clone(s.ownTaken(ks))
-			k.In = slices.Clone(ks.in)
-			k.InTaken = slices.Clone(ks.inTaken)
-			k.Refund = slices.Clone(ks.refund)
-			k.Unclaim = slices.Clone(ks.unclaim)
-			k.Ack = slices.Clone(ks.ack)
-			k.AckTaken = slices.Clone(ks.ackTkn)
-			k.Demand = slices.Clone(ks.ewma)
+			k.Row, k.Taken = take(s.ownRow(ks)), take(s.ownTaken(ks))
+			k.In, k.InTaken = take(ks.in), take(ks.inTaken)
+			k.Refund, k.Unclaim = take(ks.refund), take(ks.unclaim)
+			k.Ack, k.AckTaken = take(ks.ack), take(ks.ackTkn)
+			k.Demand = fbuf[:n:n]
+			fbuf = fbuf[n:]
+			copy(k.Demand, ks.ewma)
 		}
-		for _, x := range ks.exits {
-			k.Exits = append(k.Exits, ExitSnapshot{
-				Exit: Exit{Generation: x.gen, Row: slices.Clone(x.row), Taken: slices.Clone(x.taken),
-					In: slices.Clone(x.in), InTaken: slices.Clone(x.intake)},
-				Refund:  slices.Clone(x.refund),
-				Ack:     slices.Clone(x.ack),
-				Dropped: slices.Clone(x.dropped),
-				At:      x.at,
-			})
+		if len(ks.exits) > 0 {
+			start := len(xbuf)
+			for _, x := range ks.exits {
+				xbuf = append(xbuf, ExitSnapshot{
+					Exit: Exit{Generation: x.gen, Row: take(x.row), Taken: take(x.taken),
+						In: take(x.in), InTaken: take(x.intake)},
+					Refund:  take(x.refund),
+					Ack:     take(x.ack),
+					Dropped: take(x.dropped),
+					At:      x.at,
+				})
+			}
+			k.Exits = xbuf[start:len(xbuf):len(xbuf)]
 		}
 		snap.Keys = append(snap.Keys, k)
 	}
