@@ -96,15 +96,22 @@ func (a *Agent) renew(pol *policy.Set, now int64, keys []*keyState) {
 		}
 		k.mu.Unlock()
 		if f != nil && len(f.keys) == maxBatch {
-			a.leaseCall(f, a.cfg.RefreshTimeout)
+			a.refreshCall(f)
 			f = nil
 		}
 	}
 	if f != nil {
-		a.leaseCall(f, a.cfg.RefreshTimeout)
+		a.refreshCall(f)
 	} else if a.down.Load() {
 		a.releaseProbe()
 	}
+}
+
+// refreshCall runs a background flight and counts it.
+func (a *Agent) refreshCall(f *flight) {
+	a.ctr.refreshCalls.Add(1)
+	a.ctr.refreshItems.Add(int64(len(f.keys)))
+	a.leaseCall(f, a.cfg.RefreshTimeout)
 }
 
 // check decides what k needs at now: a renewed lease, its unused tokens

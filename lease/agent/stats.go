@@ -18,6 +18,7 @@ type stripe struct {
 // counters are the agent's cumulative events off the request path.
 type counters struct {
 	leaseCalls, leaseItems, returnCalls, returnItems, callErrors atomic.Int64
+	refreshCalls, refreshItems                                   atomic.Int64
 	granted, dropped, returned                                   atomic.Int64
 	fallbacks, breakerOpened, evicted                            atomic.Int64
 	policyUpdates, policyErrors                                  atomic.Int64
@@ -34,6 +35,9 @@ type Stats struct {
 	// LeaseItems the keys they carried (one allocator operation each);
 	// ReturnCalls and ReturnItems the same for returns.
 	LeaseCalls, LeaseItems, ReturnCalls, ReturnItems int64
+	// RefreshCalls and RefreshItems are the part of LeaseCalls and
+	// LeaseItems made by the background refresher, which batches keys.
+	RefreshCalls, RefreshItems int64
 	// CallErrors counts Lease and Return calls that failed.
 	CallErrors int64
 	// TokensGranted, TokensDropped and TokensReturned count tokens leased,
@@ -93,6 +97,7 @@ func (a *Agent) Stats() Stats {
 	}
 	c := &a.ctr
 	s.LeaseCalls, s.LeaseItems, s.ReturnCalls, s.ReturnItems = c.leaseCalls.Load(), c.leaseItems.Load(), c.returnCalls.Load(), c.returnItems.Load()
+	s.RefreshCalls, s.RefreshItems = c.refreshCalls.Load(), c.refreshItems.Load()
 	s.CallErrors = c.callErrors.Load()
 	s.TokensGranted, s.TokensDropped, s.TokensReturned = c.granted.Load(), c.dropped.Load(), c.returned.Load()
 	s.FallbackActivations, s.BreakerOpenings, s.Evictions = c.fallbacks.Load(), c.breakerOpened.Load(), c.evicted.Load()
