@@ -76,6 +76,10 @@ type loadSpec struct {
 	duration   time.Duration
 	window     time.Duration // steady-state window at the end of the run
 	cfg        Config
+	// storeOps, if set, counts the store's operations (a Redis server's
+	// commands processed); otherwise the agents' lease and return items
+	// stand for them.
+	storeOps func() int64
 }
 
 type loadResult struct {
@@ -133,11 +137,14 @@ func runLoadOn(t *testing.T, target string, spec loadSpec, name string) loadResu
 			}
 		}
 	}
-	ops := func() (n int64) {
-		for _, a := range agents {
-			n += a.Stats().StoreOps()
+	ops := spec.storeOps
+	if ops == nil {
+		ops = func() (n int64) {
+			for _, a := range agents {
+				n += a.Stats().StoreOps()
+			}
+			return n
 		}
-		return n
 	}
 	admittedAll := func() (n int64) {
 		for _, k := range res.perKey {
