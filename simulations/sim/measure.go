@@ -71,7 +71,7 @@ type Sample struct {
 	Asked, Admitted []float64
 	Share           []int64
 	// Ratio is, per window length, the worst (admitted − L·W) / B over
-	// the windows that ended in the interval (any key).
+	// the windows that ended in the interval (any key); NaN when none did.
 	Ratio [3]float64
 }
 
@@ -242,7 +242,7 @@ func (m *meter) closeSample(t int64) {
 	}
 	for i := range s.Ratio {
 		if math.IsInf(s.Ratio[i], -1) {
-			s.Ratio[i] = 0
+			s.Ratio[i] = math.NaN() // no window of this length ended yet
 		}
 	}
 	m.series = append(m.series, s)

@@ -3,6 +3,7 @@ package sim
 import (
 	"bufio"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -58,7 +59,10 @@ func WriteCSV(w *bufio.Writer, res *Result) error {
 		}
 		w.WriteString(num(round4(s.T)) + "," + num(round4(asked)) + "," + num(round4(adm)))
 		for _, r := range s.Ratio {
-			w.WriteString("," + num(round4(r)))
+			w.WriteByte(',')
+			if !math.IsNaN(r) {
+				w.WriteString(num(round4(r)))
+			}
 		}
 		for i := range s.Asked {
 			w.WriteString("," + num(round4(s.Asked[i])) + "," + num(round4(s.Admitted[i])) + "," + strconv.FormatInt(s.Share[i], 10))

@@ -3,6 +3,7 @@ package sim
 import (
 	"fmt"
 	"image/color"
+	"math"
 	"path/filepath"
 
 	"gonum.org/v1/plot"
@@ -25,9 +26,11 @@ func writePlots(dir string, res *Result) error {
 	s := &res.Summary
 	limit := res.limit // Σ L: with many keys only a scale mark
 	total := func(f func(Sample) float64) plotter.XYs {
-		xy := make(plotter.XYs, len(res.Series))
-		for i, smp := range res.Series {
-			xy[i] = plotter.XY{X: smp.T, Y: f(smp)}
+		xy := make(plotter.XYs, 0, len(res.Series))
+		for _, smp := range res.Series {
+			if y := f(smp); !math.IsNaN(y) {
+				xy = append(xy, plotter.XY{X: smp.T, Y: y})
+			}
 		}
 		return xy
 	}
@@ -89,7 +92,7 @@ func writePlots(dir string, res *Result) error {
 	p.X.Label.Text, p.Y.Label.Text = "time (s)", "ratio (1 = bound)"
 	for i, name := range []string{"W = 1s", "W = 10s", "W = 60s"} {
 		ii := i
-		if s.BoundTokens.Get(i) == nil {
+		if s.BoundTokens.Get(i) == nil || len(total(func(x Sample) float64 { return x.Ratio[ii] })) == 0 {
 			continue
 		}
 		if err := add(p, name, total(func(x Sample) float64 { return x.Ratio[ii] }), palette[i%len(palette)], false); err != nil {
