@@ -224,6 +224,17 @@ func (d *Driver) decideLocal(s *scratch, now int64, ds []policy.Descriptor, hits
 	slow := false
 	for i := range s.res {
 		rr := &s.res[i]
+		if rr.need > min(rr.rule.Burst, maxSpend) {
+			// More than the rule's whole bucket: no lease can ever hold it.
+			rr.done, rr.path = true, PathLease
+			if rr.k != nil {
+				rr.k.denied.Add(min(rr.need, maxSpend))
+			}
+			if !rr.rule.Shadow {
+				return a.finish(s, now), false
+			}
+			continue
+		}
 		if rr.k == nil {
 			slow = true
 			continue
@@ -238,7 +249,7 @@ func (d *Driver) decideLocal(s *scratch, now int64, ds []policy.Descriptor, hits
 			}
 			continue
 		}
-		if du := rr.k.denyUntil.Load(); now < du {
+		if du := rr.k.denyUntil.Load(); now < du && rr.k.liveTokens(now) < rr.need {
 			rr.done, rr.path, rr.retry = true, PathDenyCache, du-now
 			rr.k.denied.Add(rr.need)
 			if !rr.rule.Shadow {
@@ -268,10 +279,14 @@ func (d *Driver) attempt(w *waiter, now int64) bool {
 		return true
 	}
 	w.attempt++
+	if a.fromSplitLeases(s, now) && !a.pendingRules(s) {
+		return true
+	}
 	call, probe := a.mayCall(now)
 	if !call {
 		for i := range s.res {
 			if rr := &s.res[i]; !rr.done {
+				a.ensureKey(s, rr, now)
 				a.failMode(rr, now)
 			}
 		}
@@ -486,7 +501,7 @@ func (d *Driver) refresh(now int64) {
 	if len(renew) > 0 {
 		if call, _ := a.mayCall(now); !call {
 			for _, k := range renew {
-				a.scheduleAt(k, now+int64(a.cfg.ProbeInterval))
+				a.scheduleBy(k, now+int64(a.cfg.ProbeInterval))
 			}
 		} else {
 			d.queue = append(d.queue, refresherStep{pol: pol, keys: renew})
@@ -547,6 +562,9 @@ func (d *Driver) nextRefresherCall(now int64) {
 			d.popStep()
 		}
 		if f != nil {
+			// Agent.refreshCall.
+			a.ctr.refreshCalls.Add(1)
+			a.ctr.refreshItems.Add(int64(len(f.keys)))
 			c := d.leaseCall(f, now, a.cfg.RefreshTimeout, true)
 			d.busy = c
 			d.out = append(d.out, c)
@@ -641,7 +659,7 @@ func (d *Driver) completeLease(c *Call, now int64, resp *leasev1.LeaseResponse, 
 		} else {
 			k.reportedAsked -= c.Lease.Items[i].Demand
 			k.reportedAdmitted -= c.Lease.Items[i].Admitted
-			a.scheduleAt(k, now+int64(a.cfg.ProbeInterval))
+			a.scheduleBy(k, now+int64(a.cfg.ProbeInterval))
 		}
 		if k.flight == f {
 			k.flight = nil
