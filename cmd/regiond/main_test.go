@@ -63,3 +63,18 @@ func TestBinaryServesAndStopsOnSIGTERM(t *testing.T) {
 		t.Fatalf("after SIGTERM: %v, want exit status 0", err)
 	}
 }
+
+// TestExchangeFlagsAreValidated checks that contradictory exchange flags
+// stop regiond before it binds anything.
+func TestExchangeFlagsAreValidated(t *testing.T) {
+	for _, args := range [][]string{
+		{"-nats", "nats://127.0.0.1:1", "-nats-embedded"},
+		{"-region", "eu", "-regions", "us,ap", "-nats-embedded"},
+		{"-region", "eu", "-regions", "eu,eu"},
+		{"-sync-period", "1us", "-nats-embedded"},
+	} {
+		if err := run(append(args, "-listen", "127.0.0.1:0", "-admin", "-")); err == nil {
+			t.Errorf("run(%q): got nil, want an error", args)
+		}
+	}
+}

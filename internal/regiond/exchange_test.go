@@ -351,3 +351,45 @@ func TestExchangeHolderDies(t *testing.T) {
 		return within5(sh, want, regions...)
 	})
 }
+
+// TestEmbeddedNATSAndMemoryStores is the embedded setup: one daemon runs
+// NATS in-process, another region connects to it, both on memory stores.
+func TestEmbeddedNATSAndMemoryStores(t *testing.T) {
+	regions := []string{"eu", "us"}
+	eu := startDaemon(t, Config{Region: "eu", Regions: regions, NATSEmbedded: true, NATSListen: "127.0.0.1:0", SyncPeriod: syncPeriod})
+	if eu.NATSURL() == "" {
+		t.Fatal("no embedded NATS URL")
+	}
+	us := startDaemon(t, Config{Region: "us", Regions: regions, NATSURL: eu.NATSURL(), SyncPeriod: syncPeriod})
+	dep := &deployment{t: t, regions: regions, nodes: map[string][]*Daemon{"eu": {eu}, "us": {us}}}
+	if sh := dep.shares(); sh["eu"] != 500_000 || sh["us"] != 500_000 {
+		t.Fatalf("initial shares %v, want half each", sh)
+	}
+	rates := map[string]int64{"us": 700, "eu": 100}
+	dep.load(rates)
+	want := targets(regions, rates)
+	dep.observe("us takes the share", 10*time.Second, func(sh map[string]int64) bool { return within5(sh, want, regions...) })
+}
+
+// TestNoNATSMeansOneRegion checks that without NATS nothing is exchanged
+// and the region holds every key whole.
+func TestNoNATSMeansOneRegion(t *testing.T) {
+	d := startDaemon(t, Config{Region: "eu"})
+	if d.Exchanger() != nil {
+		t.Fatal("an exchange runs without NATS")
+	}
+	if s, err := d.Share(context.Background(), exKey); err != nil || s != region.PPM {
+		t.Fatalf("got share %d, %v; want %d", s, err, region.PPM)
+	}
+	for name, cfg := range map[string]Config{
+		"both NATS":           {NATSURL: "nats://127.0.0.1:1", NATSEmbedded: true},
+		"region not listed":   {Region: "eu", Regions: []string{"us", "ap"}},
+		"region twice":        {Region: "eu", Regions: []string{"eu", "eu"}},
+		"bad region name":     {Region: "eu", Regions: []string{"eu", "U.S."}},
+		"sync period too low": {SyncPeriod: time.Microsecond},
+	} {
+		if _, err := New(cfg); err == nil {
+			t.Errorf("%s: New succeeded, want an error", name)
+		}
+	}
+}
