@@ -16,7 +16,7 @@ import (
 // driverWorld runs one Driver against a real lease service over a memory
 // store on a virtual clock, with a fixed round trip, in one goroutine.
 type driverWorld struct {
-	t     *testing.T
+	t     testing.TB
 	start time.Time
 	now   time.Duration // since start
 	rtt   time.Duration
@@ -34,7 +34,7 @@ type pendingCall struct {
 	err  error
 }
 
-func newDriverWorld(t *testing.T, yaml string, rtt time.Duration) *driverWorld {
+func newDriverWorld(t testing.TB, yaml string, rtt time.Duration) *driverWorld {
 	t.Helper()
 	start := time.Unix(1_700_000_000, 0)
 	w := &driverWorld{t: t, start: start, rtt: rtt, tags: map[uint64]Decision{}}
@@ -177,8 +177,7 @@ func TestDriverNeedsAgentID(t *testing.T) {
 // BenchmarkDriverDecide measures a decision on a key holding a large lease:
 // the path nearly every simulated request takes.
 func BenchmarkDriverDecide(b *testing.B) {
-	t := &testing.T{}
-	w := newDriverWorld(t, "rules:\n  - {name: r, key: [tenant], limit: 1000000000, burst: 1000000000}\n", time.Millisecond)
+	w := newDriverWorld(b, "rules:\n  - {name: r, key: [tenant], limit: 1000000000, burst: 1000000000}\n", time.Millisecond)
 	// Warm the key up so that its leases are large.
 	for i := 0; i < 2000; i++ {
 		now := time.Duration(i) * time.Millisecond
