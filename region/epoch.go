@@ -146,7 +146,9 @@ func (s *State) epochKey(now time.Time, ks *keyState, p *Plan) bool {
 	// Generation: enter one, or follow a peer to a newer one.
 	if ks.gen == 0 {
 		if !active && !s.pendingGifts(ks) {
-			return len(ks.exits) > 0 // a tombstone announcing its exit
+			// Keep a tombstone announcing its exit, or a key a peer
+			// still exchanges (to join its generation on demand).
+			return len(ks.exits) > 0 || s.highestPeerGen(ks) > 0
 		}
 		s.enter(now, ks, s.initial[me])
 	} else if g := s.highestPeerGen(ks); g > ks.gen {
@@ -369,14 +371,18 @@ func (s *State) leave(now time.Time, ks *keyState, moving bool) {
 	ks.lastTransfer = now
 }
 
-// targets returns every region's target share for the key. Peers that are
-// heard and in our generation are live; the others are frozen at their
-// current share (fail-static) and the water-filling divides what is left.
+// targets returns every region's target share for the key. Peers heard
+// lately are live: those in our generation can receive gifts, the others
+// (no exchange state yet, or another generation) will join ours within an
+// epoch, bringing their share, so they take part in the water-filling but
+// receive nothing yet. Peers not heard are frozen at their current share
+// (fail-static) and the water-filling divides what is left.
 func (s *State) targets(now time.Time, ks *keyState, pol KeyPolicy, sh int64, idle bool) []int64 {
 	n, me, cfg := s.n, s.self, &s.cfg
 	s.live = s.live[:0]
 	var frozen int64
 	for k := 0; k < n; k++ {
+		s.recv[k] = false
 		if k == me {
 			s.v[k] = sh
 			s.live = append(s.live, k)
@@ -396,8 +402,9 @@ func (s *State) targets(now time.Time, ks *keyState, pol KeyPolicy, sh int64, id
 		// An idle key gives back toward the initial shares even to a
 		// silent peer: the gift waits for it, and we keep the key until
 		// it is acknowledged.
-		if inGen && (heard || idle) {
+		if inGen && (heard || idle) || heard && !idle {
 			s.live = append(s.live, k)
+			s.recv[k] = inGen
 		} else {
 			s.t[k] = s.v[k]
 			frozen += max(s.v[k], 0)
@@ -448,7 +455,7 @@ func (s *State) giftsFor(ks *keyState, sh int64, t []int64, idle bool) []int64 {
 	}
 	var deficit int64
 	for _, k := range s.live {
-		if k != me && t[k] > s.v[k] {
+		if s.recv[k] && t[k] > s.v[k] {
 			deficit += t[k] - s.v[k]
 		}
 	}
@@ -459,7 +466,7 @@ func (s *State) giftsFor(ks *keyState, sh int64, t []int64, idle bool) []int64 {
 	g := make([]int64, s.n)
 	var given int64
 	for _, k := range s.live {
-		if k != me && t[k] > s.v[k] {
+		if s.recv[k] && t[k] > s.v[k] {
 			g[k] = give * (t[k] - s.v[k]) / deficit
 			given += g[k]
 		}
@@ -469,7 +476,7 @@ func (s *State) giftsFor(ks *keyState, sh int64, t []int64, idle bool) []int64 {
 		if given == give {
 			break
 		}
-		if k != me && t[k] > s.v[k] {
+		if s.recv[k] && t[k] > s.v[k] {
 			g[k]++
 			given++
 		}

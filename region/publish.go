@@ -67,7 +67,7 @@ func (s *State) Report() Report {
 			Granted:    ks.pub.granted,
 		}
 		if ks.gen != 0 {
-			e.Base = ks.base
+			e.Base = s.effectiveBase(ks)
 			e.Row = take(s.ownRow(ks))
 			e.Taken = takeOpt(s.ownTaken(ks))
 			e.In = takeOpt(ks.in)

@@ -77,7 +77,7 @@ func (s *State) Receive(now time.Time, r Report) error {
 		e := &r.Keys[i]
 		ks := s.recvKS[i]
 		if ks == nil {
-			if !s.worthCreating(e, exchange, myCol) {
+			if !s.worthCreating(e, exchange) {
 				continue
 			}
 			ks = s.addKey(e.Key)
@@ -138,13 +138,11 @@ func (s *State) checkRegress(ks *keyState, k int, e *KeyReport, cols []int, myCo
 }
 
 // worthCreating reports whether a report entry for a key we do not hold
-// should make us hold it: someone has demand, or a peer has given us share
-// in a generation we may still enter.
-func (s *State) worthCreating(e *KeyReport, exchange bool, myCol int) bool {
-	if e.Demand > 0 {
-		return true
-	}
-	return exchange && e.Generation > s.genFloor && myCol >= 0 && e.Row[myCol] > 0
+// should make us hold it: someone has demand, or a peer has exchange state
+// for it. We then know which generation our peers are in when demand comes,
+// and join theirs rather than start one they would all have to move to.
+func (s *State) worthCreating(e *KeyReport, exchange bool) bool {
+	return e.Demand > 0 || (exchange && e.Generation > 0)
 }
 
 // mergeRow merges peer k's row for the key: a newer generation replaces the

@@ -39,7 +39,9 @@ type KeyReport struct {
 	// key, 0 when it has none (a tally-only entry, or a region that has
 	// retired the key and still announces its Exit).
 	Generation uint64
-	// Base is the sender's share when it entered Generation, in ppm.
+	// Base is the sender's share when it entered Generation, in ppm, plus
+	// what it took back from (or gave up to) regions that left Generation
+	// without applying it: with the rows, it gives the sender's share.
 	Base int64
 	// Row is G[sender][j]: the share the sender has given to region j in
 	// Generation, cumulative, in ppm. Empty when Generation is 0.

@@ -101,6 +101,9 @@ func (s *State) Snapshot() Snapshot {
 	var keys, ints, floats, exits int
 	for _, ks := range s.keys {
 		if ks.gen == 0 && len(ks.exits) == 0 {
+			// Not persisted; its floor must be, or a restarted region
+			// could enter again a generation it left.
+			snap.GenerationFloor = max(snap.GenerationFloor, ks.floor)
 			continue
 		}
 		keys++

@@ -43,6 +43,7 @@ type State struct {
 	heardNow []bool // per region: some replica of it heard within StaleAfter
 	v, t     []int64
 	live     []int
+	recv     []bool // per region: a live peer in our generation, which can receive gifts
 	need     []float64
 	weights  []int64
 	lt       []int64
@@ -153,6 +154,7 @@ func New(cfg Config) (*State, error) {
 		exchHeard: make([]time.Time, n),
 		x:         make([]float64, n),
 		fresh:     make([]bool, n),
+		recv:      make([]bool, n),
 		heardNow:  make([]bool, n),
 		v:         make([]int64, n),
 		t:         make([]int64, n),
@@ -283,6 +285,17 @@ func (s *State) own(ks *keyState) int64 {
 		sh += ks.in[j] - row[j] + tk[j] - ks.inTaken[j] + ks.refund[j] - ks.unclaim[j]
 	}
 	return sh
+}
+
+// effectiveBase is the base we report: it includes what we took back from,
+// or gave up to, peers that left the generation, which our rows do not
+// show, so that peers' views of our share are right.
+func (s *State) effectiveBase(ks *keyState) int64 {
+	b := ks.base
+	for j := 0; j < s.n; j++ {
+		b += ks.refund[j] - ks.unclaim[j]
+	}
+	return clamp(b, -PPM, PPM)
 }
 
 // view estimates the share of peer k, which is in our generation, from the
