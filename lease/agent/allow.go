@@ -82,17 +82,20 @@ const (
 // memory, allocating nothing. A key without tokens costs one synchronous
 // round trip bounded by RoundTripTimeout; while the region is unreachable
 // each rule's on_error decides. ctx bounds only that round trip's wait.
-func (a *Agent) Allow(ctx context.Context, ds []policy.Descriptor, hits int64) Decision {
+func (a *Agent) Allow(ctx context.Context, ds []policy.Descriptor, hits int64) (d Decision) {
 	now := a.now()
 	s := a.scratch.Get().(*scratch)
-	d := a.decide(ctx, s, now, ds, hits)
-	a.record(s, now, d)
+	// The decision is written in place, into the result, rather than
+	// copied back up through each call: on this path the copies cost more
+	// than the arithmetic.
+	a.decide(&d, ctx, s, now, ds, hits)
+	a.count(s, now, d.Path, d.Allowed)
 	s.synced = false
 	a.scratch.Put(s)
 	return d
 }
 
-func (a *Agent) decide(ctx context.Context, s *scratch, now int64, ds []policy.Descriptor, hits int64) Decision {
+func (a *Agent) decide(d *Decision, ctx context.Context, s *scratch, now int64, ds []policy.Descriptor, hits int64) {
 	hits = max(hits, 1)
 	if set := a.pol.Load(); s.sameMatch(set, ds, hits) {
 		for i := range s.res {
@@ -118,7 +121,8 @@ func (a *Agent) decide(ctx context.Context, s *scratch, now int64, ds []policy.D
 		s.memoDs = append(s.memoDs[:0], ds...)
 	}
 	if len(s.res) == 0 {
-		return Decision{Allowed: true}
+		*d = Decision{Allowed: true}
+		return
 	}
 	slow := false
 	for i := range s.res {
@@ -130,7 +134,8 @@ func (a *Agent) decide(ctx context.Context, s *scratch, now int64, ds []policy.D
 				rr.k.denied.Add(min(rr.need, maxSpend))
 			}
 			if !rr.rule.Shadow {
-				return a.finish(s, now)
+				a.finishInto(d, s, now)
+				return
 			}
 			continue
 		}
@@ -152,7 +157,8 @@ func (a *Agent) decide(ctx context.Context, s *scratch, now int64, ds []policy.D
 			rr.done, rr.path, rr.retry = true, PathDenyCache, du-now
 			rr.k.denied.Add(rr.need)
 			if !rr.rule.Shadow {
-				return a.finish(s, now)
+				a.finishInto(d, s, now)
+				return
 			}
 			continue
 		}
@@ -161,7 +167,7 @@ func (a *Agent) decide(ctx context.Context, s *scratch, now int64, ds []policy.D
 	if slow {
 		now = a.slowPath(ctx, s, now)
 	}
-	return a.finish(s, now)
+	a.finishInto(d, s, now)
 }
 
 // tokens is hits × cost, saturating instead of overflowing.
@@ -181,10 +187,18 @@ func tokens(hits, cost int64) int64 {
 // them, so putting them back locally cannot admit anything the region did
 // not grant), and is described by the denying rule with the longest wait.
 func (a *Agent) finish(s *scratch, now int64) Decision {
+	var d Decision
+	a.finishInto(&d, s, now)
+	return d
+}
+
+// finishInto is finish writing into d.
+func (a *Agent) finishInto(d *Decision, s *scratch, now int64) {
 	if len(s.res) == 1 && s.res[0].ok && !s.res[0].rule.Shadow {
 		// The common case, one enforced rule that allowed: no ranking.
 		rr := &s.res[0]
-		return a.allowed(rr, rr.path, now)
+		a.allowedInto(d, rr, rr.path, now)
+		return
 	}
 	var deny, shadow, tight *ruleResult
 	tightness := math.Inf(1)
@@ -216,7 +230,7 @@ func (a *Agent) finish(s *scratch, now int64) Decision {
 	}
 	if deny != nil {
 		a.undoAll(s)
-		return Decision{
+		*d = Decision{
 			Limit:      deny.rule.Limit,
 			Period:     deny.rule.Period,
 			Reset:      deny.rule.Period,
@@ -224,9 +238,10 @@ func (a *Agent) finish(s *scratch, now int64) Decision {
 			Rule:       deny.rule.Name,
 			Path:       deny.path,
 		}
+		return
 	}
 	if shadow != nil {
-		return Decision{
+		*d = Decision{
 			Allowed:    true,
 			Limit:      shadow.rule.Limit,
 			Period:     shadow.rule.Period,
@@ -235,31 +250,32 @@ func (a *Agent) finish(s *scratch, now int64) Decision {
 			Rule:       shadow.rule.Name,
 			Path:       PathShadow,
 		}
+		return
 	}
 	if tight == nil {
 		// Only shadow rules matched, and they all would have allowed: no
 		// rule decided.
-		return Decision{Allowed: true}
+		*d = Decision{Allowed: true}
+		return
 	}
-	return a.allowed(tight, path, now)
+	a.allowedInto(d, tight, path, now)
 }
 
-// allowed describes an allowed request by rule result rr.
-func (a *Agent) allowed(rr *ruleResult, path Path, now int64) Decision {
+// allowedInto describes, in d, a request allowed by rule result rr.
+func (a *Agent) allowedInto(d *Decision, rr *ruleResult, path Path, now int64) {
 	r := rr.rule
 	rem := a.remaining(rr, now)
 	if rr.nsPerToken == 0 { // kept by the memo: one division per match
 		rr.nsPerToken = float64(r.Period) / float64(r.Limit)
 	}
-	return Decision{
-		Allowed:   true,
-		Limit:     r.Limit,
-		Period:    r.Period,
-		Remaining: rem,
-		Reset:     time.Duration(float64(r.Limit-rem) * rr.nsPerToken),
-		Rule:      r.Name,
-		Path:      path,
-	}
+	d.Allowed = true
+	d.Limit = r.Limit
+	d.Period = r.Period
+	d.Remaining = rem
+	d.Reset = time.Duration(float64(r.Limit-rem) * rr.nsPerToken)
+	d.RetryAfter = 0
+	d.Rule = r.Name
+	d.Path = path
 }
 
 // remaining estimates a key's tokens left for headers: its leased tokens
@@ -328,12 +344,15 @@ func (a *Agent) queueRefresh(k *keyState) {
 
 // record counts the decision by path and outcome on the caller's stripe,
 // and times one decision in 64 for the latency histogram.
-func (a *Agent) record(s *scratch, now int64, d Decision) {
+func (a *Agent) record(s *scratch, now int64, d Decision) { a.count(s, now, d.Path, d.Allowed) }
+
+// count is record taking only what it needs of the decision.
+func (a *Agent) count(s *scratch, now int64, path Path, allowed bool) {
 	o := 0
-	if d.Allowed {
+	if allowed {
 		o = 1
 	}
-	n := s.stripe.decisions[d.Path][o].Add(1)
+	n := s.stripe.decisions[path][o].Add(1)
 	if s.synced {
 		s.stripe.synced.Add(1)
 	}
