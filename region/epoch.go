@@ -88,6 +88,7 @@ func (s *State) Epoch(now time.Time) Plan {
 		}
 	}
 	s.open = p.steps
+	s.restored = false
 	return p
 }
 
@@ -117,6 +118,11 @@ func (s *State) epochKey(now time.Time, ks *keyState, p *Plan) bool {
 	for k := 0; k < n; k++ {
 		bit := uint64(1) << k
 		switch {
+		case k == me && s.restored:
+			// Our tallies of the epoch before the restart are lost:
+			// hold our demand for one epoch rather than see a drop.
+			active = active || ks.ewma[k] >= 1
+			continue
 		case !s.fresh[k]:
 			// Not idle while a region we cannot hear had demand.
 			ks.unheard |= bit

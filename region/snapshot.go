@@ -317,5 +317,6 @@ func (s *State) Restore(snap Snapshot) error {
 	s.genFloor = max(s.genFloor, snap.GenerationFloor)
 	s.seq++
 	s.committed, s.open = true, nil
+	s.restored = true
 	return nil
 }

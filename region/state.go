@@ -27,6 +27,7 @@ type State struct {
 
 	seq       uint64 // sequence of the latest Plan
 	committed bool   // the latest Plan was committed
+	restored  bool   // Restore ran since the last Epoch
 	open      []step // the latest Plan's steps, to distrust them if not committed
 
 	replicas  []replica
