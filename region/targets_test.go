@@ -20,43 +20,43 @@ func TestTargets(t *testing.T) {
 		weights []int64
 		want    []int64
 	}{{
-		name: "nobody needs anything: floors plus the rest by weight, the initial shares",
+		name:  "nobody needs anything: floors plus the rest by weight, the initial shares",
 		total: region.PPM, need: []float64{0, 0, 0}, floor: 20_000, weights: equal3,
 		want: []int64{333334, 333333, 333333},
 	}, {
-		name: "unequal weights spread the unused quota unequally",
+		name:  "unequal weights spread the unused quota unequally",
 		total: region.PPM, need: []float64{0, 0}, floor: 0, weights: []int64{750_000, 250_000},
 		want: []int64{750_000, 250_000},
 	}, {
-		name: "everyone served: need plus floor, the rest spread by weight",
+		name:  "everyone served: need plus floor, the rest spread by weight",
 		total: region.PPM, need: []float64{100_000, 200_000, 0}, floor: 20_000, weights: equal3,
 		want: []int64{100_000 + 20_000 + 213_334, 200_000 + 20_000 + 213_333, 20_000 + 213_333},
 	}, {
-		name: "contention: the small need is served, the hungry split the rest",
+		name:  "contention: the small need is served, the hungry split the rest",
 		total: region.PPM, need: []float64{100_000, 900_000, 900_000}, floor: 20_000, weights: equal3,
 		want: []int64{120_000, 440_000, 440_000},
 	}, {
-		name: "one hungry region takes what the others leave",
+		name:  "one hungry region takes what the others leave",
 		total: region.PPM, need: []float64{0, 5 * region.PPM, 0}, floor: 20_000, weights: equal3,
 		want: []int64{20_000, 960_000, 20_000},
 	}, {
-		name: "equal needs split equally, remainder to the lower index",
+		name:  "equal needs split equally, remainder to the lower index",
 		total: region.PPM, need: []float64{region.PPM, region.PPM, region.PPM}, floor: 20_000, weights: equal3,
 		want: []int64{333334, 333333, 333333},
 	}, {
-		name: "a smaller total (frozen peers hold the rest)",
+		name:  "a smaller total (frozen peers hold the rest)",
 		total: 600_000, need: []float64{500_000, 500_000}, floor: 20_000,
 		want: []int64{300_000, 300_000},
 	}, {
-		name: "negative and NaN needs count as zero",
+		name:  "negative and NaN needs count as zero",
 		total: region.PPM, need: []float64{-5, math.NaN()}, floor: 0,
 		want: []int64{500_000, 500_000},
 	}, {
-		name: "no total",
+		name:  "no total",
 		total: 0, need: []float64{1, 2}, floor: 20_000,
 		want: []int64{0, 0},
 	}, {
-		name: "no regions",
+		name:  "no regions",
 		total: region.PPM, need: nil,
 		want: []int64{},
 	}} {
