@@ -35,7 +35,9 @@ type node struct {
 	persisted *region.Snapshot
 	isolated  int // epochs left in isolation
 	restarts  int
-	restartAt int // step of the last restart
+	restartAt int  // step of the last restart
+	down      bool // not running: no epochs, reports to and from it are lost
+	unborn    bool // not started yet: it spends nothing
 }
 
 type msg struct {
@@ -58,8 +60,10 @@ type cluster struct {
 	// epoch.
 	check func(c *cluster, when string)
 	after func(c *cluster, i int)
+	// allowUnknown accepts ErrUnknownRegion (during region set changes).
+	allowUnknown bool
 	// stats
-	delivered, lost, stale int
+	delivered, lost, stale, unknown int
 }
 
 func newCluster(t testing.TB, rng *rand.Rand, n int, tweak func(*region.Config)) *cluster {
@@ -85,6 +89,9 @@ func newCluster(t testing.TB, rng *rand.Rand, n int, tweak func(*region.Config))
 // applied returns region i's applied share of key, as its bucket sees it.
 func (c *cluster) applied(i int, key string) int64 {
 	nd := c.nodes[i]
+	if nd.unborn {
+		return 0
+	}
 	if v, ok := nd.store[key]; ok {
 		return v
 	}
@@ -98,6 +105,13 @@ func (c *cluster) sum(key string) int64 {
 		s += c.applied(i, key)
 	}
 	return s
+}
+
+// reconfigure restarts a region with a new configuration from its last
+// persisted snapshot, as an operator's rollout would.
+func (c *cluster) reconfigure(i int, tweak func(*region.Config)) {
+	tweak(&c.nodes[i].cfg)
+	c.restart(c.nodes[i])
 }
 
 func (c *cluster) restart(nd *node) {
@@ -127,7 +141,7 @@ func (c *cluster) deliver() {
 			continue
 		}
 		nd := c.nodes[m.to]
-		if nd.isolated > 0 || c.nodes[c.index(m.rep.Region)].isolated > 0 {
+		if nd.isolated > 0 || nd.down || c.nodes[c.index(m.rep.Region)].isolated > 0 {
 			c.lost++
 			continue
 		}
@@ -137,6 +151,8 @@ func (c *cluster) deliver() {
 			c.delivered++
 		case errors.Is(err, region.ErrStale):
 			c.stale++
+		case errors.Is(err, region.ErrUnknownRegion) && c.allowUnknown:
+			c.unknown++
 		default:
 			c.t.Fatalf("step %d: %s receives from %s: %v", c.step, nd.name, m.rep.Region, err)
 		}
@@ -262,12 +278,15 @@ func (c *cluster) run(keys []string, demand func(region int, key string) int64) 
 	c.deliver()
 	for i, nd := range c.nodes {
 		for _, key := range keys {
-			if d := demand(i, key); d > 0 {
+			if d := demand(i, key); d > 0 && !nd.down {
 				nd.st.Observe(key, d, d)
 			}
 		}
 	}
 	for _, i := range c.rng.Perm(len(c.nodes)) {
+		if c.nodes[i].down {
+			continue
+		}
 		c.epoch(i)
 		if c.after != nil {
 			c.after(c, i)

@@ -120,9 +120,13 @@
 //
 //	E_reclaim ≤ Σ_i Σ_j R[i][j] ≤ s_j − FloorPPM   (per silent region j)
 //
-// in ppm of L, for as long as region j has not heard the reclaim; the
-// property test checks Σ ≤ PPM + the reclaims held (plus, for a region that
-// has not yet written its lowered share, the difference). Reclaims based on
+// in ppm of L, for as long as region j has not heard the reclaim. A region
+// that hears nobody sees everyone silent and reclaims from all of them, so
+// in a partition both sides reclaim: the overshoot is that sum over every
+// region some other region considers silent, at most PPM − n × FloorPPM
+// (TestScenarioReclaim). The property test checks Σ ≤ PPM + the reclaims
+// held (plus, for a region that has not yet written its lowered share, the
+// difference). Reclaims based on
 // a stale view can take more than the victim had: its share goes negative,
 // its store holds 0, and the excess stays within the same bound until the
 // others' gifts make it whole. A generation change ends a reclaim: the
