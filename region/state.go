@@ -191,7 +191,7 @@ func (s *State) Initial(region string) int64 {
 // `scope: global` keys are observed: `scope: region` keys are never
 // exchanged.
 func (s *State) Observe(key string, demand, granted int64) {
-	if key == "" {
+	if key == "" || (demand <= 0 && granted <= 0) {
 		return
 	}
 	ks := s.byKey[key]
