@@ -59,12 +59,19 @@ type Agent struct {
 	ctr     counters
 	metrics *metrics
 
-	ctx       context.Context
-	cancel    context.CancelFunc
-	wg        sync.WaitGroup
-	closed    atomic.Bool
-	closeOnce sync.Once
-	closeErr  error
+	ctx    context.Context
+	cancel context.CancelFunc
+	// calls parents every Lease and Return call. Close cancels it only after
+	// the refresher has stopped and the unused tokens went back: cancelling
+	// a call the region already answered would lose its grant, whose tokens
+	// the region has debited (safe, but they would be neither spent nor
+	// returned). Each call still has its own deadline.
+	calls       context.Context
+	callsCancel context.CancelFunc
+	wg          sync.WaitGroup
+	closed      atomic.Bool
+	closeOnce   sync.Once
+	closeErr    error
 }
 
 // New starts an agent: it connects to the region (lazily, as gRPC does),
@@ -127,6 +134,7 @@ func New(cfg Config) (*Agent, error) {
 	}
 	a.client = leasev1.NewLeaseServiceClient(conn)
 	a.ctx, a.cancel = context.WithCancel(context.Background())
+	a.calls, a.callsCancel = context.WithCancel(context.Background())
 	a.wg.Add(2)
 	go a.refreshLoop()
 	go a.watchPolicy()
@@ -186,6 +194,7 @@ func (a *Agent) Close() error {
 		a.cancel()
 		a.wg.Wait()
 		a.returnAll()
+		a.callsCancel()
 		if a.conn != nil {
 			a.conn.Close()
 		}

@@ -45,7 +45,7 @@ func (a *Agent) leaseCall(f *flight, timeout time.Duration) {
 		k.mu.Unlock()
 	}
 
-	ctx, cancel := context.WithTimeout(a.ctx, timeout)
+	ctx, cancel := context.WithTimeout(a.calls, timeout)
 	start := time.Now()
 	resp, err := a.client.Lease(ctx, req)
 	cancel()

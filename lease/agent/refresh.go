@@ -66,7 +66,7 @@ func (a *Agent) refreshOnce(work []*keyState) []*keyState {
 		a.renew(pol, now, renew)
 	}
 	if len(rets.items) > 0 {
-		ctx, cancel := context.WithTimeout(a.ctx, a.cfg.RefreshTimeout)
+		ctx, cancel := context.WithTimeout(a.calls, a.cfg.RefreshTimeout)
 		a.sendReturns(ctx, &rets)
 		cancel()
 	}
