@@ -205,7 +205,7 @@ func (s *State) epochKey(now time.Time, ks *keyState, p *Plan) bool {
 	}
 	st := step{ks: ks, gen: ks.gen, applied: a, gifts: gifts, takes: takes}
 	if intake {
-		st.intake = slices.Clone(ks.inTaken)
+		st.intake = s.rowBuf(ks.inTaken)
 	}
 	c := ShareChange{Key: ks.key, SharePPM: a, step: int32(len(p.steps) + 1)}
 	switch {
@@ -218,6 +218,23 @@ func (s *State) epochKey(now time.Time, ks *keyState, p *Plan) bool {
 	}
 	p.steps = append(p.steps, st)
 	return true
+}
+
+// rowBuf returns a new row for a plan's step, a copy of v (zero when v is
+// nil), carved from a larger allocation so that a plan moving many keys
+// allocates a few slabs rather than a row per key.
+func (s *State) rowBuf(v []int64) []int64 {
+	if len(s.slab) < s.n {
+		s.slab = make([]int64, max(1024, 64*s.n))
+	}
+	row := s.slab[:s.n:s.n]
+	s.slab = s.slab[s.n:]
+	if v == nil {
+		clear(row)
+	} else {
+		copy(row, v)
+	}
+	return row
 }
 
 // pendingGifts reports whether a peer has given us share in a generation we
@@ -469,7 +486,7 @@ func (s *State) giftsFor(ks *keyState, sh int64, t []int64, idle bool) []int64 {
 	if give < least {
 		return nil
 	}
-	g := make([]int64, s.n)
+	g := s.rowBuf(nil)
 	var given int64
 	for _, k := range s.live {
 		if s.recv[k] && t[k] > s.v[k] {
@@ -514,7 +531,7 @@ func (s *State) reclaims(now time.Time, ks *keyState, pol KeyPolicy) []int64 {
 		}
 		if x := (s.view(ks, k) - s.cfg.FloorPPM) / int64(s.n-1); x > 0 {
 			if takes == nil {
-				takes = make([]int64, s.n)
+				takes = s.rowBuf(nil)
 			}
 			takes[k] = x
 		}

@@ -50,6 +50,7 @@ type State struct {
 	lt       []int64
 	gifts    []int64
 	kept     []bool
+	slab     []int64 // rows of plan steps are carved from it (see rowBuf)
 }
 
 // keyState is the exchange state of one key in this region.

@@ -1,0 +1,127 @@
+package region_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/ration-dev/ration/region"
+)
+
+// benchRegions returns three regions exchanging keys active keys, warmed
+// up so that every key is in the same generation with rows, plus the latest
+// report of the two peers of the first region and the current time.
+func benchRegions(b *testing.B, keys int) (sts []*region.State, peers []region.Report, now time.Time) {
+	b.Helper()
+	names := []string{"r0", "r1", "r2"}
+	for _, name := range names {
+		sts = append(sts, mustNew(b, region.Config{
+			Self: name, Regions: names,
+			Policy: func(string) region.KeyPolicy { return region.KeyPolicy{Rate: 1000} },
+		}))
+	}
+	ids := make([]string, keys)
+	for k := range ids {
+		ids[k] = region.GlobalKey("bench", fmt.Sprint(k))
+	}
+	now = t0
+	reps := make([]region.Report, len(sts))
+	for e := 0; e < 4; e++ {
+		now = now.Add(time.Second)
+		for r, st := range sts {
+			for k, id := range ids {
+				st.Observe(id, int64(100*(r+1)+k%300), 0)
+			}
+			reps[r] = epochAll(b, st, now)
+		}
+		for r, st := range sts {
+			for p, rep := range reps {
+				if p != r {
+					if err := st.Receive(now, rep); err != nil {
+						b.Fatalf("Receive: %v", err)
+					}
+				}
+			}
+		}
+	}
+	return sts, reps[1:], now
+}
+
+// BenchmarkEpoch measures one region's sync step at 100,000 active global
+// keys with 3 regions: Receive the reports of its 2 peers, Epoch, Commit.
+// The peers' reports are replayed with new epoch numbers (their counters do
+// not change, so merging moves nothing). The local tallies are fed outside
+// the timer: "steady" keeps the demand, so no share moves; "moving"
+// alternates the region's demand between nothing and a lot, so every other
+// epoch every key gives share away (a Lower entry and a gift per key).
+func BenchmarkEpoch(b *testing.B) {
+	const keys = 100_000
+	for _, bc := range []struct {
+		name   string
+		demand func(epoch, k int) int64
+	}{
+		{"steady", func(_, k int) int64 { return int64(100 + k%300) }},
+		{"moving", func(epoch, _ int) int64 { return int64(3000 * (epoch % 2)) }},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			sts, peers, now := benchRegions(b, keys)
+			st := sts[0]
+			ids := make([]string, keys)
+			for k := range ids {
+				ids[k] = region.GlobalKey("bench", fmt.Sprint(k))
+			}
+			var lower int
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				b.StopTimer()
+				for k, id := range ids {
+					st.Observe(id, bc.demand(i, k), 0)
+				}
+				now = now.Add(time.Second)
+				b.StartTimer()
+				for _, rep := range peers {
+					rep.Epoch += uint64(i + 1)
+					if err := st.Receive(now, rep); err != nil {
+						b.Fatalf("Receive: %v", err)
+					}
+				}
+				p := st.Epoch(now)
+				if err := st.Commit(p); err != nil {
+					b.Fatalf("Commit: %v", err)
+				}
+				lower += len(p.Lower)
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/keys, "ns/key")
+			b.ReportMetric(float64(lower)/float64(b.N), "lowered/op")
+		})
+	}
+}
+
+// BenchmarkPublish measures what the caller does with the state after each
+// epoch at 100,000 keys: the report to publish and the snapshot to persist.
+func BenchmarkPublish(b *testing.B) {
+	sts, _, _ := benchRegions(b, 100_000)
+	b.Run("Report", func(b *testing.B) {
+		b.ReportAllocs()
+		for i := 0; i < b.N; i++ {
+			_ = sts[0].Report()
+		}
+	})
+	b.Run("Snapshot", func(b *testing.B) {
+		b.ReportAllocs()
+		for i := 0; i < b.N; i++ {
+			_ = sts[0].Snapshot()
+		}
+	})
+}
+
+// BenchmarkObserve measures the per-lease tally call on an active key.
+func BenchmarkObserve(b *testing.B) {
+	st := mustNew(b, region.Config{Self: "r0", Regions: []string{"r0", "r1"}})
+	st.Observe("bench/0", 1, 1)
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		st.Observe("bench/0", 1, 1)
+	}
+}
