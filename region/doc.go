@@ -74,8 +74,11 @@
 // MinTransferPPM are not moved. Convergence: a change of demand shows in
 // the reports of the next epoch, is acted on in the epoch after, and the
 // gifts are applied one epoch later; with α = 0.8 the shares are within 5%
-// of PPM of the targets four epochs after a change of demand, and three
-// epochs after faults end when demand did not change (the property test).
+// of PPM of the targets three to five epochs after a change of demand
+// (TestScenarioDemandShift logs the distribution), and within three epochs
+// after faults end when demand did not change (TestPropertyEscrow; four
+// when a key became active on both sides of a partition and the regions
+// first agree on a generation).
 //
 // # Generations and idle keys
 //

@@ -152,9 +152,10 @@ func (s *State) epochKey(now time.Time, ks *keyState, p *Plan) bool {
 	// Generation: enter one, or follow a peer to a newer one.
 	if ks.gen == 0 {
 		if !active && !s.pendingGifts(ks) {
-			// Keep a tombstone announcing its exit, or a key a peer
-			// still exchanges (to join its generation on demand).
-			return len(ks.exits) > 0 || s.highestPeerGen(ks) > 0
+			// Keep a tombstone announcing its exit, a key a peer still
+			// exchanges (to join its generation on demand), or one whose
+			// peers' exit records we acknowledge.
+			return len(ks.exits) > 0 || ks.announcing != 0 || s.highestPeerGen(ks) > 0
 		}
 		s.enter(now, ks, s.initial[me])
 	} else if g := s.highestPeerGen(ks); g > ks.gen {
@@ -277,26 +278,28 @@ func (s *State) enter(now time.Time, ks *keyState, base int64) {
 	ks.lastTransfer = now
 }
 
-// atRest reports whether we can drop the key without losing share: our
-// share is not below our initial share (leaving then would raise it), and
-// any surplus we hold is not owed to a peer below its initial share, which
-// we know only when every peer is heard and in our generation, or has no
-// state for the key.
+// atRest reports whether we can drop the key without losing share or
+// forcing a generation change: our share is not below our initial share
+// (leaving then would raise it); every peer in our generation, or whose
+// state we do not know (after a restart), is heard (a silent one may have
+// demand we cannot see); and any surplus we hold is not owed to a peer
+// below its initial share, which we know only when every peer is heard and
+// in our generation, or has no state for the key.
 func (s *State) atRest(now time.Time, ks *keyState, sh int64) bool {
-	switch init := s.initial[s.self]; {
-	case sh < init:
+	init := s.initial[s.self]
+	if sh < init {
 		return false
-	case sh == init:
-		return true
 	}
 	for k := 0; k < s.n; k++ {
 		if k == s.self {
 			continue
 		}
-		if h := s.exchHeard[k]; h.IsZero() || now.Sub(h) > s.cfg.StaleAfter {
+		heard := !s.exchHeard[k].IsZero() && now.Sub(s.exchHeard[k]) <= s.cfg.StaleAfter
+		g := s.peerGen(ks, k)
+		switch {
+		case !heard && (g == ks.gen || sh > init || !s.known(ks, k)):
 			return false
-		}
-		if g := s.peerGen(ks, k); g != 0 && (g != ks.gen || ks.rowGen[k] != ks.gen || s.view(ks, k) < s.initial[k]) {
+		case sh > init && g != 0 && (g != ks.gen || ks.rowGen[k] != ks.gen || s.view(ks, k) < s.initial[k]):
 			return false // (g == 0: no state there, it holds its initial share)
 		}
 	}

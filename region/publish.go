@@ -6,19 +6,21 @@ import (
 )
 
 // Report returns the report to publish for the latest epoch: for every key
-// with exchange state, our generation, base, row, share and the local
-// tallies closed by the latest Epoch, plus the exit record of a generation
-// left during the last Grace. It reads only committed state, so a gift that
-// was not committed is never announced; publish it only once the snapshot
-// holding that state is persisted (see Epoch). Calling it twice returns the
-// same epoch, which receivers count once.
+// with exchange state, our generation, base, row, acknowledgements, share
+// and the local tallies closed by the latest Epoch, plus the exit records of
+// generations we left and still announce; and for a key we hold no state
+// for, the acknowledgement of the exit records peers announce. It reads
+// only committed state, so a gift that was not committed is never
+// announced; publish it only once the snapshot holding that state is
+// persisted (see Epoch). Calling it twice returns the same epoch, which
+// receivers count once.
 //
 // The slices in the report are freshly allocated; the caller may keep it.
 func (s *State) Report() Report {
 	n := s.n
 	var entries, ints, acks int
 	for _, ks := range s.keys {
-		if ks.gen == 0 && len(ks.exits) == 0 {
+		if !reported(ks) {
 			continue
 		}
 		entries++
@@ -56,7 +58,7 @@ func (s *State) Report() Report {
 		return nil
 	}
 	for _, ks := range s.keys {
-		if ks.gen == 0 && len(ks.exits) == 0 {
+		if !reported(ks) {
 			continue
 		}
 		e := KeyReport{
@@ -90,6 +92,12 @@ func (s *State) Report() Report {
 		r.Keys = append(r.Keys, e)
 	}
 	return r
+}
+
+// reported reports whether a key goes in our exchange reports: we have
+// state for it, announce an exit, or acknowledge a peer's.
+func reported(ks *keyState) bool {
+	return ks.gen != 0 || len(ks.exits) > 0 || ks.announcing != 0
 }
 
 // Tally closes the local tallies of the epoch at now and returns them as a

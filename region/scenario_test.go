@@ -71,19 +71,25 @@ func sharesOf(c *cluster, key string) []int64 {
 }
 
 // TestScenarioDemandShift measures how many epochs shares take to reach
-// the targets (±5% of PPM) after demand moves, from a converged state.
+// the targets (±5% of PPM) after demand moves, from a converged state, for
+// demands up to L per region. A change shows in the reports of the next
+// epoch, is acted on in the epoch after, and the gifts are applied one
+// epoch later; with α = 0.8 the smoothed demand of each region is 4% of its
+// change off after two epochs, and the errors of all regions land on the
+// hungriest, so a large shift takes a fifth epoch.
 func TestScenarioDemandShift(t *testing.T) {
 	seed := testSeed(t)
 	for _, n := range []int{3, 7} {
 		rng := rand.New(rand.NewPCG(seed, uint64(n)))
+		counts := map[int]int{}
 		worst := 0
-		for trial := 0; trial < 20; trial++ {
+		for trial := 0; trial < 50; trial++ {
 			c := newCluster(t, rng, n, rated)
 			checkSum(t, c, []string{"k"}, nil)
 			demand := make([]int64, n)
 			pick := func() {
 				for r := range demand {
-					demand[r] = int64(rng.IntN(1200))
+					demand[r] = int64(rng.IntN(int(testRate)))
 				}
 			}
 			pick()
@@ -102,11 +108,12 @@ func TestScenarioDemandShift(t *testing.T) {
 			if took == 0 {
 				t.Fatalf("seed %d, %d regions: shares %v did not reach targets %v in 10 epochs", seed, n, sharesOf(c, "k"), want)
 			}
+			counts[took]++
 			worst = max(worst, took)
 		}
-		t.Logf("%d regions: within 5%% of the targets %d epochs after a change of demand (worst of 20)", n, worst)
-		if worst > 4 {
-			t.Errorf("%d regions: converged in %d epochs, want ≤ 4", n, worst)
+		t.Logf("%d regions: epochs to within 5%% of the targets after a change of demand, over 50 changes: %v", n, counts)
+		if worst > 5 {
+			t.Errorf("%d regions: converged in %d epochs, want ≤ 5", n, worst)
 		}
 	}
 }

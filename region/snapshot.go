@@ -313,6 +313,9 @@ func (s *State) Restore(snap Snapshot) error {
 			}
 		}
 	}
+	for _, ks := range s.keys {
+		copy(ks.born, s.exchEpoch) // we know nothing of the peers' state yet
+	}
 	s.epoch = max(s.epoch, snap.Epoch)
 	s.genFloor = max(s.genFloor, snap.GenerationFloor)
 	s.seq++

@@ -85,6 +85,7 @@ type keyState struct {
 	rowGen        []uint64
 	cur           []uint64 // generation k listed the key with in its latest exchange report (0: none)
 	seen          []uint64 // epoch of k's latest exchange report that listed the key
+	born          []uint64 // State.exchEpoch when we started tracking the key
 	ewma          []float64
 	unheard       uint64 // regions not heard at the last epoch: their EWMA restarts
 
@@ -239,7 +240,7 @@ func (s *State) Resync(key string) {
 func (s *State) addKey(key string) *keyState {
 	n := s.n
 	ints := make([]int64, 2*n*n+9*n)
-	gens := make([]uint64, 4*n)
+	gens := make([]uint64, 5*n)
 	ks := &keyState{
 		key:     key,
 		applied: -1,
@@ -252,6 +253,8 @@ func (s *State) addKey(key string) *keyState {
 	ks.bases, ks.in, ks.inTaken, ks.refund, ks.unclaim, ks.shares = next(), next(), next(), next(), next(), next()
 	ks.ack, ks.ackTkn, ks.inTakenStored = next(), next(), next()
 	ks.rowGen, ks.cur, ks.seen, ks.settled = gens[0:n:n], gens[n:2*n:2*n], gens[2*n:3*n:3*n], gens[3*n:4*n:4*n]
+	ks.born = gens[4*n : 5*n : 5*n]
+	copy(ks.born, s.exchEpoch)
 	if !s.now.IsZero() {
 		ks.created, ks.lastDemand, ks.lastTransfer = s.now, s.now, s.now
 	}
@@ -323,6 +326,13 @@ func (s *State) peerGen(ks *keyState, k int) uint64 {
 		return 0
 	}
 	return ks.cur[k]
+}
+
+// known reports whether we know peer k's state for the key: it listed the
+// key, or an exchange report of it arrived since we track the key (one that
+// does not list it says it has no state).
+func (s *State) known(ks *keyState, k int) bool {
+	return ks.seen[k] != 0 || s.exchEpoch[k] > ks.born[k]
 }
 
 // highestPeerGen returns the newest generation a peer is in for the key.
