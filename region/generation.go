@@ -1,0 +1,166 @@
+package region
+
+import "time"
+
+// This file holds the generation rules of a key's exchange state: entering
+// and leaving generations, exit records, and when a key is at rest. See
+// "Generations and idle keys" in the package documentation.
+
+// pendingGifts reports whether a peer has given us share in a generation we
+// may enter.
+func (s *State) pendingGifts(ks *keyState) bool {
+	for k := 0; k < s.n; k++ {
+		if g := ks.rowGen[k]; g > max(s.genFloor, ks.floor) && g == s.peerGen(ks, k) && ks.rows[k*s.n+s.self] > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// enter puts the key in the newest generation a peer is in, or in a new one
+// when we may not enter that (we left it, or one newer), with base share.
+func (s *State) enter(now time.Time, ks *keyState, base int64) {
+	n, me := s.n, s.self
+	g := s.highestPeerGen(ks)
+	if floor := max(s.genFloor, ks.floor); g <= floor {
+		g = max(s.epoch, floor+1)
+	}
+	ks.gen, ks.base = g, base
+	clear(s.ownRow(ks))
+	clear(s.ownTaken(ks))
+	clear(ks.in)
+	clear(ks.inTaken)
+	clear(ks.refund)
+	clear(ks.unclaim)
+	clear(ks.ack)
+	clear(ks.ackTkn)
+	clear(ks.inTakenStored)
+	ks.rowGen[me] = g
+	ks.bases[me] = base
+	for k := 0; k < n; k++ {
+		if k != me && ks.rowGen[k] == g {
+			ks.in[k] = ks.rows[k*n+me]
+			ks.inTaken[k] = ks.taken[k*n+me]
+		}
+	}
+	ks.lastTransfer = now
+}
+
+// atRest reports whether we can drop the key without losing share or
+// forcing a generation change: our share is not below our initial share
+// (leaving then would raise it); every peer in our generation, or whose
+// state we do not know (after a restart), is heard (a silent one may have
+// demand we cannot see); and any surplus we hold is not owed to a peer
+// below its initial share, which we know only when every peer is heard and
+// in our generation, or has no state for the key.
+func (s *State) atRest(now time.Time, ks *keyState, sh int64) bool {
+	init := s.initial[s.self]
+	if sh < init {
+		return false
+	}
+	for k := 0; k < s.n; k++ {
+		if k == s.self {
+			continue
+		}
+		heard := !s.exchHeard[k].IsZero() && now.Sub(s.exchHeard[k]) <= s.cfg.StaleAfter
+		g := s.peerGen(ks, k)
+		switch {
+		case !heard && (g == ks.gen || sh > init || !s.known(ks, k)):
+			return false
+		case sh > init && g != 0 && (g != ks.gen || ks.rowGen[k] != ks.gen || s.view(ks, k) < s.initial[k]):
+			return false // (g == 0: no state there, it holds its initial share)
+		}
+	}
+	return true
+}
+
+// settled reports whether every gift and reclaim we made in the key's
+// generation was acknowledged by its recipient, or settled by the
+// recipient's exit record, so that retiring loses nothing in flight. A key
+// with a gift to a silent region waits for it, however long.
+func (s *State) settled(ks *keyState) bool {
+	row, tk := s.ownRow(ks), s.ownTaken(ks)
+	for k := 0; k < s.n; k++ {
+		if k != s.self && (row[k]-ks.refund[k] > ks.ack[k] || tk[k]-ks.unclaim[k] > ks.ackTkn[k]) {
+			return false
+		}
+	}
+	return true
+}
+
+// exitDone reports whether the exit record of a generation we left can be
+// dropped. Peers settle against it (they take back gifts we never applied,
+// or learn the reclaims we did apply), and a lost record loses share, so it
+// is announced for Grace, and longer until every peer has acknowledged
+// settling against it and our own gifts there are settled; but not past
+// 10 × IdleAfter: a peer silent that long costs that share, so that memory
+// stays bounded.
+func (s *State) exitDone(now time.Time, ks *keyState, x *exitState) bool {
+	age := now.Sub(x.at)
+	if age < s.cfg.Grace {
+		return false
+	}
+	if age >= 10*s.cfg.IdleAfter {
+		return true
+	}
+	for k := 0; k < s.n; k++ {
+		if k != s.self && x.acked&(1<<k) == 0 {
+			return false
+		}
+	}
+	for k := 0; k < s.n; k++ {
+		// Wait for k's own exit record while we may be owed something
+		// from it: gifts k did not acknowledge, or reclaims we gave up
+		// that k may have applied.
+		owed := x.row[k]-x.refund[k] > x.ack[k] || x.dropped[k] > 0
+		if k != s.self && owed && ks.settled[k] < x.gen {
+			return false
+		}
+	}
+	return true
+}
+
+// alloc sizes an exit record's rows for n regions.
+func (x *exitState) alloc(n int) {
+	buf := make([]int64, 7*n)
+	x.row, x.taken, x.in = buf[:n:n], buf[n:2*n:2*n], buf[2*n:3*n:3*n]
+	x.intake, x.refund, x.ack, x.dropped = buf[3*n:4*n:4*n], buf[4*n:5*n:5*n], buf[5*n:6*n:6*n], buf[6*n:]
+}
+
+// unacked returns the part of our reclaim from k that k has not applied.
+func (s *State) unacked(ks *keyState, k int) int64 {
+	return max(s.ownTaken(ks)[k]-ks.unclaim[k]-ks.ackTkn[k], 0)
+}
+
+// exitShare is the share we carry into a new generation: ours, without the
+// reclaims not acknowledged.
+func (s *State) exitShare(ks *keyState) int64 {
+	sh := s.own(ks)
+	for k := 0; k < s.n; k++ {
+		sh -= s.unacked(ks, k)
+	}
+	return sh
+}
+
+// leave records the exit of the key's generation. We never enter it again:
+// our row there is final, which lets peers settle against it. When moving
+// on, the reclaims not acknowledged are given up and left out of the record.
+func (s *State) leave(now time.Time, ks *keyState, moving bool) {
+	x := &exitState{gen: ks.gen, at: now}
+	x.alloc(s.n)
+	copy(x.row, s.ownRow(ks))
+	copy(x.taken, s.ownTaken(ks))
+	if moving {
+		for k := range x.taken {
+			x.dropped[k] = s.unacked(ks, k)
+			x.taken[k] -= x.dropped[k]
+		}
+	}
+	copy(x.in, ks.in)
+	copy(x.intake, ks.inTaken)
+	copy(x.refund, ks.refund)
+	copy(x.ack, ks.ack)
+	ks.exits = append(ks.exits, x)
+	ks.floor = max(ks.floor, ks.gen)
+	ks.lastTransfer = now
+}
