@@ -112,8 +112,9 @@ type Config struct {
 	// back to where it started. Default 60s.
 	IdleAfter time.Duration
 	// Grace is how long an idle key must see no transfer before a region
-	// retires it, and how long a region keeps announcing the exit record of
-	// a generation it left. Default 10s.
+	// retires it, and the least time a region announces the exit record of
+	// a generation it left (it goes on until every peer acknowledged it, at
+	// most 10 × IdleAfter). Default 10s.
 	Grace time.Duration
 	// Policy returns the policy of a key. It is called during Epoch, must
 	// be deterministic for the simulator, and must not call into the State.

@@ -95,17 +95,20 @@
 // against it; a giver takes back what the leaver never applied, a reclaimer
 // what its victim did apply.
 //
-// A key with no demand anywhere for IdleAfter is idle: targets become the
-// initial shares, so share flows back to where it started. A region retires
-// the key when its share is back at its initial share (or it is sure no
-// peer is below its own), nothing was transferred for Grace, and every gift
-// it made was acknowledged (reports carry In, the gifts applied). It then
-// drops the key's state (Plan.Retire: the store share is deleted and the
-// bucket uses the initial share), keeps a small tombstone while its exit
-// record is announced, and is forgotten after that. A region also keeps a
-// key that a peer still exchanges, to join its generation when demand comes
-// back. Memory follows the keys active somewhere, plus tombstones for about
-// Grace (up to 10 × IdleAfter while a peer cannot acknowledge).
+// A key with no demand anywhere for IdleAfter is idle (a silent region that
+// had demand counts as having it still): targets become the initial shares,
+// so share flows back to where it started. A region retires the key when
+// its share is back at its initial share (or it is sure no peer is below
+// its own), nothing was transferred for Grace, every gift it made was
+// acknowledged (reports carry In, the gifts applied), and every peer in its
+// generation is heard. It then drops the key's state (Plan.Retire: the
+// store share is deleted and the bucket uses the initial share), keeps a
+// small tombstone while its exit record is announced, and is forgotten
+// after that. A region also keeps a key that a peer still exchanges, to
+// join its generation when demand comes back. Memory follows the keys
+// active somewhere, plus tombstones for at least Grace (up to
+// 10 × IdleAfter while a peer cannot acknowledge), plus, during a
+// partition, the keys the silent region shared.
 //
 // # Partitions and reclaim
 //
