@@ -52,8 +52,9 @@ func benchRegions(b *testing.B, keys int) (sts []*region.State, peers []region.R
 // The peers' reports are replayed with new epoch numbers (their counters do
 // not change, so merging moves nothing). The local tallies are fed outside
 // the timer: "steady" keeps the demand, so no share moves; "moving"
-// alternates the region's demand between nothing and a lot, so every other
-// epoch every key gives share away (a Lower entry and a gift per key).
+// alternates the region's demand between nothing and a lot, so share is
+// given away in some epochs (lowered/op counts the Lower entries, each with
+// a gift).
 func BenchmarkEpoch(b *testing.B) {
 	const keys = 100_000
 	for _, bc := range []struct {
