@@ -584,34 +584,7 @@ func (d *Driver) popStep() {
 // leaseCall builds the Lease call of flight f sent at now: the first half
 // of Agent.leaseCall (sizing each key's lease and reporting its demand).
 func (d *Driver) leaseCall(f *flight, sent int64, timeout time.Duration, refresher bool) *Call {
-	a := d.a
-	lead := time.Duration(a.lead.Load())
-	agents := a.agents.Load()
-	req := &leasev1.LeaseRequest{Agent: a.id, Items: make([]*leasev1.LeaseItem, len(f.keys))}
-	wants := make([]int64, len(f.keys))
-	for i, k := range f.keys {
-		r := f.rules[i]
-		k.mu.Lock()
-		asked := k.askedLocked()
-		k.rate.observe(sent, asked, a.params)
-		capacity := k.capacity
-		if !k.hasGrant {
-			capacity = float64(r.Burst)
-		}
-		wants[i] = leaseSize(k.rate.rate, a.cfg.LeasePeriod, lead, f.needs[i], r.Cost, capacity, agents, k.lastWant)
-		k.lastWant = wants[i]
-		admitted := asked - k.denied.Load()
-		demand := max(asked-k.reportedAsked, 0)
-		req.Items[i] = &leasev1.LeaseItem{
-			Rule:     k.rule,
-			Key:      k.key,
-			Want:     wants[i],
-			Demand:   demand,
-			Admitted: min(max(admitted-k.reportedAdmitted, 0), demand),
-		}
-		k.reportedAsked, k.reportedAdmitted = asked, admitted
-		k.mu.Unlock()
-	}
+	req, wants := d.a.leaseRequest(f, sent)
 	return &Call{Lease: req, Sent: time.Duration(sent), Timeout: timeout, sent: sent, f: f, wants: wants, refresher: refresher}
 }
 

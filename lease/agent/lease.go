@@ -17,33 +17,7 @@ const maxBatch = 1000
 // timeout, then applies the grants and wakes whoever waits for f.
 func (a *Agent) leaseCall(f *flight, timeout time.Duration) {
 	sent := a.now()
-	lead := time.Duration(a.lead.Load())
-	agents := a.agents.Load()
-	req := &leasev1.LeaseRequest{Agent: a.id, Items: make([]*leasev1.LeaseItem, len(f.keys))}
-	wants := make([]int64, len(f.keys))
-	for i, k := range f.keys {
-		r := f.rules[i]
-		k.mu.Lock()
-		asked := k.askedLocked()
-		k.rate.observe(sent, asked, a.params)
-		capacity := k.capacity
-		if !k.hasGrant {
-			capacity = float64(r.Burst)
-		}
-		wants[i] = leaseSize(k.rate.rate, a.cfg.LeasePeriod, lead, f.needs[i], r.Cost, capacity, agents, k.lastWant)
-		k.lastWant = wants[i]
-		admitted := asked - k.denied.Load()
-		demand := max(asked-k.reportedAsked, 0)
-		req.Items[i] = &leasev1.LeaseItem{
-			Rule:     k.rule,
-			Key:      k.key,
-			Want:     wants[i],
-			Demand:   demand,
-			Admitted: min(max(admitted-k.reportedAdmitted, 0), demand),
-		}
-		k.reportedAsked, k.reportedAdmitted = asked, admitted
-		k.mu.Unlock()
-	}
+	req, wants := a.leaseRequest(f, sent)
 
 	ctx, cancel := context.WithTimeout(a.calls, timeout)
 	start := time.Now()
@@ -205,4 +179,38 @@ func (a *Agent) sendReturns(ctx context.Context, b *returnBatch) {
 		b.items, b.keys = b.items[n:], b.keys[n:]
 	}
 	b.items, b.keys = nil, nil
+}
+
+// leaseRequest builds the Lease call of flight f sent at sent: it sizes each
+// key's lease and reports the demand since the key's last report. The Agent
+// and the simulator's Driver both send what it builds.
+func (a *Agent) leaseRequest(f *flight, sent int64) (*leasev1.LeaseRequest, []int64) {
+	lead := time.Duration(a.lead.Load())
+	agents := a.agents.Load()
+	req := &leasev1.LeaseRequest{Agent: a.id, Items: make([]*leasev1.LeaseItem, len(f.keys))}
+	wants := make([]int64, len(f.keys))
+	for i, k := range f.keys {
+		r := f.rules[i]
+		k.mu.Lock()
+		asked := k.askedLocked()
+		k.rate.observe(sent, asked, a.params)
+		capacity := k.capacity
+		if !k.hasGrant {
+			capacity = float64(r.Burst)
+		}
+		wants[i] = leaseSize(k.rate.rate, a.cfg.LeasePeriod, lead, f.needs[i], r.Cost, capacity, agents, k.lastWant)
+		k.lastWant = wants[i]
+		admitted := asked - k.denied.Load()
+		demand := max(asked-k.reportedAsked, 0)
+		req.Items[i] = &leasev1.LeaseItem{
+			Rule:     k.rule,
+			Key:      k.key,
+			Want:     wants[i],
+			Demand:   demand,
+			Admitted: min(max(admitted-k.reportedAdmitted, 0), demand),
+		}
+		k.reportedAsked, k.reportedAdmitted = asked, admitted
+		k.mu.Unlock()
+	}
+	return req, wants
 }
