@@ -3,23 +3,44 @@
 // local three-region demo) and of tests. Production points regiond at an
 // external NATS server, cluster or supercluster instead; nothing else
 // changes.
+//
+// Start runs one server. StartCluster runs several joined by routes, and
+// StartSupercluster several clusters joined by gateways, all on loopback
+// with free ports, so that tests can show the exchange working over the
+// same topologies a deployment uses (a cluster per region, gateways
+// between regions). Config.Users turns on authentication with per-user
+// subject permissions; RegionUser builds the user that confines one
+// region's exchange to publishing its own reports.
 package embedded
 
 import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 )
 
+// ErrInvalidConfig reports a Config, ClusterConfig or SuperclusterConfig
+// that cannot be used; nothing was started.
+var ErrInvalidConfig = errors.New("embedded nats: invalid config")
+
+// ErrNotReady reports a server that did not accept connections, or routes
+// or gateways that did not all connect, within the configured timeout.
+// Everything that was started has been shut down again.
+var ErrNotReady = errors.New("embedded nats: not ready")
+
 // Config configures a Server. The zero value listens on a random loopback
-// port.
+// port and accepts every client.
 type Config struct {
 	// Listen is the client address, host:port (default "127.0.0.1:0";
-	// port 0 picks a free port, see Server.ClientURL).
+	// port 0 picks a free port, see Server.ClientURL). In a cluster the
+	// port must be 0 and the host is also where routes and gateways listen.
 	Listen string
 	// MaxPayload is the largest message the server accepts, in bytes
 	// (default 0: the server's default of 1 MiB).
@@ -27,6 +48,41 @@ type Config struct {
 	// ReadyTimeout bounds how long Start waits for the server to accept
 	// connections (default 10s).
 	ReadyTimeout time.Duration
+	// Users, if any, are the only clients the server accepts (nats.UserInfo
+	// on the client), each limited to its permissions; all of them share
+	// one account, so what one publishes the others can receive. Default
+	// none: every client is accepted with every permission.
+	Users []User
+}
+
+// User is a client identity with the subjects it may use.
+type User struct {
+	// Name is the user name. Required, unique within a Config.
+	Name string
+	// Password is the user's password. Required.
+	Password string
+	// Publish lists the subjects the user may publish to; NATS wildcards
+	// ('*' a token, '>' the rest) are allowed. nil allows every subject; an
+	// empty, non-nil list allows none. The server rejects a publish outside
+	// the list with a permissions violation (nats.ErrPermissionViolation,
+	// reported to the client's error handler) and delivers it to no one.
+	Publish []string
+	// Subscribe lists the subjects the user may subscribe to, as Publish.
+	Subscribe []string
+}
+
+// RegionUser returns the user that a region's exchange connects as: named
+// after the region, it may publish only on "<subject>.<region>" (its own
+// reports) and subscribe to "<subject>.>" (every region's reports), so the
+// credentials of one region cannot forge another region's reports. subject
+// is the exchange's Config.Subject ("ration.sync" by default).
+func RegionUser(subject, region, password string) User {
+	return User{
+		Name:      region,
+		Password:  password,
+		Publish:   []string{subject + "." + region},
+		Subscribe: []string{subject + ".>"},
+	}
 }
 
 // Server is a running in-process nats-server.
@@ -34,40 +90,30 @@ type Server struct {
 	ns *server.Server
 }
 
-// Start starts a server and waits until it accepts connections.
+// Start starts a server and waits until it accepts connections. The error
+// wraps ErrInvalidConfig or ErrNotReady.
 func Start(cfg Config) (*Server, error) {
-	if cfg.Listen == "" {
-		cfg.Listen = "127.0.0.1:0"
-	}
-	if cfg.ReadyTimeout == 0 {
-		cfg.ReadyTimeout = 10 * time.Second
-	}
-	host, portStr, err := net.SplitHostPort(cfg.Listen)
+	cfg = cfg.withDefaults()
+	host, port, err := cfg.validate()
 	if err != nil {
-		return nil, fmt.Errorf("embedded nats: listen address %q: %w", cfg.Listen, err)
+		return nil, err
 	}
-	port, err := strconv.Atoi(portStr)
-	if err != nil || port < 0 || port > 65535 {
-		return nil, fmt.Errorf("embedded nats: listen port %q is not a port number", portStr)
-	}
-	if port == 0 {
-		port = server.RANDOM_PORT
-	}
-	ns, err := server.NewServer(&server.Options{
-		Host:       host,
-		Port:       port,
-		MaxPayload: cfg.MaxPayload,
-		NoLog:      true,
-		NoSigs:     true,
-	})
+	opts := cfg.options(host, port)
+	return startServer(opts, cfg.ReadyTimeout)
+}
+
+// startServer starts one server with opts and waits until it accepts
+// connections (and its route and gateway listeners are up).
+func startServer(opts *server.Options, ready time.Duration) (*Server, error) {
+	ns, err := server.NewServer(opts)
 	if err != nil {
-		return nil, fmt.Errorf("embedded nats: %w", err)
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	ns.Start()
-	if !ns.ReadyForConnections(cfg.ReadyTimeout) {
+	if !ns.ReadyForConnections(ready) {
 		ns.Shutdown()
 		ns.WaitForShutdown()
-		return nil, errors.New("embedded nats: not ready for connections within " + cfg.ReadyTimeout.String())
+		return nil, fmt.Errorf("%w: server not accepting connections within %v", ErrNotReady, ready)
 	}
 	return &Server{ns: ns}, nil
 }
@@ -75,9 +121,107 @@ func Start(cfg Config) (*Server, error) {
 // ClientURL is the nats:// URL clients connect to.
 func (s *Server) ClientURL() string { return s.ns.ClientURL() }
 
+// Name is the server's name: in a cluster "<cluster>-<index>", alone the
+// server's generated ID.
+func (s *Server) Name() string { return s.ns.Name() }
+
 // Shutdown stops the server, closes its clients' connections and waits
-// until every goroutine of the server has stopped.
+// until every goroutine of the server has stopped. Calling it again does
+// nothing.
 func (s *Server) Shutdown() {
 	s.ns.Shutdown()
 	s.ns.WaitForShutdown()
+}
+
+// Running reports whether the server has not been shut down.
+func (s *Server) Running() bool { return s.ns.Running() }
+
+func (c Config) withDefaults() Config {
+	if c.Listen == "" {
+		c.Listen = "127.0.0.1:0"
+	}
+	if c.ReadyTimeout == 0 {
+		c.ReadyTimeout = 10 * time.Second
+	}
+	return c
+}
+
+// validate checks a Config with its defaults filled and returns the listen
+// host and port.
+func (c Config) validate() (string, int, error) {
+	bad := func(format string, args ...any) (string, int, error) {
+		return "", 0, fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
+	}
+	host, portStr, err := net.SplitHostPort(c.Listen)
+	if err != nil {
+		return bad("listen address %q: %v", c.Listen, err)
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil || port < 0 || port > 65535 {
+		return bad("listen port %q is not a port number", portStr)
+	}
+	switch {
+	case c.MaxPayload < 0:
+		return bad("MaxPayload %d is negative", c.MaxPayload)
+	case c.ReadyTimeout < 0:
+		return bad("ReadyTimeout %v is negative", c.ReadyTimeout)
+	}
+	names := make(map[string]bool, len(c.Users))
+	for i, u := range c.Users {
+		switch {
+		case u.Name == "" || strings.ContainsAny(u.Name, " \t\r\n"):
+			return bad("user %d: name %q is empty or has white space", i, u.Name)
+		case names[u.Name]:
+			return bad("user %q listed twice", u.Name)
+		case u.Password == "":
+			return bad("user %q has no password", u.Name)
+		}
+		names[u.Name] = true
+		for _, s := range slices.Concat(u.Publish, u.Subscribe) {
+			if !server.IsValidSubject(s) {
+				return bad("user %q: %q is not a NATS subject", u.Name, s)
+			}
+		}
+	}
+	return host, port, nil
+}
+
+// options builds the server options of a validated Config; port 0 becomes
+// a random port.
+func (c Config) options(host string, port int) *server.Options {
+	if port == 0 {
+		port = server.RANDOM_PORT
+	}
+	opts := &server.Options{
+		Host:       host,
+		Port:       port,
+		MaxPayload: c.MaxPayload,
+		NoLog:      true,
+		NoSigs:     true,
+	}
+	for _, u := range c.Users {
+		opts.Users = append(opts.Users, &server.User{
+			Username: u.Name,
+			Password: u.Password,
+			Permissions: &server.Permissions{
+				Publish:   allow(u.Publish),
+				Subscribe: allow(u.Subscribe),
+			},
+		})
+	}
+	return opts
+}
+
+// allow turns an allow list into the server's form, keeping nil (no
+// restriction) apart from empty (nothing allowed).
+func allow(subjects []string) *server.SubjectPermission {
+	if subjects == nil {
+		return nil
+	}
+	return &server.SubjectPermission{Allow: append([]string{}, subjects...)}
+}
+
+// listenURL is the URL of a listener at addr, for routes and gateways.
+func listenURL(scheme string, addr *net.TCPAddr) *url.URL {
+	return &url.URL{Scheme: scheme, Host: addr.String()}
 }

@@ -1,0 +1,129 @@
+package embedded
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// SuperclusterConfig configures a Supercluster.
+type SuperclusterConfig struct {
+	// Clusters are the clusters to join, at least two, each with the
+	// defaults of ClusterConfig except that an empty Name becomes
+	// "ration-<index>". Names must be unique: a name is also the cluster's
+	// gateway name.
+	Clusters []ClusterConfig
+	// JoinTimeout bounds how long StartSupercluster waits, after every
+	// cluster has formed, until every server has a gateway to every other
+	// cluster (default 10s). A server dials its gateways only after an
+	// initial delay of nats-server's (1s), so the wait takes that long.
+	JoinTimeout time.Duration
+}
+
+// Supercluster is a running set of clusters joined by gateways, as a
+// deployment with one NATS cluster per region runs: a client of any
+// server reaches the subscribers of every cluster.
+type Supercluster struct {
+	clusters []*Cluster
+}
+
+// StartSupercluster starts the clusters of cfg, each joined to every other
+// by gateways, and waits until every cluster has its routes and every
+// server has its gateways to every other cluster and the other clusters'
+// gateways to it. On error every server it started has been shut down.
+// The error wraps ErrInvalidConfig or ErrNotReady.
+func StartSupercluster(cfg SuperclusterConfig) (*Supercluster, error) {
+	if cfg.JoinTimeout == 0 {
+		cfg.JoinTimeout = 10 * time.Second
+	}
+	if len(cfg.Clusters) < 2 {
+		return nil, fmt.Errorf("%w: a supercluster needs 2 clusters or more, got %d", ErrInvalidConfig, len(cfg.Clusters))
+	}
+	if cfg.JoinTimeout < 0 {
+		return nil, fmt.Errorf("%w: JoinTimeout %v is negative", ErrInvalidConfig, cfg.JoinTimeout)
+	}
+	ccs := make([]ClusterConfig, len(cfg.Clusters))
+	hosts := make([]string, len(ccs))
+	ports := make([]int, len(ccs))
+	names := make(map[string]bool, len(ccs))
+	for i, cc := range cfg.Clusters {
+		cc = cc.withDefaults(fmt.Sprintf("ration-%d", i))
+		host, port, err := cc.validate()
+		if err != nil {
+			return nil, err
+		}
+		if names[cc.Name] {
+			return nil, fmt.Errorf("%w: cluster name %q used twice", ErrInvalidConfig, cc.Name)
+		}
+		names[cc.Name] = true
+		ccs[i], hosts[i], ports[i] = cc, host, port
+	}
+
+	// Cluster i dials the gateways of clusters 0..i-1; those learn of it
+	// from its connections and dial back (implicit gateways).
+	sc := &Supercluster{}
+	remotes := []*server.RemoteGatewayOpts{}
+	for i, cc := range ccs {
+		c, err := startCluster(cc, hosts[i], ports[i], remotes)
+		if err == nil {
+			if err = waitFor(cc.JoinTimeout, c.joined); err != nil {
+				c.Shutdown()
+				err = fmt.Errorf("cluster %q: routes %v: %w", c.name, c.routes(), err)
+			}
+		}
+		if err != nil {
+			sc.Shutdown()
+			return nil, err
+		}
+		sc.clusters = append(sc.clusters, c)
+		rg := &server.RemoteGatewayOpts{Name: c.name}
+		for _, s := range c.servers {
+			rg.URLs = append(rg.URLs, listenURL("nats", s.ns.GatewayAddr()))
+		}
+		remotes = append(append([]*server.RemoteGatewayOpts(nil), remotes...), rg)
+	}
+	if err := waitFor(cfg.JoinTimeout, sc.joined); err != nil {
+		sc.Shutdown()
+		return nil, fmt.Errorf("gateways: %w", err)
+	}
+	return sc, nil
+}
+
+// joined reports whether every server has an outbound gateway to every
+// other cluster and every cluster has one inbound gateway from each server
+// of every other cluster.
+func (sc *Supercluster) joined() bool {
+	for _, c := range sc.clusters {
+		inbound := map[string]int{}
+		for _, s := range c.servers {
+			if s.ns.NumOutboundGateways() != len(sc.clusters)-1 {
+				return false
+			}
+			gz, err := s.ns.Gatewayz(&server.GatewayzOptions{})
+			if err != nil {
+				return false
+			}
+			for name, conns := range gz.InboundGateways {
+				inbound[name] += len(conns)
+			}
+		}
+		for _, o := range sc.clusters {
+			if o != c && inbound[o.name] != len(o.servers) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// Clusters returns the clusters in the order of SuperclusterConfig.Clusters.
+func (sc *Supercluster) Clusters() []*Cluster { return append([]*Cluster(nil), sc.clusters...) }
+
+// Shutdown shuts every server of every cluster down and returns once all
+// their goroutines have stopped.
+func (sc *Supercluster) Shutdown() {
+	for _, c := range sc.clusters {
+		c.Shutdown()
+	}
+}
