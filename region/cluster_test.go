@@ -38,6 +38,7 @@ type node struct {
 	restartAt int  // step of the last restart
 	down      bool // not running: no epochs, reports to and from it are lost
 	unborn    bool // not started yet: it spends nothing
+	onePhase  bool // runs Epoch without Tally before it (closing its tallies there)
 }
 
 type msg struct {
@@ -45,6 +46,11 @@ type msg struct {
 	due int
 	rep region.Report
 }
+
+// The network delivers a tally report within the step it was sent in (the
+// exchanging replica decides a fraction of a period after publishing its
+// tallies, more than the network delay), and an exchange report at the
+// start of the next step; faults add whole steps to both.
 
 type cluster struct {
 	t       testing.TB
@@ -149,6 +155,7 @@ func (c *cluster) deliver() {
 		switch {
 		case err == nil:
 			c.delivered++
+			c.apply(m.to)
 		case errors.Is(err, region.ErrStale):
 			c.stale++
 		case errors.Is(err, region.ErrUnknownRegion) && c.allowUnknown:
@@ -163,6 +170,16 @@ func (c *cluster) deliver() {
 func (c *cluster) index(name string) int {
 	i, _ := slices.BinarySearch(c.regions, name)
 	return i
+}
+
+// apply writes the shares raised by the gifts region i received, as the
+// exchange does on receipt.
+func (c *cluster) apply(i int) {
+	for _, ch := range c.nodes[i].st.Apply() {
+		if !c.write(i, ch.Key, ch.SharePPM, false) {
+			c.nodes[i].st.Resync(ch.Key)
+		}
+	}
 }
 
 // publish sends a report to every other region through the faulty network.
@@ -181,6 +198,9 @@ func (c *cluster) publish(from int, rep region.Report) {
 				continue
 			}
 			delay := 1
+			if !rep.Exchange {
+				delay = 0
+			}
 			if c.f.maxDelay > 0 {
 				delay += c.rng.IntN(c.f.maxDelay + 1)
 			}
@@ -283,6 +303,15 @@ func (c *cluster) run(keys []string, demand func(region int, key string) int64) 
 			}
 		}
 	}
+	for _, i := range c.rng.Perm(len(c.nodes)) {
+		if nd := c.nodes[i]; !nd.down && !nd.onePhase {
+			rep := nd.st.Tally(c.now)
+			if nd.isolated == 0 {
+				c.publish(i, rep)
+			}
+		}
+	}
+	c.deliver()
 	for _, i := range c.rng.Perm(len(c.nodes)) {
 		if c.nodes[i].down {
 			continue

@@ -35,7 +35,8 @@ var (
 	// already merged stay.
 	ErrRegressed = errors.New("region: counter regressed")
 	// ErrStale reports a Report whose Epoch is not newer than the last one
-	// received from the same replica: a duplicate or a reordered message.
+	// of the same kind (tally-only or exchange) received from the same
+	// replica: a duplicate or a reordered message.
 	// It is routine on an at-least-once transport; nothing is changed.
 	ErrStale = errors.New("region: stale report")
 	// ErrStalePlan reports a Commit of a Plan that is not the latest one
@@ -89,7 +90,12 @@ type Config struct {
 	// Period. Default 1s.
 	Period time.Duration
 	// Alpha is the weight of the newest epoch in the demand EWMA, in (0, 1].
-	// Default 0.8: fast both ways (DESIGN.md, "Each epoch", step 3).
+	// Default 0.9: fast both ways (DESIGN.md, "Each epoch", step 3, says
+	// about 0.8). A change of demand that falls late in an epoch is only
+	// partly in that epoch's tally; with 0.9 the smoothed demand is within
+	// 1% + 9% × that part of the change one epoch later, which keeps
+	// convergence within three periods (0.8 takes a fourth when the change
+	// falls in the last quarter of an epoch). Lower it for noisy demand.
 	Alpha float64
 	// FloorPPM is the headroom a region gets on top of its need when it
 	// needs less than the water level, and the share a silent region keeps
@@ -141,7 +147,7 @@ func (c Config) withDefaults() Config {
 		c.Period = time.Second
 	}
 	if c.Alpha == 0 {
-		c.Alpha = 0.8
+		c.Alpha = 0.9
 	}
 	if c.FloorPPM == 0 {
 		c.FloorPPM = 20_000

@@ -14,7 +14,9 @@
 //	st, err := region.New(region.Config{Self: "eu", Regions: []string{"eu", "us"}})
 //	st.Observe(region.GlobalKey(rule, key), demand, granted) // per lease batch
 //	st.Receive(now, report)                                   // per peer report
-//	plan := st.Epoch(now)                                     // once per Period
+//	write st.Apply()                                          // gifts received
+//	publish st.Tally(now)                                     // once per Period
+//	plan := st.Epoch(now)                                     // Period/4 later
 //	write plan.Lower to the store; keep only the confirmed entries
 //	st.Commit(plan)                                           // the gifts are given here
 //	persist st.Snapshot() in the region's store               // if it fails, stop here
@@ -57,11 +59,16 @@
 // # Each epoch
 //
 // Epoch smooths each region's demand with an EWMA (Config.Alpha). Every
-// region steers by the tallies all regions published the epoch before
-// (its own included), so that all compute the same targets. A region not
-// heard keeps its smoothed demand, and restarts from its latest tally once
-// heard again. Needs are demand per second over the key's rate L
-// (Config.Policy), and Targets divides the quota by max-min water-filling.
+// region steers by the tallies all regions published for the epoch (its
+// own included), so that all compute the same targets. An epoch has two
+// phases: Tally closes the local tallies and returns a tally-only report to
+// publish at once; Epoch, called a fraction of a period later when every
+// region's tallies have arrived, decides (without a Tally before it, Epoch
+// closes the tallies itself and steers by those published the epoch
+// before, a period older). A region not heard keeps its smoothed demand,
+// and restarts from its latest tally once heard again. Needs are demand per
+// second over the key's rate L (Config.Policy), and Targets divides the
+// quota by max-min water-filling.
 //
 // Peers heard within StaleAfter are live. Those in our generation receive
 // gifts; those about to join it (no state yet, or another generation) take
@@ -71,14 +78,13 @@
 // region above its target gives its surplus to the live peers below target
 // in proportion to their deficits; when every giver does so with the same
 // view, each deficit is filled exactly by the next epoch. Surpluses below
-// MinTransferPPM are not moved. Convergence: a change of demand shows in
-// the reports of the next epoch, is acted on in the epoch after, and the
-// gifts are applied one epoch later; with α = 0.8 the shares are within 5%
-// of PPM of the targets three to five epochs after a change of demand
-// (TestScenarioDemandShift logs the distribution), and within three epochs
-// after faults end when demand did not change (TestPropertyEscrow; four
-// when a key became active on both sides of a partition and the regions
-// first agree on a generation).
+// MinTransferPPM are not moved. A receiver applies gifts as they arrive
+// (Apply), not at its next epoch. Convergence: a change of demand is in the
+// tallies at the end of its epoch, acted on a fraction of a period later,
+// and the gifts are in use a network delay after that; with α = 0.9 the
+// shares are within 5% of PPM of the targets one to three epochs after a
+// change of demand (TestScenarioDemandShift), and within three epochs after
+// faults end (TestPropertyEscrow, generation changes included).
 //
 // # Generations and idle keys
 //

@@ -70,7 +70,11 @@ type step struct {
 // is not committed gives nothing: the next Epoch recomputes, and rewrites
 // the shares of the keys it touched before any gift.
 func (s *State) Epoch(now time.Time) Plan {
-	s.advance(now)
+	if s.tallied {
+		s.now = now // the second phase: Tally numbered the epoch
+	} else {
+		s.advance(now)
+	}
 	if !s.committed {
 		for _, st := range s.open {
 			st.ks.applied = -1 // the Lower write may or may not have happened
@@ -88,7 +92,7 @@ func (s *State) Epoch(now time.Time) Plan {
 		}
 	}
 	s.open = p.steps
-	s.restored = false
+	s.restored, s.tallied = false, false
 	return p
 }
 
@@ -115,6 +119,9 @@ func (s *State) epochKey(now time.Time, ks *keyState, p *Plan) bool {
 	// old value says nothing about the epochs missed.
 	s.demands(ks, now)
 	active := ks.cur0.demand > 0
+	if s.tallied {
+		active = active || ks.pub.demand > 0
+	}
 	for k := 0; k < n; k++ {
 		bit := uint64(1) << k
 		switch {
@@ -139,7 +146,9 @@ func (s *State) epochKey(now time.Time, ks *keyState, p *Plan) bool {
 	if active {
 		ks.lastDemand = now
 	}
-	ks.pub, ks.cur0 = ks.cur0, tally{}
+	if !s.tallied {
+		ks.pub, ks.cur0 = ks.cur0, tally{}
+	}
 	live := ks.exits[:0]
 	for _, x := range ks.exits {
 		if !s.exitDone(now, ks, x) {
@@ -148,6 +157,14 @@ func (s *State) epochKey(now time.Time, ks *keyState, p *Plan) bool {
 	}
 	clear(ks.exits[len(live):])
 	ks.exits = live
+
+	// A peer whose latest exchange report leaves the key out announces no
+	// exit record for it: it forgot the key, and needs no acknowledgement.
+	for k := 0; k < n; k++ {
+		if bit := uint64(1) << k; ks.announcing&bit != 0 && s.exchEpoch[k] != 0 && ks.seen[k] != s.exchEpoch[k] {
+			ks.announcing &^= bit
+		}
+	}
 
 	// Generation: enter one, or follow a peer to a newer one.
 	if ks.gen == 0 {
@@ -441,4 +458,36 @@ func (s *State) Commit(p Plan) error {
 	}
 	s.committed = true
 	return nil
+}
+
+// Apply returns the keys whose share rose since it was last written, because
+// peers' gifts (or refunds) arrived, with the share to write: DESIGN.md
+// "Each epoch", step 5, done on receipt rather than at the next epoch, so
+// that a gift is in use a network delay after it was given. Call it after
+// Receive and write the changes; a write that fails needs Resync. Raising
+// is always safe (our computed share is never above our true share), so the
+// order of these writes does not matter.
+//
+// It returns nothing between an Epoch and its Commit (the plan's Lower
+// writes decide the stored shares then), for a key whose stored share is
+// unknown (the next Epoch writes it), and for a key with a reclaim on us not
+// yet written (the next Epoch lowers it).
+func (s *State) Apply() []ShareChange {
+	if !s.committed {
+		return nil // keep the list for after the Commit
+	}
+	var out []ShareChange
+	for _, ks := range s.toApply {
+		ks.toApply = false
+		if s.byKey[ks.key] != ks || ks.gen == 0 || ks.applied < 0 || !slices.Equal(ks.inTaken, ks.inTakenStored) {
+			continue
+		}
+		if a := clamp(s.own(ks), 0, PPM); a > ks.applied {
+			ks.applied = a
+			out = append(out, ShareChange{Key: ks.key, SharePPM: a})
+		}
+	}
+	clear(s.toApply)
+	s.toApply = s.toApply[:0]
+	return out
 }

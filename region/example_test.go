@@ -10,33 +10,47 @@ import (
 // Two regions share one global key. Europe asks for 900 tokens per epoch
 // of a 1,000 tokens/s quota and the US for 100; starting from an equal
 // split, share moves to Europe until the max-min targets (US: its need plus
-// a 2% floor; Europe: the rest) are reached. The shares never sum above PPM
-// on the way: in epoch 2 the US has given 400,000 ppm that Europe applies
-// only in epoch 3, when the US report reaches it.
+// a 2% floor; Europe: the rest) are reached. Each epoch has two phases:
+// every region publishes its tallies (Tally), then decides on them all
+// (Epoch), lowering its share before it gives; the receiver applies a gift
+// when the report announcing it arrives (Apply). The shares never sum above
+// PPM on the way. Demand is smoothed (α 0.9, from the even split the
+// regions start with), so the move completes in the second epoch, to within
+// MinTransferPPM (1,000 ppm: smaller surpluses are not worth moving).
 func Example() {
 	regions := []string{"eu", "us"}
 	policy := func(string) region.KeyPolicy { return region.KeyPolicy{Rate: 1000} }
 	eu, _ := region.New(region.Config{Self: "eu", Regions: regions, Policy: policy})
 	us, _ := region.New(region.Config{Self: "us", Regions: regions, Policy: policy})
+	states := []*region.State{eu, us}
 	key := region.GlobalKey("transfers-per-tenant", "acme")
 
-	store := map[string]int64{}            // the applied shares, as regiond's store keeps them
-	outbox := map[string][]region.Report{} // reports published, delivered next epoch
+	store := map[string]int64{} // the applied shares, as regiond's store keeps them
+	send := func(from *region.State, rep region.Report, now time.Time) {
+		for _, to := range states {
+			if to == from {
+				continue
+			}
+			if err := to.Receive(now, rep); err != nil {
+				fmt.Println(err)
+			}
+			for _, c := range to.Apply() { // gifts in use on arrival
+				store[to.Config().Self+"/"+c.Key] = c.SharePPM
+			}
+		}
+	}
 	now := time.Unix(1_700_000_000, 0)
-	for epoch := 1; epoch <= 5; epoch++ {
+	for epoch := 1; epoch <= 4; epoch++ {
 		now = now.Add(time.Second)
-		inbox := outbox
-		outbox = map[string][]region.Report{}
 		eu.Observe(key, 900, 900)
 		us.Observe(key, 100, 100)
-		for _, st := range []*region.State{eu, us} {
+		for _, st := range states {
+			send(st, st.Tally(now), now)
+		}
+		decide := now.Add(250 * time.Millisecond)
+		for _, st := range states {
 			self := st.Config().Self
-			for _, rep := range inbox[self] {
-				if err := st.Receive(now, rep); err != nil {
-					fmt.Println(err)
-				}
-			}
-			plan := st.Epoch(now)
+			plan := st.Epoch(decide)
 			for _, c := range plan.Lower { // lower first...
 				store[self+"/"+c.Key] = c.SharePPM
 			}
@@ -44,11 +58,7 @@ func Example() {
 				fmt.Println(err)
 			}
 			// (persist st.Snapshot() in the region's store here)
-			for _, peer := range regions {
-				if peer != self {
-					outbox[peer] = append(outbox[peer], st.Report())
-				}
-			}
+			send(st, st.Report(), decide)
 			for _, c := range plan.Raise {
 				store[self+"/"+c.Key] = c.SharePPM
 			}
@@ -56,9 +66,8 @@ func Example() {
 		fmt.Printf("epoch %d: eu %d, us %d\n", epoch, eu.Share(key), us.Share(key))
 	}
 	// Output:
-	// epoch 1: eu 500000, us 500000
-	// epoch 2: eu 500000, us 100000
-	// epoch 3: eu 880000, us 100000
-	// epoch 4: eu 880000, us 120000
-	// epoch 5: eu 880000, us 120000
+	// epoch 1: eu 860000, us 140000
+	// epoch 2: eu 881000, us 119000
+	// epoch 3: eu 881000, us 119000
+	// epoch 4: eu 881000, us 119000
 }

@@ -128,10 +128,11 @@ func reclaimsOf(nd *node, key string) int64 { return nd.st.Reclaims(key) }
 // single store write (keys with partition_reclaim_after: ≤ PPM + the
 // reclaims held). Then, with the faults removed (the demand having stopped
 // changing a few epochs before), shares must reach the max-min targets
-// within ±50,000 ppm (5% of PPM) within 3 epochs for 3 regions, or 4 when
+// within ±50,000 ppm (5% of PPM) within 3 epochs for 3 regions, also when
 // the regions had to agree on a new generation first (a key that became
 // active on both sides of a partition); the worst cases for 4 to 7 regions
-// are measured and logged.
+// are measured and logged. A random quarter of the regions run their epochs
+// in one phase (no Tally) until the faults end.
 func TestPropertyEscrow(t *testing.T) {
 	seed := testSeed(t)
 	epochs := 2000
@@ -152,8 +153,8 @@ func TestPropertyEscrow(t *testing.T) {
 				}
 			}
 			t.Logf("%d regions: worst convergence after faults %d epochs (%d with a generation change)", n, worst, worstMoved)
-			if n == 3 && (worst > 3 || worstMoved > 4) {
-				t.Errorf("3 regions converged in %d epochs (%d with a generation change), want ≤ 3 (4)", worst, worstMoved)
+			if n == 3 && max(worst, worstMoved) > 3 {
+				t.Errorf("3 regions converged in %d epochs (%d with a generation change), want ≤ 3", worst, worstMoved)
 			}
 		})
 	}
@@ -202,6 +203,11 @@ func escrowRun(t *testing.T, seed uint64, n, epochs int) (int, bool) {
 		}
 	}
 	c.f = faults{loss: 0.2, dup: 0.1, maxDelay: 3, crash: 0.01, writeFail: 0.05, partition: 0.004, partitionN: 12}
+	for _, nd := range c.nodes {
+		// Some regions run an epoch in one phase (Epoch closes the
+		// tallies) until the fault-free tail, like a rolling upgrade.
+		nd.onePhase = rng.IntN(4) == 0
+	}
 	dm := newDemand(rng, keys, n)
 	maxKeys := 0
 	for e := 0; e < epochs; e++ {
@@ -224,7 +230,7 @@ func escrowRun(t *testing.T, seed uint64, n, epochs int) (int, bool) {
 	}
 	c.f = faults{}
 	for _, nd := range c.nodes {
-		nd.isolated = 0
+		nd.isolated, nd.onePhase = 0, false
 	}
 	restarts := 0
 	for _, nd := range c.nodes {

@@ -101,14 +101,24 @@ func reported(ks *keyState) bool {
 }
 
 // Tally closes the local tallies of the epoch at now and returns them as a
-// tally-only report (Exchange false), for a replica that does not hold its
-// region's exchange lease: it calls Observe and Tally and publishes, and the
-// exchanging replica sums its tallies with its own. Such a replica does not
-// call Receive or Epoch; when it takes the lease over it calls Restore with
-// the region's persisted snapshot and runs Epoch from then on. Keys with
-// nothing to report are forgotten.
+// tally-only report (Exchange false), to publish at once.
+//
+// It is the first phase of an epoch. The replica running its region's
+// exchange calls Tally at the start of each period and Epoch a little later
+// (Config.Period / 4 is plenty on one continent; more than the one-way
+// delay between regions): Epoch then steers by the tallies every region
+// just closed rather than those of the period before, which saves a period
+// of convergence after a change of demand. Epoch without a Tally before it
+// closes the tallies itself, as one phase.
+//
+// A replica that does not hold its region's exchange lease calls Observe
+// and Tally only; the exchanging replica sums its tallies with its own.
+// When it takes the lease over it calls Restore with the region's persisted
+// snapshot and runs Epoch from then on. Keys with nothing to report and no
+// exchange state are forgotten.
 func (s *State) Tally(now time.Time) Report {
 	s.advance(now)
+	s.tallied = true
 	r := Report{
 		Region:  s.cfg.Self,
 		Replica: s.cfg.Replica,
@@ -121,7 +131,8 @@ func (s *State) Tally(now time.Time) Report {
 		ks.pub, ks.cur0 = ks.cur0, tally{}
 		if ks.pub != (tally{}) {
 			r.Keys = append(r.Keys, KeyReport{Key: ks.key, SharePPM: s.Share(ks.key), Demand: ks.pub.demand, Granted: ks.pub.granted})
-		} else if ks.gen == 0 && len(ks.exits) == 0 {
+		} else if ks.gen == 0 && len(ks.exits) == 0 && ks.announcing == 0 && len(ks.tallies) == 0 &&
+			s.highestPeerGen(ks) == 0 && !slices.ContainsFunc(ks.ewma, func(v float64) bool { return v >= 1 }) {
 			s.removeKey(i)
 			continue
 		}

@@ -32,8 +32,16 @@ func (s *State) Receive(now time.Time, r Report) error {
 		return nil
 	}
 	slot, known := s.replicaBy[replicaKey(r.Region, r.Replica)]
-	if known && r.Epoch <= s.replicas[slot].lastEpoch {
-		return fmt.Errorf("%w: report from %q/%q epoch %d, have epoch %d", ErrStale, r.Region, r.Replica, r.Epoch, s.replicas[slot].lastEpoch)
+	if known {
+		// A replica sends up to two reports an epoch, its tallies and then
+		// (when it runs the exchange) its decisions: each kind in order.
+		last := s.replicas[slot].lastTally
+		if r.Exchange {
+			last = s.replicas[slot].lastExch
+		}
+		if r.Epoch <= last {
+			return fmt.Errorf("%w: report from %q/%q epoch %d, have epoch %d", ErrStale, r.Region, r.Replica, r.Epoch, last)
+		}
 	}
 	exchange := r.Exchange && k != s.self
 	if exchange && r.Epoch <= s.exchEpoch[k] {
@@ -68,7 +76,12 @@ func (s *State) Receive(now time.Time, r Report) error {
 		slot = int(s.slotFor(k, r.Replica))
 	}
 	rep := &s.replicas[slot]
-	rep.lastEpoch, rep.lastHeard = r.Epoch, now
+	rep.lastEpoch, rep.lastHeard = max(rep.lastEpoch, r.Epoch), now
+	if r.Exchange {
+		rep.lastExch = r.Epoch
+	} else {
+		rep.lastTally = r.Epoch
+	}
 	if exchange {
 		s.exchEpoch[k] = r.Epoch
 		s.exchHeard[k] = now
@@ -206,6 +219,7 @@ func (s *State) applyIn(now time.Time, ks *keyState, k int, gift int64, taken []
 	if gift > ks.in[k] {
 		ks.in[k] = gift
 		ks.lastTransfer = now
+		s.raised(ks)
 	}
 	if len(taken) > 0 && taken[myCol] > ks.inTaken[k] {
 		ks.inTaken[k] = taken[myCol]
@@ -230,6 +244,7 @@ func (s *State) settle(now time.Time, ks *keyState, k int, x *Exit, myCol int) {
 		if r := s.ownRow(ks)[k] - at(x.In); r > ks.refund[k] {
 			ks.refund[k] = r
 			ks.lastTransfer = now
+			s.raised(ks)
 		}
 		if q := s.ownTaken(ks)[k] - at(x.InTaken); q > ks.unclaim[k] {
 			ks.unclaim[k] = q
@@ -256,6 +271,15 @@ func (s *State) settle(now time.Time, ks *keyState, k int, x *Exit, myCol int) {
 			ks.base = clamp(ks.base+r+q-p.refund[k], -PPM, PPM)
 			p.refund[k] = r + q
 			ks.lastTransfer = now
+			s.raised(ks)
 		}
+	}
+}
+
+// raised notes a key whose computed share may have risen, for Apply.
+func (s *State) raised(ks *keyState) {
+	if !ks.toApply {
+		ks.toApply = true
+		s.toApply = append(s.toApply, ks)
 	}
 }

@@ -28,10 +28,15 @@ type State struct {
 	seq       uint64 // sequence of the latest Plan
 	committed bool   // the latest Plan was committed
 	restored  bool   // Restore ran since the last Epoch
-	open      []step // the latest Plan's steps, to distrust them if not committed
+	// tallied: Tally closed this epoch's tallies; the next Epoch steers by
+	// them and keeps the epoch number (the two phases of an epoch).
+	tallied bool
+	open    []step // the latest Plan's steps, to distrust them if not committed
 
 	replicas  []replica
 	replicaBy map[string]int
+
+	toApply []*keyState // keys whose share may have risen since Apply
 
 	exchEpoch []uint64    // per region: epoch of its latest exchange report
 	exchHeard []time.Time // per region: when that report was received
@@ -100,6 +105,8 @@ type keyState struct {
 	tallies   []tallyEntry
 
 	created, lastDemand, lastTransfer time.Time
+
+	toApply bool // in State.toApply
 }
 
 // exitState is our final state in a generation we left.
@@ -132,7 +139,9 @@ type replica struct {
 	name      string
 	inc       uint32
 	live      bool
-	lastEpoch uint64
+	lastEpoch uint64 // newest epoch of any report of it
+	lastTally uint64 // newest epoch of its tally-only reports
+	lastExch  uint64 // newest epoch of its exchange reports
 	lastHeard time.Time
 }
 
@@ -346,10 +355,15 @@ func (s *State) highestPeerGen(ks *keyState) uint64 {
 	return g
 }
 
-// setTally records the tallies of a peer replica's report for a key.
+// setTally records the tallies of a peer replica's report for a key. A
+// replica's tally-only and exchange reports of one epoch carry the same
+// tallies; an older report (reordered) never replaces a newer one.
 func (ks *keyState) setTally(slot int32, inc uint32, epoch uint64, demand, granted int64) {
 	for i := range ks.tallies {
 		if e := &ks.tallies[i]; e.slot == slot {
+			if e.inc == inc && e.epoch > epoch {
+				return
+			}
 			*e = tallyEntry{slot, inc, epoch, demand, granted}
 			return
 		}
@@ -420,7 +434,7 @@ func (s *State) slotFor(region int, name string) int32 {
 		s.replicas = append(s.replicas, replica{})
 	}
 	r := &s.replicas[i]
-	r.region, r.name, r.live, r.lastEpoch = region, name, true, 0
+	r.region, r.name, r.live, r.lastEpoch, r.lastTally, r.lastExch = region, name, true, 0, 0, 0
 	s.replicaBy[key] = i
 	return int32(i)
 }

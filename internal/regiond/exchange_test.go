@@ -255,16 +255,16 @@ func TestThreeRegionsMoveShareAndSurviveAPartition(t *testing.T) {
 	})
 	epochs := eu.Epochs() - e0
 	t.Logf("eu within 5%% of its target %d after %v, %d of its sync epochs: %v", want["eu"], took, epochs, sh)
-	// eu's first epoch after the move tallies part of the new demand, its
-	// second all of it (its report carries the tally to the givers); the
-	// givers' EWMA (α 0.8) needs that and one more epoch to put eu within
-	// 5%; eu applies a gift at its next epoch after the report arrives.
-	// So 5 of eu's epochs after the move (3 once the demand is tallied),
-	// 6 when the regions' epochs fall badly. Counted in eu's epochs, so
-	// that a loaded machine, which slows everything alike, does not fail
-	// the test.
-	if epochs > 6 {
-		t.Errorf("eu reached its target %d of its epochs after the demand moved, want within 6 (3 to 4 sync periods once the new demand is tallied)", epochs)
+	// eu's first epoch after the move tallies part of the new demand and
+	// every region steers by it a quarter period later (DecideAfter); the
+	// second tallies all of it; a gift is applied as soon as it arrives.
+	// With α 0.9 the givers' smoothed demand is within 1% + 9% × the part
+	// of the change missed in the first tally, one epoch later. Counted in eu's epochs (each ends
+	// with its decision), so that a loaded machine, which slows everything
+	// alike, does not fail the test; the time is logged.
+	t.Logf("that is %.2f sync periods", float64(took)/float64(syncPeriod))
+	if epochs > 3 {
+		t.Errorf("eu reached its target %d of its epochs after the demand moved, want within 3", epochs)
 	}
 	dep.observe("all settle", 10*time.Second, func(sh map[string]int64) bool { return within5(sh, want, regions...) })
 

@@ -46,7 +46,12 @@ type Assembler struct {
 	senders map[senderKey]*sender
 }
 
-type senderKey struct{ region, replica string }
+// senderKey names a sequence of reports: a replica's tally-only reports and
+// its exchange reports are numbered by the same epochs, one of each an epoch.
+type senderKey struct {
+	region, replica string
+	exchange        bool
+}
 
 type pendingKey struct {
 	sender senderKey
@@ -87,7 +92,7 @@ func NewAssembler(cfg AssemblerConfig) *Assembler {
 // same replica, a header that contradicts the report's other parts, a key
 // count that does not add up, or a full buffer.
 func (a *Assembler) Add(now time.Time, p *Part) (*region.Report, error) {
-	sk := senderKey{p.Header.Region, p.Header.Replica}
+	sk := senderKey{p.Header.Region, p.Header.Replica, p.Header.Exchange}
 	if s := a.senders[sk]; s != nil {
 		switch {
 		case p.Header.Epoch < s.epoch:

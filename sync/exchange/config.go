@@ -48,9 +48,18 @@ type Config struct {
 	// Regions are all regions of the deployment, Region included, in any
 	// order. Default: Region alone.
 	Regions []string
-	// Period is the sync period: one epoch, one report. Default 1s; every
-	// region must use the same.
+	// Period is the sync period: one epoch. Default 1s; every region must
+	// use the same. Epochs start at multiples of Period on the wall clock,
+	// so that regions with synchronised clocks close their tallies
+	// together.
 	Period time.Duration
+	// DecideAfter is how long after the start of an epoch the exchanging
+	// replica decides its moves (region.State.Epoch), having published its
+	// tallies at the start (region.State.Tally): long enough for every
+	// region's tallies to arrive, so that all steer by the demand of the
+	// period just closed. Default Period / 4; it must be below Period / 2.
+	// Set it above the one-way delay between regions plus clock skew.
+	DecideAfter time.Duration
 	// Conn is the NATS connection reports travel on. Required; the caller
 	// owns it (and should dial it with nats.MaxReconnects(-1)).
 	Conn *nats.Conn
@@ -105,6 +114,9 @@ func (c Config) withDefaults() Config {
 	if c.Period == 0 {
 		c.Period = time.Second
 	}
+	if c.DecideAfter == 0 {
+		c.DecideAfter = c.Period / 4
+	}
 	if c.Subject == "" {
 		c.Subject = "ration.sync"
 	}
@@ -157,6 +169,8 @@ func (c Config) validate() error {
 		return bad("Policy is nil")
 	case c.Period < time.Millisecond:
 		return bad("Period %v is below 1ms", c.Period)
+	case c.DecideAfter < 0 || 2*c.DecideAfter >= c.Period:
+		return bad("DecideAfter %v is not in [0, Period/2)", c.DecideAfter)
 	case c.LeaseTTL < 2*c.Period:
 		return bad("LeaseTTL %v is below 2 × Period", c.LeaseTTL)
 	case c.WriteBatch < 1, c.QueueSize < 1:

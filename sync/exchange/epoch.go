@@ -10,9 +10,10 @@ import (
 	"github.com/ration-dev/ration/region"
 )
 
-// epoch runs one sync period: lease, then the holder's or a follower's
-// epoch, then metrics.
-func (x *Exchanger) epoch(ctx context.Context) {
+// tallyPhase starts an epoch: lease, then the tallies closed and published
+// at once. It reports whether this replica runs the exchange this epoch, and
+// then decidePhase follows after Config.DecideAfter.
+func (x *Exchanger) tallyPhase(ctx context.Context) bool {
 	start := time.Now()
 	now := x.cfg.Clock()
 	x.pol = x.cfg.Policy()
@@ -32,27 +33,64 @@ func (x *Exchanger) epoch(ctx context.Context) {
 		x.stepDown("lease lost")
 	}
 	x.drainTallies()
-	role := "follower"
-	if x.restored {
-		role = "holder"
-		x.holderEpoch(ctx, now)
-	} else {
-		rep := x.st.Tally(now)
-		x.publish(&rep)
-	}
+	rep := x.st.Tally(now)
+	x.publish(&rep)
 	x.leader.Store(x.restored)
 	if x.restored {
 		x.met.leader.Set(1)
 	} else {
 		x.met.leader.Set(0)
 	}
+	x.busy = time.Since(start)
+	if !x.restored {
+		x.endEpoch(now, "follower")
+	}
+	return x.restored
+}
+
+// decidePhase ends a holder's epoch: its moves, decided on the tallies
+// every region published at the start of the epoch.
+func (x *Exchanger) decidePhase(ctx context.Context) {
+	start := time.Now()
+	now := x.cfg.Clock()
+	if x.restored {
+		x.holderEpoch(ctx, now)
+	}
+	x.busy += time.Since(start)
+	x.endEpoch(now, "holder")
+}
+
+// endEpoch updates the metrics of an epoch.
+func (x *Exchanger) endEpoch(now time.Time, role string) {
 	x.met.epochs.WithLabelValues(role).Inc()
-	x.met.epochSeconds.Observe(time.Since(start).Seconds())
+	x.met.epochSeconds.Observe(x.busy.Seconds())
 	for r, at := range x.heard {
 		x.met.reportAge.WithLabelValues(r).Set(now.Sub(at).Seconds())
 	}
 	x.updateTopKeys()
 	x.epochs.Add(1)
+}
+
+// applyReceived writes the shares raised by the gifts just received
+// (region.State.Apply): a gift is in use a network delay after it is given.
+func (x *Exchanger) applyReceived(ctx context.Context) {
+	cs := x.st.Apply()
+	if len(cs) == 0 {
+		return
+	}
+	ok := x.writeShares(ctx, cs)
+	if len(ok) == len(cs) {
+		return
+	}
+	done := make(map[string]bool, len(ok))
+	for _, c := range ok {
+		done[c.Key] = true
+	}
+	for _, c := range cs {
+		if !done[c.Key] {
+			x.st.Resync(c.Key)
+		}
+	}
 }
 
 // acquire takes or renews the exchange lease and reports whether this

@@ -36,8 +36,9 @@ type Exchanger struct {
 	st         *region.State
 	asm        *Assembler
 	pol        *policy.Set
-	leaseUntil time.Time // our lease is safe to write under until then
-	restored   bool      // st holds the persisted state (we are the holder)
+	leaseUntil time.Time     // our lease is safe to write under until then
+	restored   bool          // st holds the persisted state (we are the holder)
+	busy       time.Duration // time spent in the phases of the current epoch
 	written    map[string]int64
 	top        topKeys
 	heard      map[string]time.Time // per region: last complete report
@@ -199,25 +200,50 @@ func (x *Exchanger) stop(ctx context.Context) error {
 	return err
 }
 
-// run is the loop: one epoch per period, received messages in between.
+// run is the loop: each epoch starts at a multiple of Period on the wall
+// clock with the tallies, and the holder decides DecideAfter later;
+// received messages are handled in between.
 func (x *Exchanger) run(ctx context.Context) {
 	defer close(x.done)
-	t := time.NewTicker(x.cfg.Period)
+	t := time.NewTimer(x.untilEpoch())
 	defer t.Stop()
+	deciding := false // the timer ends a holder's epoch
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case m := <-x.inbox:
-			x.receive(m)
+			x.receive(ctx, m)
 		case <-t.C:
-			x.epoch(ctx)
+			switch {
+			case deciding:
+				x.decidePhase(ctx)
+				deciding = false
+				t.Reset(x.untilEpoch())
+			case x.tallyPhase(ctx):
+				deciding = true
+				t.Reset(x.cfg.DecideAfter)
+			default:
+				t.Reset(x.untilEpoch())
+			}
 		}
 	}
 }
 
+// untilEpoch is the time to the start of the next epoch: the next multiple
+// of Period on the wall clock, at least a quarter period away so that a slow
+// epoch does not make the next one start at once.
+func (x *Exchanger) untilEpoch() time.Duration {
+	now := time.Now()
+	next := now.Truncate(x.cfg.Period).Add(x.cfg.Period)
+	if next.Sub(now) < x.cfg.Period/4 {
+		next = next.Add(x.cfg.Period)
+	}
+	return next.Sub(now)
+}
+
 // receive decodes, reassembles and (on the holder) merges one message.
-func (x *Exchanger) receive(msg []byte) {
+func (x *Exchanger) receive(ctx context.Context, msg []byte) {
 	now := x.cfg.Clock()
 	x.met.received.Inc()
 	p, err := DecodePart(msg, x.cfg.Limits)
@@ -225,6 +251,9 @@ func (x *Exchanger) receive(msg []byte) {
 		var r *region.Report
 		if r, err = x.asm.Add(now, p); err == nil && r != nil {
 			err = x.merge(now, r)
+			if err == nil && x.restored && r.Exchange {
+				x.applyReceived(ctx)
+			}
 		}
 	}
 	if err == nil {
