@@ -12,7 +12,8 @@ type SuperclusterConfig struct {
 	// Clusters are the clusters to join, at least two, each with the
 	// defaults of ClusterConfig except that an empty Name becomes
 	// "ration-<index>". Names must be unique: a name is also the cluster's
-	// gateway name.
+	// gateway name. Users are per server: give every cluster the users
+	// that its clients connect as.
 	Clusters []ClusterConfig
 	// JoinTimeout bounds how long StartSupercluster waits, after every
 	// cluster has formed, until every server has a gateway to every other
