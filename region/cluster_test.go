@@ -47,10 +47,11 @@ type msg struct {
 	rep region.Report
 }
 
-// The network delivers a tally report within the step it was sent in (the
-// exchanging replica decides a fraction of a period after publishing its
-// tallies, more than the network delay), and an exchange report at the
-// start of the next step; faults add whole steps to both.
+// A step is one sync period. The network delivers a report within the step
+// it was sent in, as NATS does within milliseconds: a tally report before
+// the regions decide (they decide a fraction of a period after publishing
+// their tallies, more than the network delay), an exchange report after
+// all have decided. Faults add whole steps.
 
 type cluster struct {
 	t       testing.TB
@@ -197,10 +198,7 @@ func (c *cluster) publish(from int, rep region.Report) {
 				c.lost++
 				continue
 			}
-			delay := 1
-			if !rep.Exchange {
-				delay = 0
-			}
+			delay := 0
 			if c.f.maxDelay > 0 {
 				delay += c.rng.IntN(c.f.maxDelay + 1)
 			}
@@ -321,4 +319,5 @@ func (c *cluster) run(keys []string, demand func(region int, key string) int64) 
 			c.after(c, i)
 		}
 	}
+	c.deliver()
 }

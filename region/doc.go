@@ -82,9 +82,10 @@
 // (Apply), not at its next epoch. Convergence: a change of demand is in the
 // tallies at the end of its epoch, acted on a fraction of a period later,
 // and the gifts are in use a network delay after that; with α = 0.9 the
-// shares are within 5% of PPM of the targets one to three epochs after a
-// change of demand (TestScenarioDemandShift), and within three epochs after
-// faults end (TestPropertyEscrow, generation changes included).
+// shares are within 5% of PPM of the targets one or two periods after a
+// change of demand (TestScenarioDemandShift, which allows three), and within
+// three periods after faults end (TestPropertyEscrow, generation changes
+// included).
 //
 // # Generations and idle keys
 //

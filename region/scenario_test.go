@@ -74,8 +74,9 @@ func sharesOf(c *cluster, key string) []int64 {
 // the targets (±5% of PPM) after demand moves, from a converged state, for
 // demands up to L per region. A change is tallied at the end of its epoch
 // and acted on in the same epoch's second phase; the gifts are applied as
-// they arrive, before the next epoch; with α = 0.9 the smoothed demand is
-// 1% of the change off in the epoch after. Three epochs at most.
+// they arrive, within the period; with α = 0.9 the smoothed demand is 1% of
+// the change off in the epoch after. Three epochs at most (one or two
+// measured).
 func TestScenarioDemandShift(t *testing.T) {
 	seed := testSeed(t)
 	for _, n := range []int{3, 7} {
@@ -317,11 +318,6 @@ func TestScenarioIdleKeysRetire(t *testing.T) {
 			break
 		}
 		if e == 60 {
-			for _, nd := range c.nodes {
-				for _, k := range keys[10:12] {
-					t.Logf("%s %s: %s", nd.name, k, nd.st.Debug(k))
-				}
-			}
 			t.Fatalf("60 epochs after the last demand: regions still hold %d keys, want 0", held)
 		}
 	}

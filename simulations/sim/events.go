@@ -13,7 +13,8 @@ type eventKind uint8
 const (
 	evExec   eventKind = iota // a call reaches regiond: the store acts
 	evDone                    // a call's answer (or its timeout) reaches the agent
-	evEpoch                   // a region's exchange epoch
+	evEpoch                   // a region's exchange epoch starts: tallies published
+	evDecide                  // its second phase: moves decided on everyone's tallies
 	evReport                  // a report reaches a region over NATS
 	evFault                   // a fault starts
 	evHeal                    // a partition ends, or crashed agents come back

@@ -142,6 +142,8 @@ func (w *world) handle(e *event) {
 		}
 	case evEpoch:
 		w.epoch(w.rs[e.region], e.at)
+	case evDecide:
+		w.decide(w.rs[e.region], e.at)
 	case evReport:
 		w.deliver(e)
 	case evFault:
@@ -291,10 +293,20 @@ func (w *world) exec(e *event) {
 	}
 }
 
-// epoch runs region r's exchange epoch at t in the order regiond's
-// exchanger does: plan, lower, commit, publish, raise, retire.
+// epoch starts region r's exchange epoch at t as regiond's exchanger does:
+// the tallies are closed and published, and the moves are decided a quarter
+// period later (exchange.Config.DecideAfter's default), when every region's
+// tallies have arrived.
 func (w *world) epoch(r *regiond, t int64) {
 	w.ev.push(event{at: t + int64(w.sc.SyncPeriod), kind: evEpoch, region: r.idx})
+	tally := r.st.Tally(w.base.Add(dur(t + r.skew)))
+	w.publish(r, &tally, t)
+	w.ev.push(event{at: t + int64(w.sc.SyncPeriod)/4, kind: evDecide, region: r.idx})
+}
+
+// decide ends region r's epoch at t: plan, lower, commit, publish, raise,
+// retire.
+func (w *world) decide(r *regiond, t int64) {
 	now := w.base.Add(dur(t))
 	plan := r.st.Epoch(w.base.Add(dur(t + r.skew)))
 	if len(plan.Lower) > 0 {
@@ -364,6 +376,13 @@ func (w *world) deliver(e *event) {
 	err := to.st.Receive(w.base.Add(dur(e.at+to.skew)), *e.report)
 	switch {
 	case err == nil:
+		// Gifts are in use as they arrive (region.State.Apply).
+		if cs := to.st.Apply(); len(cs) > 0 {
+			if err := to.store.SetSharesAt(w.base.Add(dur(e.at)), w.updates(to, cs)); err != nil {
+				w.fail(fmt.Errorf("sim: region %s: applying gifts: %w", to.name, err))
+			}
+			w.shareWrites += int64(len(cs))
+		}
 	case errors.Is(err, region.ErrStale):
 		w.recvStale++
 	default:
