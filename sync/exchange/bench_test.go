@@ -48,19 +48,31 @@ func newBenchRegions(tb testing.TB, nkeys int) *benchRegions {
 	return b
 }
 
-// produce runs the sending half of an epoch in region i: observe, compute,
-// commit, report and encode.
-func (b *benchRegions) produce(tb testing.TB, i int) {
+// tally runs the first phase of an epoch in region i: observe, close the
+// tallies and encode the tally-only report.
+func (b *benchRegions) tally(tb testing.TB, i int) {
 	st := b.states[i]
 	for k, key := range b.keys {
 		st.Observe(key, b.demand[i][k], b.demand[i][k])
 	}
-	p := st.Epoch(b.now)
+	rep := st.Tally(b.now)
+	b.encode(tb, i, &rep, 1)
+}
+
+// produce runs the sending half of the second phase in region i: compute,
+// commit, report and encode.
+func (b *benchRegions) produce(tb testing.TB, i int) {
+	st := b.states[i]
+	p := st.Epoch(b.now.Add(250 * time.Millisecond))
 	if err := st.Commit(p); err != nil {
 		tb.Fatal(err)
 	}
 	rep := st.Report()
-	msgs, err := EncodeReport(&rep, uint64(i)<<32|uint64(b.now.Unix()), benchMaxPayload)
+	b.encode(tb, i, &rep, 2)
+}
+
+func (b *benchRegions) encode(tb testing.TB, i int, rep *region.Report, phase uint64) {
+	msgs, err := EncodeReport(rep, uint64(i)<<40|uint64(b.now.Unix())<<2|phase, benchMaxPayload)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -71,7 +83,7 @@ func (b *benchRegions) produce(tb testing.TB, i int) {
 }
 
 // consume runs the receiving half in region i: decode, reassemble and
-// merge every other region's report.
+// merge every other region's report, and apply the gifts received.
 func (b *benchRegions) consume(tb testing.TB, i int) {
 	for j := range b.names {
 		if j == i {
@@ -90,15 +102,22 @@ func (b *benchRegions) consume(tb testing.TB, i int) {
 				if err := b.states[i].Receive(b.now, *r); err != nil {
 					tb.Fatal(err)
 				}
+				_ = b.states[i].Apply()
 			}
 		}
 	}
 }
 
-// epoch runs one epoch of every region.
+// epoch runs one epoch of every region, both phases.
 func (b *benchRegions) epoch(tb testing.TB) {
 	b.now = b.now.Add(time.Second)
 	b.bytes = 0
+	for i := range b.names {
+		b.tally(tb, i)
+	}
+	for i := range b.names {
+		b.consume(tb, i)
+	}
 	for i := range b.names {
 		b.produce(tb, i)
 	}
@@ -108,9 +127,11 @@ func (b *benchRegions) epoch(tb testing.TB) {
 }
 
 // BenchmarkEpoch100k is one sync epoch at 100,000 active global keys in each
-// of three regions: per region, observe the tallies, compute and commit the
-// plan, build and encode the report (split to 1 MiB messages), then decode,
-// reassemble and merge the two peers' reports. ns/op and B/op are for all
+// of three regions, both phases: per region, observe and close the tallies
+// and encode the tally report; decode and merge the peers' tally reports;
+// compute and commit the plan, build and encode the exchange report (split
+// to 1 MiB messages); then decode, reassemble and merge the two peers'
+// exchange reports and apply the gifts. ns/op and B/op are for all
 // three regions; the custom metrics are per region and epoch.
 //
 //	go test -run '^$' -bench Epoch100k -benchmem -benchtime 10x ./sync/exchange
@@ -133,7 +154,7 @@ func BenchmarkEpoch100k(b *testing.B) {
 }
 
 // BenchmarkEpochPhases splits the same epoch into its phases for one region
-// (eu), at 100,000 keys: compute (observe, Epoch, Commit, Report), encode,
+// (eu), at 100,000 keys: compute (observe, Tally, Epoch, Commit, Report), encode,
 // decode (with reassembly) and merge (Receive) of the two peers' reports.
 func BenchmarkEpochPhases(b *testing.B) {
 	br := newBenchRegions(b, 100_000)
@@ -148,6 +169,7 @@ func BenchmarkEpochPhases(b *testing.B) {
 			for k, key := range br.keys {
 				st.Observe(key, br.demand[eu][k], br.demand[eu][k])
 			}
+			_ = st.Tally(br.now)
 			p := st.Epoch(br.now)
 			if err := st.Commit(p); err != nil {
 				b.Fatal(err)
