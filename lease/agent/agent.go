@@ -86,20 +86,8 @@ func New(cfg Config) (*Agent, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	a := &Agent{
-		cfg:       cfg,
-		monotonic: monotonic,
-		base:      cfg.Clock(),
-		id:        &leasev1.Agent{Id: cfg.AgentID},
-		params:    newRateParams(cfg.LeasePeriod),
-		margin:    cfg.LeasePeriod / 20,
-		ready:     make(chan struct{}),
-		keys:      newKeyMap(),
-		wake:      make(chan struct{}, 1),
-		br:        breaker{threshold: cfg.BreakerFailures, probeEvery: int64(cfg.ProbeInterval)},
-	}
-	a.agents.Store(1)
-	a.lead.Store(int64(a.margin))
+	a := newState(cfg, cfg.Clock())
+	a.monotonic = monotonic
 	a.stripes = make([]stripe, 2*runtime.GOMAXPROCS(0))
 	a.scratch.New = func() any {
 		i := int(a.stripeN.Add(1)) % len(a.stripes)
@@ -139,6 +127,27 @@ func New(cfg Config) (*Agent, error) {
 	go a.refreshLoop()
 	go a.watchPolicy()
 	return a, nil
+}
+
+// newState returns the decision state that New and NewDriver share, before
+// either adds its own: no stripes, scratch pool, metrics, connection or
+// goroutines yet. cfg must have its defaults and be valid; base is the
+// agent's time zero.
+func newState(cfg Config, base time.Time) *Agent {
+	a := &Agent{
+		cfg:    cfg,
+		base:   base,
+		id:     &leasev1.Agent{Id: cfg.AgentID},
+		params: newRateParams(cfg.LeasePeriod),
+		margin: cfg.LeasePeriod / 20,
+		ready:  make(chan struct{}),
+		keys:   newKeyMap(),
+		wake:   make(chan struct{}, 1),
+		br:     breaker{threshold: cfg.BreakerFailures, probeEvery: int64(cfg.ProbeInterval)},
+	}
+	a.agents.Store(1)
+	a.lead.Store(int64(a.margin))
+	return a
 }
 
 // now is the agent's time: nanoseconds since New, read from Config.Clock.

@@ -88,14 +88,24 @@ func (a *Agent) Allow(ctx context.Context, ds []policy.Descriptor, hits int64) (
 	// The decision is written in place, into the result, rather than
 	// copied back up through each call: on this path the copies cost more
 	// than the arithmetic.
-	a.decide(&d, ctx, s, now, ds, hits)
+	if a.decideLocal(&d, s, now, ds, hits) {
+		a.finishInto(&d, s, a.slowPath(ctx, s, now))
+	}
 	a.count(s, now, d.Path, d.Allowed)
 	s.synced = false
 	a.scratch.Put(s)
 	return d
 }
 
-func (a *Agent) decide(d *Decision, ctx context.Context, s *scratch, now int64, ds []policy.Descriptor, hits int64) {
+// decideLocal decides, at now, what can be decided without a round trip:
+// it matches ds against the policy, spends leased tokens, queues a refresh
+// for a key left below low water, and answers from the deny cache. It
+// reports slow when some rule needs the region (a key without tokens and
+// without a deny cache entry); d is then untouched and s holds the rules'
+// results so far for the slow path. Otherwise the request is decided into
+// d. Allow and the simulator's Driver both decide through it, so that the
+// simulator runs the agent's rules rather than a copy of them.
+func (a *Agent) decideLocal(d *Decision, s *scratch, now int64, ds []policy.Descriptor, hits int64) (slow bool) {
 	hits = max(hits, 1)
 	if set := a.pol.Load(); s.sameMatch(set, ds, hits) {
 		for i := range s.res {
@@ -122,9 +132,8 @@ func (a *Agent) decide(d *Decision, ctx context.Context, s *scratch, now int64, 
 	}
 	if len(s.res) == 0 {
 		*d = Decision{Allowed: true}
-		return
+		return false
 	}
-	slow := false
 	for i := range s.res {
 		rr := &s.res[i]
 		if rr.need > min(rr.rule.Burst, maxSpend) {
@@ -135,7 +144,7 @@ func (a *Agent) decide(d *Decision, ctx context.Context, s *scratch, now int64, 
 			}
 			if !rr.rule.Shadow {
 				a.finishInto(d, s, now)
-				return
+				return false
 			}
 			continue
 		}
@@ -144,8 +153,7 @@ func (a *Agent) decide(d *Decision, ctx context.Context, s *scratch, now int64, 
 			continue
 		}
 		if j, w, ok := a.take(rr.k, s.stripeIdx, now, rr.need); ok {
-			rr.done, rr.ok, rr.path = true, true, PathLease
-			rr.undo, rr.slot, rr.word = undoSlot, j, w
+			rr.leased(j, w)
 			if j < cacheSlot {
 				if lw := rr.k.lowWater.Load(); balance(w) < lw && balance(w)+rr.k.slots.otherLive(j, now) < lw {
 					a.queueRefresh(rr.k)
@@ -158,16 +166,23 @@ func (a *Agent) decide(d *Decision, ctx context.Context, s *scratch, now int64, 
 			rr.k.denied.Add(rr.need)
 			if !rr.rule.Shadow {
 				a.finishInto(d, s, now)
-				return
+				return false
 			}
 			continue
 		}
 		slow = true
 	}
-	if slow {
-		now = a.slowPath(ctx, s, now)
+	if !slow {
+		a.finishInto(d, s, now)
 	}
-	a.finishInto(d, s, now)
+	return slow
+}
+
+// leased records that rr's tokens came from a lease: from slot j (or stripe
+// entry j − cacheSlot), which the spend left at word w.
+func (rr *ruleResult) leased(j int, w int64) {
+	rr.done, rr.ok, rr.path = true, true, PathLease
+	rr.undo, rr.slot, rr.word = undoSlot, j, w
 }
 
 // tokens is hits × cost, saturating instead of overflowing.

@@ -18,8 +18,11 @@ import (
 //
 // A Driver is the same agent as New's: the same key states, leased slots,
 // deny cache, EWMA lease sizing, low-water refreshes, lease expiry from
-// send time, circuit breaker and failure modes (the functions Allow and
-// the refresher call). What differs is who moves time and carries calls:
+// send time, circuit breaker and failure modes. Every rule is decided by
+// the functions Allow and the refresher call (decideLocal, slowAttempt and
+// slowSettle, planRefresh and renewBatch, leaseRequest and leaseDone,
+// returnDone); the Driver has none of its own. What differs is who moves
+// time and carries calls:
 //
 //   - Decide decides one request at now. A request whose keys hold tokens
 //     is decided at once; one that needs a round trip (a cold key) waits,
@@ -86,7 +89,6 @@ var ErrCallTimeout = errors.New("agent: call timed out")
 type waiter struct {
 	tag      uint64
 	s        *scratch
-	start    int64
 	deadline int64
 	attempt  int
 }
@@ -119,22 +121,10 @@ func NewDriver(cfg Config, epoch time.Time) (*Driver, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	a := &Agent{
-		cfg:    cfg,
-		base:   epoch,
-		id:     &leasev1.Agent{Id: cfg.AgentID},
-		params: newRateParams(cfg.LeasePeriod),
-		margin: cfg.LeasePeriod / 20,
-		ready:  make(chan struct{}),
-		keys:   newKeyMap(),
-		wake:   make(chan struct{}, 1),
-		br:     breaker{threshold: cfg.BreakerFailures, probeEvery: int64(cfg.ProbeInterval)},
-		// One stripe: one goroutine decides, and a single stripe keeps
-		// keys off the stripe cache, whose batches only help many cores.
-		stripes: make([]stripe, 1),
-	}
-	a.agents.Store(1)
-	a.lead.Store(int64(a.margin))
+	a := newState(cfg, epoch)
+	// One stripe: one goroutine decides, and a single stripe keeps keys off
+	// the stripe cache, whose batches only help many cores.
+	a.stripes = make([]stripe, 1)
 	a.metrics = &metrics{a: a}
 	d := &Driver{a: a, nextTick: int64(a.tick())}
 	d.s = d.newScratch()
@@ -172,15 +162,15 @@ func (d *Driver) Stats() Stats { return d.a.Stats() }
 func (d *Driver) Decide(now time.Duration, ds []policy.Descriptor, hits int64, tag uint64) (Decision, bool) {
 	t := int64(now)
 	s := d.s
-	dec, slow := d.decideLocal(s, t, ds, hits)
-	if !slow {
+	var dec Decision
+	if !d.a.decideLocal(&dec, s, t, ds, hits) {
 		d.a.record(s, t, dec)
 		return dec, true
 	}
 	// The slow path: this scratch now belongs to the waiting request.
 	d.s = d.newScratch()
 	s.memoOK = false
-	w := &waiter{tag: tag, s: s, start: t, deadline: t + int64(d.a.cfg.RoundTripTimeout)}
+	w := &waiter{tag: tag, s: s, deadline: t + int64(d.a.cfg.RoundTripTimeout)}
 	if d.attempt(w, t) {
 		dec := d.resolve(w, t)
 		return dec, true
@@ -189,178 +179,22 @@ func (d *Driver) Decide(now time.Duration, ds []policy.Descriptor, hits int64, t
 	return Decision{}, false
 }
 
-// decideLocal is the part of Agent.decide that needs no round trip. It
-// reports slow when some rule needs the slow path; otherwise the request is
-// decided.
-func (d *Driver) decideLocal(s *scratch, now int64, ds []policy.Descriptor, hits int64) (Decision, bool) {
-	a := d.a
-	hits = max(hits, 1)
-	if set := a.pol.Load(); s.sameMatch(set, ds, hits) {
-		for i := range s.res {
-			rr := &s.res[i]
-			rr.done, rr.ok, rr.path, rr.retry, rr.f, rr.undo = false, false, PathNone, 0, nil, undoNone
-		}
-	} else {
-		s.memoOK = false
-		s.rules = set.Match(s.rules[:0], ds)
-		s.res = s.res[:0]
-		s.buf = s.buf[:0]
-		for _, r := range s.rules {
-			start := len(s.buf)
-			s.buf = append(s.buf, r.Name...)
-			s.buf = append(s.buf, 0)
-			s.buf = r.AppendKey(s.buf, ds)
-			s.res = append(s.res, ruleResult{rule: r, need: tokens(hits, r.Cost), start: start, end: len(s.buf), nameLen: len(r.Name)})
-		}
-		for i := range s.res {
-			s.res[i].k = a.keys.get(s.buf[s.res[i].start:s.res[i].end])
-		}
-		s.memoSet, s.memoHits, s.memoOK = set, hits, true
-		s.memoDs = append(s.memoDs[:0], ds...)
-	}
-	if len(s.res) == 0 {
-		return Decision{Allowed: true}, false
-	}
-	slow := false
-	for i := range s.res {
-		rr := &s.res[i]
-		if rr.need > min(rr.rule.Burst, maxSpend) {
-			// More than the rule's whole bucket: no lease can ever hold it.
-			rr.done, rr.path = true, PathLease
-			if rr.k != nil {
-				rr.k.denied.Add(min(rr.need, maxSpend))
-			}
-			if !rr.rule.Shadow {
-				return a.finish(s, now), false
-			}
-			continue
-		}
-		if rr.k == nil {
-			slow = true
-			continue
-		}
-		if j, w, ok := a.take(rr.k, s.stripeIdx, now, rr.need); ok {
-			rr.done, rr.ok, rr.path = true, true, PathLease
-			rr.undo, rr.slot, rr.word = undoSlot, j, w
-			if j < cacheSlot {
-				if lw := rr.k.lowWater.Load(); balance(w) < lw && balance(w)+rr.k.slots.otherLive(j, now) < lw {
-					a.queueRefresh(rr.k)
-				}
-			}
-			continue
-		}
-		if du := rr.k.denyUntil.Load(); now < du && rr.k.liveTokens(now) < rr.need {
-			rr.done, rr.path, rr.retry = true, PathDenyCache, du-now
-			rr.k.denied.Add(rr.need)
-			if !rr.rule.Shadow {
-				return a.finish(s, now), false
-			}
-			continue
-		}
-		slow = true
-	}
-	if slow {
-		return Decision{}, true
-	}
-	return a.finish(s, now), false
-}
-
-// attempt starts one round of Agent.slowPath for w at now: the failure
-// modes decide when the region may not be called; otherwise every undecided
-// rule joins its key's round trip in flight or a new one. It reports
-// whether w is decided.
+// attempt starts w's next attempt of the slow path at now, sending the
+// flight it starts, if any. It reports whether w is decided.
 func (d *Driver) attempt(w *waiter, now int64) bool {
-	a, s := d.a, w.s
-	if !a.pendingRules(s) {
-		return true
-	}
-	if w.attempt >= maxAttempts {
-		d.giveUp(s)
-		return true
-	}
+	own, decided := d.a.slowAttempt(w.s, w.attempt, now)
 	w.attempt++
-	if a.fromSplitLeases(s, now) && !a.pendingRules(s) {
-		return true
+	if own != nil {
+		d.out = append(d.out, d.leaseCall(own, now, d.a.cfg.RoundTripTimeout, false))
 	}
-	call, probe := a.mayCall(now)
-	if !call {
-		for i := range s.res {
-			if rr := &s.res[i]; !rr.done {
-				a.ensureKey(s, rr, now)
-				a.failMode(rr, now)
-			}
-		}
-		return true
-	}
-	s.synced = true
-	if own := a.joinOrStart(s, now); own != nil {
-		d.out = append(d.out, d.leaseCall(own, now, a.cfg.RoundTripTimeout, false))
-	} else if probe {
-		a.releaseProbe()
-	}
-	return false
-}
-
-// giveUp denies what is still undecided after every attempt: the tokens
-// granted went to other requests each time.
-func (d *Driver) giveUp(s *scratch) {
-	for i := range s.res {
-		if rr := &s.res[i]; !rr.done {
-			rr.done, rr.path, rr.retry = true, PathLease, int64(time.Millisecond)
-			rr.k.denied.Add(rr.need)
-		}
-	}
+	return decided
 }
 
 // settle continues w at now, once every round trip it waits for is done or
-// its deadline has passed, as Agent.slowPath does after its wait. It
-// reports whether w is decided.
+// its deadline has passed, as Allow does after its wait. It reports
+// whether w is decided.
 func (d *Driver) settle(w *waiter, now int64) bool {
-	a, s := d.a, w.s
-	timedOut := false
-	for i := range s.res {
-		rr := &s.res[i]
-		if rr.done {
-			continue
-		}
-		f := rr.f
-		rr.f = nil
-		if f == nil || !flightDone(f) {
-			timedOut = true
-			a.failMode(rr, now) // the region did not answer in time
-			continue
-		}
-		if f.err != nil {
-			a.failMode(rr, now)
-			continue
-		}
-		if j, wd, ok := a.take(rr.k, s.stripeIdx, now, rr.need); ok {
-			rr.done, rr.ok, rr.path = true, true, PathLease
-			rr.undo, rr.slot, rr.word = undoSlot, j, wd
-			continue
-		}
-		if du := rr.k.denyUntil.Load(); now < du {
-			rr.done, rr.path, rr.retry = true, PathLease, du-now
-			rr.k.denied.Add(rr.need)
-			if !rr.rule.Shadow {
-				return true
-			}
-		}
-	}
-	if timedOut {
-		d.giveUp(s)
-		return true
-	}
-	if now >= w.deadline {
-		// Another round would find the deadline gone at once.
-		for i := range s.res {
-			if rr := &s.res[i]; !rr.done {
-				a.failMode(rr, now)
-			}
-		}
-		return true
-	}
-	return d.attempt(w, now)
+	return d.a.slowSettle(w.s, now, now >= w.deadline) || d.attempt(w, now)
 }
 
 // ready reports whether every round trip w waits for is done.
@@ -472,40 +306,18 @@ func (d *Driver) Poll(now time.Duration) []*Call {
 	return out
 }
 
-// refresh is Agent.refreshOnce: it gathers the queued and due keys, checks
-// each, and plans the refresher's calls.
+// refresh is the refresher's wake-up (Agent.refreshOnce): it plans the
+// calls, which nextRefresherCall then makes one at a time.
 func (d *Driver) refresh(now int64) {
 	a := d.a
-	var work []*keyState
-	work = append(work, a.queue...)
-	clear(a.queue)
-	a.queue = a.queue[:0]
 	select {
 	case <-a.wake:
 	default:
 	}
-	work = a.popDue(now, work)
-	pol := a.pol.Load()
 	rets := &returnBatch{}
-	var renew []*keyState
-	for _, k := range work {
-		if a.check(k, pol, now, rets) == actRefresh {
-			renew = append(renew, k)
-		}
-	}
-	if a.down.Load() && len(renew) == 0 {
-		if k := a.probeKey.Load(); k != nil && !k.isEvicted() {
-			renew = append(renew, k)
-		}
-	}
+	pol, renew, _ := a.planRefresh(now, nil, rets)
 	if len(renew) > 0 {
-		if call, _ := a.mayCall(now); !call {
-			for _, k := range renew {
-				a.scheduleBy(k, now+int64(a.cfg.ProbeInterval))
-			}
-		} else {
-			d.queue = append(d.queue, refresherStep{pol: pol, keys: renew})
-		}
+		d.queue = append(d.queue, refresherStep{pol: pol, keys: renew})
 	}
 	if len(rets.items) > 0 {
 		d.queue = append(d.queue, refresherStep{rets: rets})
@@ -517,61 +329,33 @@ func (d *Driver) nextRefresherCall(now int64) {
 	a := d.a
 	for d.busy == nil && len(d.queue) > 0 {
 		st := &d.queue[0]
+		var c *Call
 		if st.rets != nil {
-			n := min(len(st.rets.items), maxBatch)
-			c := &Call{
-				Return:    &leasev1.ReturnRequest{Agent: a.id, Items: st.rets.items[:n:n]},
+			rets := st.rets.next()
+			c = &Call{
+				Return:    &leasev1.ReturnRequest{Agent: a.id, Items: rets.items},
 				Sent:      time.Duration(now),
 				Timeout:   a.cfg.RefreshTimeout,
 				sent:      now,
-				rets:      &returnBatch{items: st.rets.items[:n:n], keys: st.rets.keys[:n:n]},
+				rets:      &rets,
 				refresher: true,
 			}
-			st.rets.items, st.rets.keys = st.rets.items[n:], st.rets.keys[n:]
 			if len(st.rets.items) == 0 {
 				d.popStep()
 			}
-			d.busy = c
-			d.out = append(d.out, c)
-			return
-		}
-		// Agent.renew: the keys with no round trip in flight, up to a
-		// batch, in one call.
-		var f *flight
-		used := 0
-		for _, k := range st.keys {
-			used++
-			r := st.pol.Rule(k.rule)
-			k.mu.Lock()
-			if r != nil && k.flight == nil && !k.evicted.Load() {
-				if f == nil {
-					f = &flight{done: make(chan struct{})}
-				}
-				k.flight = f
-				f.keys = append(f.keys, k)
-				f.rules = append(f.rules, r)
-				f.needs = append(f.needs, r.Cost)
+		} else {
+			var f *flight
+			f, st.keys = a.renewBatch(st.pol, st.keys)
+			if len(st.keys) == 0 {
+				d.popStep()
 			}
-			k.mu.Unlock()
-			if f != nil && len(f.keys) == maxBatch {
-				break
+			if f != nil {
+				c = d.leaseCall(f, now, a.cfg.RefreshTimeout, true)
 			}
 		}
-		st.keys = st.keys[used:]
-		if len(st.keys) == 0 {
-			d.popStep()
-		}
-		if f != nil {
-			// Agent.refreshCall.
-			a.ctr.refreshCalls.Add(1)
-			a.ctr.refreshItems.Add(int64(len(f.keys)))
-			c := d.leaseCall(f, now, a.cfg.RefreshTimeout, true)
+		if c != nil {
 			d.busy = c
 			d.out = append(d.out, c)
-			return
-		}
-		if a.down.Load() {
-			a.releaseProbe()
 		}
 	}
 }
@@ -612,65 +396,10 @@ func (d *Driver) Complete(now time.Duration, c *Call, resp *leasev1.LeaseRespons
 
 // completeLease is the second half of Agent.leaseCall.
 func (d *Driver) completeLease(c *Call, now int64, resp *leasev1.LeaseResponse, err error) {
-	a, f := d.a, c.f
-	if err == nil && len(resp.GetGrants()) != len(f.keys) {
-		err = fmt.Errorf("agent: region answered %d grants for %d items", len(resp.GetGrants()), len(f.keys))
-	}
-	a.ctr.leaseCalls.Add(1)
-	a.ctr.leaseItems.Add(int64(len(f.keys)))
-	a.callDone(now, err == nil)
-	if err == nil {
-		a.lead.Store(int64(a.rtt.record(time.Duration(now-c.sent)) + a.margin))
-		a.agents.Store(max(int64(resp.GetAgents()), 1))
-	} else {
-		a.ctr.callErrors.Add(1)
-	}
-	for i, k := range f.keys {
-		k.mu.Lock()
-		if err == nil {
-			a.applyLocked(k, f.rules[i], resp.Grants[i], c.sent, now, c.wants[i])
-		} else {
-			k.reportedAsked -= c.Lease.Items[i].Demand
-			k.reportedAdmitted -= c.Lease.Items[i].Admitted
-			a.scheduleBy(k, now+int64(a.cfg.ProbeInterval))
-		}
-		if k.flight == f {
-			k.flight = nil
-		}
-		k.queued.Store(false)
-		k.mu.Unlock()
-	}
-	f.err = err
-	close(f.done)
+	d.a.leaseDone(c.f, c.Lease, c.wants, c.sent, now, time.Duration(now-c.sent), resp, err)
 }
 
-// completeReturn is the bookkeeping of Agent.sendReturns for one call.
+// completeReturn is the second half of Agent.sendReturns for one call.
 func (d *Driver) completeReturn(c *Call, err error) {
-	a := d.a
-	a.ctr.returnCalls.Add(1)
-	a.ctr.returnItems.Add(int64(len(c.rets.items)))
-	for i, it := range c.rets.items {
-		if err == nil {
-			a.ctr.returned.Add(it.Tokens)
-			continue
-		}
-		k := c.rets.keys[i]
-		k.mu.Lock()
-		k.returned -= it.Tokens
-		a.dropLocked(k, it.Tokens)
-		k.mu.Unlock()
-	}
-	if err != nil {
-		a.ctr.callErrors.Add(1)
-	}
-}
-
-// flightDone reports whether f's round trip has completed.
-func flightDone(f *flight) bool {
-	select {
-	case <-f.done:
-		return true
-	default:
-		return false
-	}
+	d.a.returnDone(c.rets, err)
 }

@@ -92,3 +92,13 @@ type flight struct {
 	rules []*policy.Rule
 	needs []int64
 }
+
+// flightDone reports whether f's round trip has completed.
+func flightDone(f *flight) bool {
+	select {
+	case <-f.done:
+		return true
+	default:
+		return false
+	}
+}

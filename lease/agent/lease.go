@@ -24,10 +24,23 @@ func (a *Agent) leaseCall(f *flight, timeout time.Duration) {
 	resp, err := a.client.Lease(ctx, req)
 	cancel()
 	rtt := time.Since(start)
+	if err = a.leaseDone(f, req, wants, sent, a.now(), rtt, resp, err); err != nil {
+		a.cfg.Logger.Debug("lease call failed", "items", len(f.keys), "err", err)
+	}
+}
+
+// leaseDone applies the outcome of flight f's Lease call req, sent at sent
+// and answered (resp) or failed (err) at now after a round trip of rtt:
+// the breaker and the round-trip estimate learn from it, each key gets its
+// grant or, on an error, reports its demand again with its next call and
+// is checked again after the probe interval, and whoever waits for f is
+// woken. It returns the call's error, which includes an answer with the
+// wrong number of grants. The Agent and the simulator's Driver both
+// complete their calls through it.
+func (a *Agent) leaseDone(f *flight, req *leasev1.LeaseRequest, wants []int64, sent, now int64, rtt time.Duration, resp *leasev1.LeaseResponse, err error) error {
 	if err == nil && len(resp.GetGrants()) != len(f.keys) {
 		err = fmt.Errorf("agent: region answered %d grants for %d items", len(resp.GetGrants()), len(f.keys))
 	}
-	now := a.now()
 	a.ctr.leaseCalls.Add(1)
 	a.ctr.leaseItems.Add(int64(len(f.keys)))
 	a.callDone(now, err == nil)
@@ -36,7 +49,6 @@ func (a *Agent) leaseCall(f *flight, timeout time.Duration) {
 		a.agents.Store(max(int64(resp.GetAgents()), 1))
 	} else {
 		a.ctr.callErrors.Add(1)
-		a.cfg.Logger.Debug("lease call failed", "items", len(f.keys), "err", err)
 	}
 	for i, k := range f.keys {
 		k.mu.Lock()
@@ -56,6 +68,7 @@ func (a *Agent) leaseCall(f *flight, timeout time.Duration) {
 	}
 	f.err = err
 	close(f.done)
+	return err
 }
 
 // applyLocked applies one grant to k (k.mu held). sent is when the request
@@ -153,32 +166,50 @@ func (b *returnBatch) add(k *keyState, n int64) {
 	}
 }
 
+// next removes and returns the first call's worth of b: at most maxBatch
+// items.
+func (b *returnBatch) next() returnBatch {
+	n := min(len(b.items), maxBatch)
+	first := returnBatch{items: b.items[:n:n], keys: b.keys[:n:n]}
+	b.items, b.keys = b.items[n:], b.keys[n:]
+	return first
+}
+
 // sendReturns returns b's tokens in calls of at most maxBatch items and
-// empties b. Tokens of a failed call are counted as dropped.
+// empties b.
 func (a *Agent) sendReturns(ctx context.Context, b *returnBatch) {
 	for len(b.items) > 0 {
-		n := min(len(b.items), maxBatch)
-		_, err := a.client.Return(ctx, &leasev1.ReturnRequest{Agent: a.id, Items: b.items[:n]})
-		a.ctr.returnCalls.Add(1)
-		a.ctr.returnItems.Add(int64(n))
-		for i, it := range b.items[:n] {
-			if err == nil {
-				a.ctr.returned.Add(it.Tokens)
-				continue
-			}
-			k := b.keys[i]
-			k.mu.Lock()
-			k.returned -= it.Tokens
-			a.dropLocked(k, it.Tokens)
-			k.mu.Unlock()
+		call := b.next()
+		_, err := a.client.Return(ctx, &leasev1.ReturnRequest{Agent: a.id, Items: call.items})
+		if err = a.returnDone(&call, err); err != nil {
+			a.cfg.Logger.Debug("return call failed", "items", len(call.items), "err", err)
 		}
-		if err != nil {
-			a.ctr.callErrors.Add(1)
-			a.cfg.Logger.Debug("return call failed", "items", n, "err", err)
-		}
-		b.items, b.keys = b.items[n:], b.keys[n:]
 	}
 	b.items, b.keys = nil, nil
+}
+
+// returnDone counts the outcome of a Return call of b: the tokens of a
+// failed call are counted as dropped (the region may or may not have them
+// back; either way nobody here will spend them). It returns err. The Agent
+// and the simulator's Driver both complete their returns through it.
+func (a *Agent) returnDone(b *returnBatch, err error) error {
+	a.ctr.returnCalls.Add(1)
+	a.ctr.returnItems.Add(int64(len(b.items)))
+	for i, it := range b.items {
+		if err == nil {
+			a.ctr.returned.Add(it.Tokens)
+			continue
+		}
+		k := b.keys[i]
+		k.mu.Lock()
+		k.returned -= it.Tokens
+		a.dropLocked(k, it.Tokens)
+		k.mu.Unlock()
+	}
+	if err != nil {
+		a.ctr.callErrors.Add(1)
+	}
+	return err
 }
 
 // leaseRequest builds the Lease call of flight f sent at sent: it sizes each

@@ -41,18 +41,41 @@ const (
 // refreshOnce handles the queued and due keys at the current time.
 func (a *Agent) refreshOnce(work []*keyState) []*keyState {
 	now := a.now()
+	var rets returnBatch
+	pol, renew, work := a.planRefresh(now, work, &rets)
+	for len(renew) > 0 {
+		var f *flight
+		if f, renew = a.renewBatch(pol, renew); f != nil {
+			a.leaseCall(f, a.cfg.RefreshTimeout)
+		}
+	}
+	if len(rets.items) > 0 {
+		ctx, cancel := context.WithTimeout(a.calls, a.cfg.RefreshTimeout)
+		a.sendReturns(ctx, &rets)
+		cancel()
+	}
+	return work
+}
+
+// planRefresh is one wake-up of the refresher at now, short of its calls:
+// it takes the keys queued below low water and those whose check is due,
+// checks each (adding tokens to give back to rets), adds the probe key
+// while the region is unreachable, and returns the policy in force and the
+// keys to renew, which renewBatch turns into calls. When the region may
+// not be called it returns none, and checks them again after the probe
+// interval. work is space for the keys taken, returned emptied as spare for
+// the next wake-up. The refresher and the simulator's Driver both plan
+// through it.
+func (a *Agent) planRefresh(now int64, work []*keyState, rets *returnBatch) (pol *policy.Set, renew, spare []*keyState) {
 	a.qmu.Lock()
 	work = append(work, a.queue...)
 	clear(a.queue)
 	a.queue = a.queue[:0]
 	a.qmu.Unlock()
 	work = a.popDue(now, work)
-	pol := a.pol.Load()
-
-	var rets returnBatch
-	var renew []*keyState
+	pol = a.pol.Load()
 	for _, k := range work {
-		if a.check(k, pol, now, &rets) == actRefresh {
+		if a.check(k, pol, now, rets) == actRefresh {
 			renew = append(renew, k)
 		}
 	}
@@ -63,26 +86,26 @@ func (a *Agent) refreshOnce(work []*keyState) []*keyState {
 		}
 	}
 	if len(renew) > 0 {
-		a.renew(pol, now, renew)
+		if call, _ := a.mayCall(now); !call {
+			for _, k := range renew {
+				a.scheduleBy(k, now+int64(a.cfg.ProbeInterval))
+			}
+			renew = nil
+		}
 	}
-	if len(rets.items) > 0 {
-		ctx, cancel := context.WithTimeout(a.calls, a.cfg.RefreshTimeout)
-		a.sendReturns(ctx, &rets)
-		cancel()
-	}
-	return work
+	return pol, renew, work[:0]
 }
 
-// renew sends background Lease calls for keys, if the breaker allows.
-func (a *Agent) renew(pol *policy.Set, now int64, keys []*keyState) {
-	if call, _ := a.mayCall(now); !call {
-		for _, k := range keys {
-			a.scheduleBy(k, now+int64(a.cfg.ProbeInterval))
-		}
-		return
-	}
-	var f *flight
+// renewBatch makes the next background flight out of keys, the front of a
+// renew list from planRefresh: the keys whose rule still exists and which
+// have no round trip in flight, up to maxBatch of them, each asking for one
+// cost. It returns the flight (nil when none of the keys it went through
+// needed one; while the region is down that releases the probe) and the
+// keys it has not gone through yet.
+func (a *Agent) renewBatch(pol *policy.Set, keys []*keyState) (f *flight, rest []*keyState) {
+	used := 0
 	for _, k := range keys {
+		used++
 		r := pol.Rule(k.rule)
 		k.mu.Lock()
 		if r != nil && k.flight == nil && !k.evicted.Load() {
@@ -96,22 +119,16 @@ func (a *Agent) renew(pol *policy.Set, now int64, keys []*keyState) {
 		}
 		k.mu.Unlock()
 		if f != nil && len(f.keys) == maxBatch {
-			a.refreshCall(f)
-			f = nil
+			break
 		}
 	}
 	if f != nil {
-		a.refreshCall(f)
+		a.ctr.refreshCalls.Add(1)
+		a.ctr.refreshItems.Add(int64(len(f.keys)))
 	} else if a.down.Load() {
 		a.releaseProbe()
 	}
-}
-
-// refreshCall runs a background flight and counts it.
-func (a *Agent) refreshCall(f *flight) {
-	a.ctr.refreshCalls.Add(1)
-	a.ctr.refreshItems.Add(int64(len(f.keys)))
-	a.leaseCall(f, a.cfg.RefreshTimeout)
+	return f, keys[used:]
 }
 
 // check decides what k needs at now: a renewed lease, its unused tokens

@@ -13,96 +13,144 @@ import (
 // deadline, up to this many times, before it gives up.
 const maxAttempts = 8
 
-// slowPath decides the rules that the leased path could not: keys without
-// tokens and without a deny cache entry. It makes one round trip for all of
-// them (joining a round trip already in flight for a key, so that one key
-// never has two), bounded by RoundTripTimeout, and falls back to each
-// rule's failure mode when the region cannot answer. It returns the time
-// after the round trip.
+// slowPath decides the rules that decideLocal could not: keys without
+// tokens and without a deny cache entry. Each attempt makes one round trip
+// for all of them (joining a round trip already in flight for a key, so
+// that one key never has two); the request waits at most RoundTripTimeout
+// in all, and each rule's failure mode decides when the region cannot
+// answer in time. It returns the time after the wait.
+//
+// What is decided is slowAttempt's and slowSettle's, which the simulator's
+// Driver runs too; this function only sends the call and waits.
 func (a *Agent) slowPath(ctx context.Context, s *scratch, now int64) int64 {
 	wctx, cancel := context.WithTimeout(ctx, a.cfg.RoundTripTimeout)
 	defer cancel()
-	for attempt := 0; attempt < maxAttempts; attempt++ {
-		if !a.pendingRules(s) {
+	for n := 0; ; n++ {
+		own, decided := a.slowAttempt(s, n, now)
+		if decided {
 			return now
 		}
-		if a.fromSplitLeases(s, now) && !a.pendingRules(s) {
-			return now
-		}
-		call, probe := a.mayCall(now)
-		if !call {
-			for i := range s.res {
-				if rr := &s.res[i]; !rr.done {
-					a.ensureKey(s, rr, now)
-					a.failMode(rr, now)
-				}
-			}
-			return now
-		}
-		s.synced = true
-		own := a.joinOrStart(s, now)
 		if own != nil {
 			a.leaseCall(own, a.cfg.RoundTripTimeout)
-		} else if probe {
-			a.releaseProbe()
 		}
-		timedOut := false
+	wait:
 		for i := range s.res {
-			rr := &s.res[i]
-			if rr.done || rr.f == nil {
-				continue
-			}
-			select {
-			case <-rr.f.done:
-			case <-wctx.Done():
-				timedOut = true
+			if rr := &s.res[i]; !rr.done && rr.f != nil {
+				select {
+				case <-rr.f.done:
+				case <-wctx.Done():
+					break wait
+				}
 			}
 		}
 		now = a.now()
-		for i := range s.res {
-			rr := &s.res[i]
-			if rr.done {
-				continue
-			}
-			f := rr.f
-			rr.f = nil
-			select {
-			case <-f.done:
-			default:
-				a.failMode(rr, now) // the region did not answer in time
-				continue
-			}
-			if f.err != nil {
-				a.failMode(rr, now)
-				continue
-			}
-			if j, w, ok := a.take(rr.k, s.stripeIdx, now, rr.need); ok {
-				rr.done, rr.ok, rr.path = true, true, PathLease
-				rr.undo, rr.slot, rr.word = undoSlot, j, w
-				continue
-			}
-			if du := rr.k.denyUntil.Load(); now < du {
-				// The region just granted too little: a denial on the lease
-				// path; later requests meet the deny cache.
-				rr.done, rr.path, rr.retry = true, PathLease, du-now
-				rr.k.denied.Add(rr.need)
-				if !rr.rule.Shadow {
-					return now
-				}
-			}
-		}
-		if timedOut {
-			break
+		if a.slowSettle(s, now, wctx.Err() != nil) {
+			return now
 		}
 	}
-	// Still undecided: the tokens granted went to other requests each time.
+}
+
+// slowAttempt starts attempt n (from 0) of the slow path at now. It reports
+// decided when there is nothing to ask the region: every rule is decided,
+// the attempts are used up (giveUp), live tokens split across slots covered
+// the rest, or the region may not be called (each undecided rule's failure
+// mode decides). Otherwise every undecided rule waits for its key's round
+// trip (ruleResult.f), and own, when not nil, is a new flight of this
+// request for the caller to send.
+func (a *Agent) slowAttempt(s *scratch, n int, now int64) (own *flight, decided bool) {
+	if !a.pendingRules(s) {
+		return nil, true
+	}
+	if n >= maxAttempts {
+		a.giveUp(s)
+		return nil, true
+	}
+	if a.fromSplitLeases(s, now) && !a.pendingRules(s) {
+		return nil, true
+	}
+	call, probe := a.mayCall(now)
+	if !call {
+		for i := range s.res {
+			if rr := &s.res[i]; !rr.done {
+				a.ensureKey(s, rr, now)
+				a.failMode(rr, now)
+			}
+		}
+		return nil, true
+	}
+	s.synced = true
+	own = a.joinOrStart(s, now)
+	if own == nil && probe {
+		a.releaseProbe()
+	}
+	return own, false
+}
+
+// slowSettle continues the slow path at now, once the round trips of the
+// last attempt are done or the wait for them ended; expired reports that
+// the request's deadline has passed. Each waiting rule is decided by its
+// round trip: no answer in time or an error decides by the failure mode,
+// tokens granted are spent, and a grant too small while the deny cache
+// holds is a denial. It reports decided when no further attempt is needed:
+// a round trip did not answer in time (what is left is denied), the
+// deadline has passed (what is left goes to its failure mode: another
+// round would find the deadline gone at once), or a rule was denied.
+func (a *Agent) slowSettle(s *scratch, now int64, expired bool) (decided bool) {
+	timedOut := false
+	for i := range s.res {
+		rr := &s.res[i]
+		if rr.done {
+			continue
+		}
+		f := rr.f
+		rr.f = nil
+		if f == nil || !flightDone(f) {
+			timedOut = true
+			a.failMode(rr, now) // the region did not answer in time
+			continue
+		}
+		if f.err != nil {
+			a.failMode(rr, now)
+			continue
+		}
+		if j, w, ok := a.take(rr.k, s.stripeIdx, now, rr.need); ok {
+			rr.leased(j, w)
+			continue
+		}
+		if du := rr.k.denyUntil.Load(); now < du {
+			// The region just granted too little: a denial on the lease
+			// path; later requests meet the deny cache.
+			rr.done, rr.path, rr.retry = true, PathLease, du-now
+			rr.k.denied.Add(rr.need)
+			if !rr.rule.Shadow {
+				return true
+			}
+		}
+	}
+	if timedOut {
+		a.giveUp(s)
+		return true
+	}
+	if expired {
+		for i := range s.res {
+			if rr := &s.res[i]; !rr.done {
+				a.failMode(rr, now)
+			}
+		}
+		return true
+	}
+	return false
+}
+
+// giveUp denies what is still undecided after every attempt: the tokens
+// granted went to other requests each time.
+func (a *Agent) giveUp(s *scratch) {
 	for i := range s.res {
 		if rr := &s.res[i]; !rr.done {
 			rr.done, rr.path, rr.retry = true, PathLease, int64(time.Millisecond)
 			rr.k.denied.Add(rr.need)
 		}
 	}
-	return now
 }
 
 // fromSplitLeases serves undecided rules whose keys hold enough live
@@ -119,8 +167,7 @@ func (a *Agent) fromSplitLeases(s *scratch, now int64) bool {
 		a.dropLocked(rr.k, rr.k.consolidateLocked(now))
 		rr.k.mu.Unlock()
 		if j, w, ok := a.take(rr.k, s.stripeIdx, now, rr.need); ok {
-			rr.done, rr.ok, rr.path = true, true, PathLease
-			rr.undo, rr.slot, rr.word = undoSlot, j, w
+			rr.leased(j, w)
 			any = true
 		}
 	}
