@@ -10,7 +10,7 @@ import (
 // Two regions share one global key. Europe asks for 900 tokens per epoch
 // of a 1,000 tokens/s quota and the US for 100; starting from an equal
 // split, share moves to Europe until the max-min targets (US: its need plus
-// a 2% floor; Europe: the rest) are reached. Each epoch has two phases:
+// a 0.5% floor; Europe: the rest) are reached. Each epoch has two phases:
 // every region publishes its tallies (Tally), then decides on them all
 // (Epoch), lowering its share before it gives; the receiver applies a gift
 // when the report announcing it arrives (Apply). The shares never sum above
@@ -67,7 +67,7 @@ func Example() {
 	}
 	// Output:
 	// epoch 1: eu 860000, us 140000
-	// epoch 2: eu 881000, us 119000
-	// epoch 3: eu 881000, us 119000
-	// epoch 4: eu 881000, us 119000
+	// epoch 2: eu 896000, us 104000
+	// epoch 3: eu 896000, us 104000
+	// epoch 4: eu 896000, us 104000
 }

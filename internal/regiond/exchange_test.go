@@ -201,13 +201,18 @@ func (l *load) sendTo(r string, d *Daemon) {
 }
 
 // targets are the max-min targets for demand rates (tokens/s) of a key of
-// 1,000 tokens/s, with region's default 2% floor.
+// 1,000 tokens/s, with region's default floor.
 func targets(regions []string, rates map[string]int64) map[string]int64 {
 	need := make([]float64, len(regions))
 	for i, r := range regions {
 		need[i] = float64(rates[r]) / 1000 * region.PPM
 	}
-	t := region.Targets(region.PPM, need, 20_000, nil)
+	st, err := region.New(region.Config{Self: regions[0], Regions: regions})
+	if err != nil {
+		panic(err)
+	}
+	floor := st.Config().FloorPPM
+	t := region.Targets(region.PPM, need, floor, nil)
 	m := map[string]int64{}
 	for i, r := range regions {
 		m[r] = t[i]
