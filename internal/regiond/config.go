@@ -69,6 +69,11 @@ type Config struct {
 	// SyncPeriod is the exchange's epoch: reports are published and shares
 	// moved once per period (default 1s; every region must use the same).
 	SyncPeriod time.Duration
+	// DecideAfter is how long after the start of an epoch (when tallies
+	// are published) the region decides its moves: more than the one-way
+	// delay between regions plus clock skew. Default SyncPeriod/4; below
+	// SyncPeriod/2.
+	DecideAfter time.Duration
 	// Replica names this replica within its region (default
 	// "<hostname>-<random>"). Replicas of one region share its store; one
 	// at a time runs the exchange.
@@ -114,6 +119,9 @@ func (c *Config) ensureDefaults() {
 	if c.SyncPeriod == 0 {
 		c.SyncPeriod = time.Second
 	}
+	if c.DecideAfter == 0 {
+		c.DecideAfter = c.SyncPeriod / 4
+	}
 	if len(c.Regions) == 0 {
 		c.Regions = []string{c.Region}
 	}
@@ -131,6 +139,9 @@ func (c *Config) validate() error {
 	}
 	if c.SyncPeriod < time.Millisecond {
 		errs = append(errs, fmt.Errorf("sync period %v is below 1ms", c.SyncPeriod))
+	}
+	if c.DecideAfter < 0 || 2*c.DecideAfter >= c.SyncPeriod {
+		errs = append(errs, fmt.Errorf("decide-after %v is not in [0, sync period/2)", c.DecideAfter))
 	}
 	if c.NATSURL != "" && c.NATSEmbedded {
 		errs = append(errs, errors.New("NATS: use an external server (NATSURL) or the embedded one, not both"))

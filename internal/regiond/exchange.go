@@ -153,6 +153,7 @@ func (d *Daemon) startExchange() (err error) {
 		Replica:     cfg.Replica,
 		Regions:     cfg.Regions,
 		Period:      cfg.SyncPeriod,
+		DecideAfter: cfg.DecideAfter,
 		Conn:        d.nc,
 		Store:       d.shares,
 		Coordinator: coord,
