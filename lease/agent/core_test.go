@@ -361,6 +361,12 @@ func TestKeyMapEvictAndRecreate(t *testing.T) {
 	if got := km.getOrCreate(ids[7], mk); got != k2 {
 		t.Error("a second getOrCreate made yet another state")
 	}
+	// The promoted read table still holds the evicted state: get must find
+	// its successor, or a request on a key with a fresh lease goes to the
+	// region (and when, depends on the shard seed).
+	if got := km.get(ids[7]); got != k2 {
+		t.Errorf("get after evict and recreate got %p (evicted %p), want the successor %p", got, k, k2)
+	}
 	if got := km.len(); got != 1000 {
 		t.Errorf("len after evict and recreate got %d, want 1000", got)
 	}

@@ -65,13 +65,19 @@ func (km *keyMap) shard(id []byte) *keyShard {
 	return &km.shards[h>>(64-keyShardBits)]
 }
 
-// get returns the state of id, or nil. A state found may have been evicted
-// meanwhile; its slots are then empty, so the caller's spend fails and the
-// slow path looks again.
+// get returns the state of id, or nil. A state found may be evicted when
+// no successor exists yet, or be evicted meanwhile; its slots are then
+// empty, so the caller's spend fails and the slow path looks again.
+//
+// An evicted state in read while dirty may hold its successor is looked up
+// in dirty: returning it would send a request whose key holds a fresh
+// lease to the region, until the shard's next promotion. That timing
+// depends on which keys share a shard, and the shards on a random seed, so
+// the simulator's runs would also differ from one to the next.
 func (km *keyMap) get(id []byte) *keyState {
 	sh := km.shard(id)
 	t := sh.read.Load()
-	if k := t.m[string(id)]; k != nil || !t.amended {
+	if k := t.m[string(id)]; (k != nil && !k.evicted.Load()) || !t.amended {
 		return k
 	}
 	sh.mu.Lock()
