@@ -1,17 +1,17 @@
 package exchange
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/crc32"
 	"io"
 	"time"
+	"unicode/utf8"
 
 	"google.golang.org/protobuf/encoding/protowire"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/ration-dev/ration/region"
-	syncv1 "github.com/ration-dev/ration/sync/v1"
 )
 
 // wireVersion is the Envelope.version this package writes and reads.
@@ -76,64 +76,42 @@ const envelopeOverhead = 3 + 5 + 4 + 10
 // each (the connection's max_payload), all carrying report id id. Keys are
 // split between parts in order; every part repeats the header. A report
 // without keys is one message.
+//
+// The messages are appended with protowire, byte for byte what proto.Marshal
+// of a syncv1.Part makes (the tests check it): building a syncv1.Key per key
+// first cost as much as the rest of the epoch's encoding.
 func EncodeReport(r *region.Report, id uint64, maxBytes int) ([][]byte, error) {
-	hdr := &syncv1.Part{
-		Region:         r.Region,
-		Replica:        r.Replica,
-		Epoch:          r.Epoch,
-		SentAtUnixNano: unixNano(r.SentAt),
-		Exchange:       r.Exchange,
-		Regions:        r.Regions,
-		ReportId:       id,
-		Part:           ^uint32(0), // the largest varints, for sizing
-		Parts:          ^uint32(0),
-		KeysTotal:      ^uint32(0),
+	if err := checkUTF8(r); err != nil {
+		return nil, err
 	}
-	budget := maxBytes - envelopeOverhead - proto.Size(hdr)
+	// The header sized with the largest varints for part, parts and keys.
+	budget := maxBytes - envelopeOverhead - headerSize(r, id, ^uint32(0), ^uint32(0), ^uint32(0))
 	if budget <= 0 {
 		return nil, fmt.Errorf("%w: a %d-byte message cannot hold the report header", ErrTooLarge, maxBytes)
 	}
 	if uint64(len(r.Keys)) > uint64(^uint32(0)) {
 		return nil, fmt.Errorf("%w: %d keys", ErrTooLarge, len(r.Keys))
 	}
-	keys := make([]syncv1.Key, len(r.Keys))
-	ptrs := make([]*syncv1.Key, len(r.Keys))
-	var cuts []int // index of the first key of each part after the first
-	used := 0
+	sizes := make([]int, len(r.Keys)) // of each Key message
+	var (
+		cuts []int // index of the first key of each part after the first
+		used []int // bytes of each part's keys
+	)
+	n := 0
 	for i := range r.Keys {
-		k := &r.Keys[i]
-		keys[i] = syncv1.Key{
-			Key:        k.Key,
-			Generation: k.Generation,
-			Base:       k.Base,
-			Row:        k.Row,
-			Taken:      k.Taken,
-			In:         k.In,
-			InTaken:    k.InTaken,
-			SharePpm:   k.SharePPM,
-			Demand:     k.Demand,
-			Granted:    k.Granted,
-			Settled:    k.Settled,
+		sizes[i] = keySize(&r.Keys[i])
+		k := 1 + protowire.SizeBytes(sizes[i]) // tag and length in Part
+		if k > budget {
+			return nil, fmt.Errorf("%w: key %q needs %d bytes, %d available", ErrTooLarge, r.Keys[i].Key, k, budget)
 		}
-		for _, x := range k.Exits {
-			keys[i].Exits = append(keys[i].Exits, &syncv1.Exit{
-				Generation: x.Generation, Row: x.Row, Taken: x.Taken, In: x.In, InTaken: x.InTaken,
-			})
+		if n+k > budget {
+			cuts, used = append(cuts, i), append(used, n)
+			n = 0
 		}
-		ptrs[i] = &keys[i]
-		n := proto.Size(&keys[i])
-		n += 1 + protowire.SizeVarint(uint64(n)) // tag and length in Part
-		if n > budget {
-			return nil, fmt.Errorf("%w: key %q needs %d bytes, %d available", ErrTooLarge, k.Key, n, budget)
-		}
-		if used+n > budget {
-			cuts = append(cuts, i)
-			used = 0
-		}
-		used += n
+		n += k
 	}
+	used = append(used, n)
 	parts := len(cuts) + 1
-	hdr.Parts, hdr.KeysTotal = uint32(parts), uint32(len(r.Keys))
 	out := make([][]byte, 0, parts)
 	start := 0
 	for p := 0; p < parts; p++ {
@@ -141,15 +119,205 @@ func EncodeReport(r *region.Report, id uint64, maxBytes int) ([][]byte, error) {
 		if p < len(cuts) {
 			end = cuts[p]
 		}
-		hdr.Part, hdr.Keys = uint32(p), ptrs[start:end]
-		body, err := proto.Marshal(hdr)
-		if err != nil {
-			return nil, fmt.Errorf("exchange: encoding part %d: %w", p, err)
+		size := headerSize(r, id, uint32(p), uint32(parts), uint32(len(r.Keys))) + used[p]
+		msg := make([]byte, 0, 3+1+4+protowire.SizeBytes(size))
+		msg, body := beginEnvelope(msg, size)
+		msg = appendHeader(msg, r, id, uint32(p), uint32(parts), uint32(len(r.Keys)))
+		for i := start; i < end; i++ {
+			msg = appendKey(msg, &r.Keys[i], sizes[i])
 		}
-		out = append(out, appendEnvelope(make([]byte, 0, len(body)+envelopeOverhead), body))
+		if len(msg)-body != size {
+			return nil, fmt.Errorf("exchange: encoding part %d: %d bytes, sized %d", p, len(msg)-body, size) // a bug
+		}
+		out = append(out, endEnvelope(msg, body))
 		start = end
 	}
 	return out, nil
+}
+
+// checkUTF8 rejects what proto.Marshal rejects: a string that is not UTF-8
+// (a receiver would drop the whole part as corrupt).
+func checkUTF8(r *region.Report) error {
+	bad := func(what, s string) error {
+		return fmt.Errorf("exchange: encoding the report: %s %q is not valid UTF-8", what, s)
+	}
+	switch {
+	case !utf8.ValidString(r.Region):
+		return bad("region", r.Region)
+	case !utf8.ValidString(r.Replica):
+		return bad("replica", r.Replica)
+	}
+	for _, s := range r.Regions {
+		if !utf8.ValidString(s) {
+			return bad("region", s)
+		}
+	}
+	for i := range r.Keys {
+		if !utf8.ValidString(r.Keys[i].Key) {
+			return bad("key", r.Keys[i].Key)
+		}
+	}
+	return nil
+}
+
+// headerSize is the size of a Part's header fields.
+func headerSize(r *region.Report, id uint64, part, parts, keys uint32) int {
+	n := stringSize(r.Region) + stringSize(r.Replica) + varintSize(r.Epoch) + varintSize(uint64(unixNano(r.SentAt)))
+	if r.Exchange {
+		n += 2
+	}
+	for _, s := range r.Regions {
+		n += 1 + protowire.SizeBytes(len(s)) // repeated: empty strings too
+	}
+	if id != 0 {
+		n += 1 + 8
+	}
+	return n + varintSize(uint64(part)) + varintSize(uint64(parts)) + varintSize(uint64(keys))
+}
+
+func appendHeader(b []byte, r *region.Report, id uint64, part, parts, keys uint32) []byte {
+	b = appendString(b, fPartRegion, r.Region)
+	b = appendString(b, fPartReplica, r.Replica)
+	b = appendVarint(b, fPartEpoch, r.Epoch)
+	b = appendVarint(b, fPartSentAt, uint64(unixNano(r.SentAt)))
+	if r.Exchange {
+		b = appendVarint(b, fPartExchange, 1)
+	}
+	for _, s := range r.Regions {
+		b = protowire.AppendTag(b, fPartRegions, protowire.BytesType)
+		b = protowire.AppendString(b, s)
+	}
+	if id != 0 {
+		b = protowire.AppendTag(b, fPartReportID, protowire.Fixed64Type)
+		b = protowire.AppendFixed64(b, id)
+	}
+	b = appendVarint(b, fPartPart, uint64(part))
+	b = appendVarint(b, fPartParts, uint64(parts))
+	return appendVarint(b, fPartKeysTotal, uint64(keys))
+}
+
+// keySize is the size of k's Key message. Every field number is below 16,
+// so every tag is one byte.
+func keySize(k *region.KeyReport) int {
+	n := stringSize(k.Key) + varintSize(k.Generation) + varintSize(protowire.EncodeZigZag(k.Base)) +
+		packedSize(k.Row) + packedSize(k.Taken) + packedSize(k.In) + packedSize(k.InTaken) +
+		varintSize(uint64(k.SharePPM)) + varintSize(uint64(k.Demand)) + varintSize(uint64(k.Granted)) +
+		packedSize(k.Settled)
+	for i := range k.Exits {
+		n += 1 + protowire.SizeBytes(exitSize(&k.Exits[i]))
+	}
+	return n
+}
+
+func appendKey(b []byte, k *region.KeyReport, size int) []byte {
+	b = protowire.AppendTag(b, fPartKeys, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(size))
+	b = appendString(b, fKeyKey, k.Key)
+	b = appendVarint(b, fKeyGeneration, k.Generation)
+	b = appendVarint(b, fKeyBase, protowire.EncodeZigZag(k.Base))
+	b = appendPacked(b, fKeyRow, k.Row)
+	b = appendPacked(b, fKeyTaken, k.Taken)
+	b = appendPacked(b, fKeyIn, k.In)
+	b = appendPacked(b, fKeyInTaken, k.InTaken)
+	b = appendVarint(b, fKeySharePPM, uint64(k.SharePPM))
+	b = appendVarint(b, fKeyDemand, uint64(k.Demand))
+	b = appendVarint(b, fKeyGranted, uint64(k.Granted))
+	for i := range k.Exits {
+		x := &k.Exits[i]
+		b = protowire.AppendTag(b, fKeyExits, protowire.BytesType)
+		b = protowire.AppendVarint(b, uint64(exitSize(x)))
+		b = appendVarint(b, fExitGeneration, x.Generation)
+		b = appendPacked(b, fExitRow, x.Row)
+		b = appendPacked(b, fExitTaken, x.Taken)
+		b = appendPacked(b, fExitIn, x.In)
+		b = appendPacked(b, fExitInTaken, x.InTaken)
+	}
+	return appendPacked(b, fKeySettled, k.Settled)
+}
+
+func exitSize(x *region.Exit) int {
+	return varintSize(x.Generation) + packedSize(x.Row) + packedSize(x.Taken) + packedSize(x.In) + packedSize(x.InTaken)
+}
+
+// The sizes and appenders of proto3 fields with one-byte tags: a zero
+// scalar, an empty string and an empty repeated field are left out.
+
+func varintSize(v uint64) int {
+	if v == 0 {
+		return 0
+	}
+	return 1 + protowire.SizeVarint(v)
+}
+
+func stringSize(s string) int {
+	if s == "" {
+		return 0
+	}
+	return 1 + protowire.SizeBytes(len(s))
+}
+
+func packedSize[T int64 | uint64](v []T) int {
+	if len(v) == 0 {
+		return 0
+	}
+	return 1 + protowire.SizeBytes(valuesSize(v))
+}
+
+func valuesSize[T int64 | uint64](v []T) int {
+	n := 0
+	for _, x := range v {
+		n += protowire.SizeVarint(uint64(x))
+	}
+	return n
+}
+
+func appendVarint(b []byte, num protowire.Number, v uint64) []byte {
+	if v == 0 {
+		return b
+	}
+	return protowire.AppendVarint(protowire.AppendTag(b, num, protowire.VarintType), v)
+}
+
+func appendString(b []byte, num protowire.Number, s string) []byte {
+	if s == "" {
+		return b
+	}
+	return protowire.AppendString(protowire.AppendTag(b, num, protowire.BytesType), s)
+}
+
+func appendPacked[T int64 | uint64](b []byte, num protowire.Number, v []T) []byte {
+	if len(v) == 0 {
+		return b
+	}
+	b = protowire.AppendTag(b, num, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(valuesSize(v)))
+	for _, x := range v {
+		b = protowire.AppendVarint(b, uint64(x))
+	}
+	return b
+}
+
+// beginEnvelope starts an Envelope whose body will be size bytes, with a
+// zero checksum for endEnvelope to fill in, and returns where the body
+// starts in msg, which must be empty.
+func beginEnvelope(msg []byte, size int) ([]byte, int) {
+	msg = protowire.AppendTag(msg, 1, protowire.VarintType)
+	msg = protowire.AppendVarint(msg, wireVersion)
+	msg = protowire.AppendTag(msg, 2, protowire.Fixed32Type)
+	msg = protowire.AppendFixed32(msg, 0)
+	msg = protowire.AppendTag(msg, 3, protowire.BytesType)
+	msg = protowire.AppendVarint(msg, uint64(size))
+	return msg, len(msg)
+}
+
+// crcOffset is where beginEnvelope puts the checksum: after a tag, the
+// one-byte version and another tag.
+const crcOffset = 3
+
+// endEnvelope fills in the checksum of the body that starts at body.
+func endEnvelope(msg []byte, body int) []byte {
+	binary.LittleEndian.PutUint32(msg[crcOffset:], crc32.Checksum(msg[body:], castagnoli))
+	return msg
 }
 
 // appendEnvelope appends an Envelope holding body to dst.
@@ -231,7 +399,9 @@ type Part struct {
 
 // DecodePart decodes one message, checking it against lim. It never
 // panics; any problem is a *DropError naming the reason. The slices of the
-// result do not alias msg.
+// result do not alias msg. The slices of its keys are carved from a few
+// shared allocations (decode.go), each with its capacity equal to its
+// length, so that appending to one never writes into another.
 func DecodePart(msg []byte, lim Limits) (*Part, error) {
 	lim = lim.withDefaults()
 	if len(msg) > lim.MaxMessageBytes {
@@ -241,80 +411,9 @@ func DecodePart(msg []byte, lim Limits) (*Part, error) {
 	if err != nil {
 		return nil, err
 	}
-	var pb syncv1.Part
-	if err := proto.Unmarshal(body, &pb); err != nil {
-		return nil, drop(ReasonCorrupt, "part: %v", err)
-	}
-	bad := func(format string, args ...any) error { return drop(ReasonInconsistent, format, args...) }
-	switch {
-	case pb.Region == "" || len(pb.Region) > lim.MaxNameBytes:
-		return nil, bad("region name of %d bytes", len(pb.Region))
-	case pb.Replica == "" || len(pb.Replica) > lim.MaxNameBytes:
-		return nil, bad("replica name of %d bytes", len(pb.Replica))
-	case pb.Parts == 0 || pb.Part >= pb.Parts:
-		return nil, bad("part %d of %d", pb.Part, pb.Parts)
-	case int64(pb.Parts) > int64(lim.MaxParts):
-		return nil, drop(ReasonOversized, "%d parts, more than %d", pb.Parts, lim.MaxParts)
-	case int64(pb.KeysTotal) > int64(lim.MaxKeys):
-		return nil, drop(ReasonOversized, "%d keys, more than %d", pb.KeysTotal, lim.MaxKeys)
-	case len(pb.Keys) > int(pb.KeysTotal):
-		return nil, bad("part holds %d keys of a report of %d", len(pb.Keys), pb.KeysTotal)
-	case len(pb.Regions) > maxRegions:
-		return nil, bad("%d regions, more than %d", len(pb.Regions), maxRegions)
-	}
-	for _, r := range pb.Regions {
-		if len(r) > lim.MaxNameBytes {
-			return nil, bad("region name of %d bytes", len(r))
-		}
-	}
-	p := &Part{
-		Header: region.Report{
-			Region:   pb.Region,
-			Replica:  pb.Replica,
-			Epoch:    pb.Epoch,
-			SentAt:   fromUnixNano(pb.SentAtUnixNano),
-			Exchange: pb.Exchange,
-			Regions:  pb.Regions,
-		},
-		ID:        pb.ReportId,
-		Index:     int(pb.Part),
-		Count:     int(pb.Parts),
-		KeysTotal: int(pb.KeysTotal),
-		Size:      len(msg),
-	}
-	if len(pb.Keys) > 0 {
-		p.Keys = make([]region.KeyReport, len(pb.Keys))
-	}
-	for i, k := range pb.Keys {
-		if len(k.Key) > lim.MaxKeyBytes {
-			return nil, bad("key %d: %d bytes, more than %d", i, len(k.Key), lim.MaxKeyBytes)
-		}
-		if len(k.Exits) > lim.MaxExits {
-			return nil, bad("key %q: %d exit records, more than %d", k.Key, len(k.Exits), lim.MaxExits)
-		}
-		kr := region.KeyReport{
-			Key:        k.Key,
-			Generation: k.Generation,
-			Base:       k.Base,
-			Row:        k.Row,
-			Taken:      k.Taken,
-			In:         k.In,
-			InTaken:    k.InTaken,
-			SharePPM:   k.SharePpm,
-			Demand:     k.Demand,
-			Granted:    k.Granted,
-			Settled:    k.Settled,
-		}
-		if len(k.Exits) > 0 {
-			kr.Exits = make([]region.Exit, len(k.Exits))
-			for j, x := range k.Exits {
-				if x == nil {
-					continue
-				}
-				kr.Exits[j] = region.Exit{Generation: x.Generation, Row: x.Row, Taken: x.Taken, In: x.In, InTaken: x.InTaken}
-			}
-		}
-		p.Keys[i] = kr
+	p := &Part{Size: len(msg)}
+	if err := decodeBody(body, lim, p); err != nil {
+		return nil, err
 	}
 	return p, nil
 }

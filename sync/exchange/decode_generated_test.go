@@ -1,0 +1,180 @@
+package exchange
+
+import (
+	"fmt"
+
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/ration-dev/ration/region"
+	syncv1 "github.com/ration-dev/ration/sync/v1"
+)
+
+// The codec as it was before the hand-written one, through the generated
+// code: the reference that the tests and FuzzDecodeDifferential compare
+// EncodeReport and DecodePart with, and the baseline of the benchmarks.
+
+// encodeReportGenerated is EncodeReport through proto.Marshal.
+func encodeReportGenerated(r *region.Report, id uint64, maxBytes int) ([][]byte, error) {
+	hdr := &syncv1.Part{
+		Region:         r.Region,
+		Replica:        r.Replica,
+		Epoch:          r.Epoch,
+		SentAtUnixNano: unixNano(r.SentAt),
+		Exchange:       r.Exchange,
+		Regions:        r.Regions,
+		ReportId:       id,
+		Part:           ^uint32(0), // the largest varints, for sizing
+		Parts:          ^uint32(0),
+		KeysTotal:      ^uint32(0),
+	}
+	budget := maxBytes - envelopeOverhead - proto.Size(hdr)
+	if budget <= 0 {
+		return nil, fmt.Errorf("%w: a %d-byte message cannot hold the report header", ErrTooLarge, maxBytes)
+	}
+	if uint64(len(r.Keys)) > uint64(^uint32(0)) {
+		return nil, fmt.Errorf("%w: %d keys", ErrTooLarge, len(r.Keys))
+	}
+	keys := make([]syncv1.Key, len(r.Keys))
+	ptrs := make([]*syncv1.Key, len(r.Keys))
+	var cuts []int // index of the first key of each part after the first
+	used := 0
+	for i := range r.Keys {
+		k := &r.Keys[i]
+		keys[i] = syncv1.Key{
+			Key:        k.Key,
+			Generation: k.Generation,
+			Base:       k.Base,
+			Row:        k.Row,
+			Taken:      k.Taken,
+			In:         k.In,
+			InTaken:    k.InTaken,
+			SharePpm:   k.SharePPM,
+			Demand:     k.Demand,
+			Granted:    k.Granted,
+			Settled:    k.Settled,
+		}
+		for _, x := range k.Exits {
+			keys[i].Exits = append(keys[i].Exits, &syncv1.Exit{
+				Generation: x.Generation, Row: x.Row, Taken: x.Taken, In: x.In, InTaken: x.InTaken,
+			})
+		}
+		ptrs[i] = &keys[i]
+		n := proto.Size(&keys[i])
+		n += 1 + protowire.SizeVarint(uint64(n)) // tag and length in Part
+		if n > budget {
+			return nil, fmt.Errorf("%w: key %q needs %d bytes, %d available", ErrTooLarge, k.Key, n, budget)
+		}
+		if used+n > budget {
+			cuts = append(cuts, i)
+			used = 0
+		}
+		used += n
+	}
+	parts := len(cuts) + 1
+	hdr.Parts, hdr.KeysTotal = uint32(parts), uint32(len(r.Keys))
+	out := make([][]byte, 0, parts)
+	start := 0
+	for p := 0; p < parts; p++ {
+		end := len(r.Keys)
+		if p < len(cuts) {
+			end = cuts[p]
+		}
+		hdr.Part, hdr.Keys = uint32(p), ptrs[start:end]
+		body, err := proto.Marshal(hdr)
+		if err != nil {
+			return nil, fmt.Errorf("exchange: encoding part %d: %w", p, err)
+		}
+		out = append(out, appendEnvelope(make([]byte, 0, len(body)+envelopeOverhead), body))
+		start = end
+	}
+	return out, nil
+}
+
+// decodePartGenerated is DecodePart through proto.Unmarshal.
+func decodePartGenerated(msg []byte, lim Limits) (*Part, error) {
+	lim = lim.withDefaults()
+	if len(msg) > lim.MaxMessageBytes {
+		return nil, drop(ReasonOversized, "%d bytes, more than %d", len(msg), lim.MaxMessageBytes)
+	}
+	body, err := openEnvelope(msg)
+	if err != nil {
+		return nil, err
+	}
+	var pb syncv1.Part
+	if err := proto.Unmarshal(body, &pb); err != nil {
+		return nil, drop(ReasonCorrupt, "part: %v", err)
+	}
+	bad := func(format string, args ...any) error { return drop(ReasonInconsistent, format, args...) }
+	switch {
+	case pb.Region == "" || len(pb.Region) > lim.MaxNameBytes:
+		return nil, bad("region name of %d bytes", len(pb.Region))
+	case pb.Replica == "" || len(pb.Replica) > lim.MaxNameBytes:
+		return nil, bad("replica name of %d bytes", len(pb.Replica))
+	case pb.Parts == 0 || pb.Part >= pb.Parts:
+		return nil, bad("part %d of %d", pb.Part, pb.Parts)
+	case int64(pb.Parts) > int64(lim.MaxParts):
+		return nil, drop(ReasonOversized, "%d parts, more than %d", pb.Parts, lim.MaxParts)
+	case int64(pb.KeysTotal) > int64(lim.MaxKeys):
+		return nil, drop(ReasonOversized, "%d keys, more than %d", pb.KeysTotal, lim.MaxKeys)
+	case len(pb.Keys) > int(pb.KeysTotal):
+		return nil, bad("part holds %d keys of a report of %d", len(pb.Keys), pb.KeysTotal)
+	case len(pb.Regions) > maxRegions:
+		return nil, bad("%d regions, more than %d", len(pb.Regions), maxRegions)
+	}
+	for _, r := range pb.Regions {
+		if len(r) > lim.MaxNameBytes {
+			return nil, bad("region name of %d bytes", len(r))
+		}
+	}
+	p := &Part{
+		Header: region.Report{
+			Region:   pb.Region,
+			Replica:  pb.Replica,
+			Epoch:    pb.Epoch,
+			SentAt:   fromUnixNano(pb.SentAtUnixNano),
+			Exchange: pb.Exchange,
+			Regions:  pb.Regions,
+		},
+		ID:        pb.ReportId,
+		Index:     int(pb.Part),
+		Count:     int(pb.Parts),
+		KeysTotal: int(pb.KeysTotal),
+		Size:      len(msg),
+	}
+	if len(pb.Keys) > 0 {
+		p.Keys = make([]region.KeyReport, len(pb.Keys))
+	}
+	for i, k := range pb.Keys {
+		if len(k.Key) > lim.MaxKeyBytes {
+			return nil, bad("key %d: %d bytes, more than %d", i, len(k.Key), lim.MaxKeyBytes)
+		}
+		if len(k.Exits) > lim.MaxExits {
+			return nil, bad("key %q: %d exit records, more than %d", k.Key, len(k.Exits), lim.MaxExits)
+		}
+		kr := region.KeyReport{
+			Key:        k.Key,
+			Generation: k.Generation,
+			Base:       k.Base,
+			Row:        k.Row,
+			Taken:      k.Taken,
+			In:         k.In,
+			InTaken:    k.InTaken,
+			SharePPM:   k.SharePpm,
+			Demand:     k.Demand,
+			Granted:    k.Granted,
+			Settled:    k.Settled,
+		}
+		if len(k.Exits) > 0 {
+			kr.Exits = make([]region.Exit, len(k.Exits))
+			for j, x := range k.Exits {
+				if x == nil {
+					continue
+				}
+				kr.Exits[j] = region.Exit{Generation: x.Generation, Row: x.Row, Taken: x.Taken, In: x.In, InTaken: x.InTaken}
+			}
+		}
+		p.Keys[i] = kr
+	}
+	return p, nil
+}
