@@ -94,7 +94,8 @@ func (a *Agent) slowAttempt(s *scratch, n int, now int64) (own *flight, decided 
 // holds is a denial. It reports decided when no further attempt is needed:
 // a round trip did not answer in time (what is left is denied), the
 // deadline has passed (what is left goes to its failure mode: another
-// round would find the deadline gone at once), or a rule was denied.
+// round would find the deadline gone at once), a rule was denied, or every
+// rule is decided.
 func (a *Agent) slowSettle(s *scratch, now int64, expired bool) (decided bool) {
 	timedOut := false
 	for i := range s.res {
@@ -139,7 +140,7 @@ func (a *Agent) slowSettle(s *scratch, now int64, expired bool) (decided bool) {
 		}
 		return true
 	}
-	return false
+	return !a.pendingRules(s)
 }
 
 // giveUp denies what is still undecided after every attempt: the tokens

@@ -1,0 +1,94 @@
+package agent
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// TestSlowSettle decides one rule from the outcome of its round trip at a
+// fixed instant, as both Allow and the Driver do after their wait.
+func TestSlowSettle(t *testing.T) {
+	const doc = `
+rules:
+  - name: local
+    key: [tenant]
+    limit: 100
+    period: 1s
+  - name: open
+    key: [tenant]
+    limit: 100
+    period: 1s
+    on_error: open
+  - name: closed
+    key: [tenant]
+    limit: 100
+    period: 1s
+    on_error: closed
+`
+	const now = 1000 * ms
+	type outcome struct {
+		Decided, Done, OK bool
+		Path              Path
+		Retry             time.Duration
+	}
+	tests := []struct {
+		name      string
+		rule      string
+		lease     int64 // tokens the key holds after the answer
+		answered  bool  // the round trip is done
+		err       error // and failed
+		denyUntil int64
+		expired   bool // the request's deadline has passed
+		want      outcome
+	}{
+		{name: "granted", rule: "local", lease: 5, answered: true,
+			want: outcome{Decided: true, Done: true, OK: true, Path: PathLease}},
+		{name: "no answer in time, local", rule: "local", expired: true,
+			// The emergency bucket starts empty: 100/s shared by one agent,
+			// headroom 2, so the first token comes in 5ms.
+			want: outcome{Decided: true, Done: true, Path: PathFallbackLocal, Retry: 5*time.Millisecond + 1}},
+		{name: "region failed, open", rule: "open", answered: true, err: errors.New("unavailable"),
+			want: outcome{Decided: true, Done: true, OK: true, Path: PathFailedOpen}},
+		{name: "region failed, closed", rule: "closed", answered: true, err: errors.New("unavailable"),
+			want: outcome{Decided: true, Done: true, Path: PathFailedClosed, Retry: 100 * time.Millisecond}},
+		{name: "granted too little, deny cache", rule: "local", answered: true, denyUntil: now + 30*ms,
+			want: outcome{Decided: true, Done: true, Path: PathLease, Retry: 30 * time.Millisecond}},
+		{name: "tokens went to others, deadline ahead", rule: "local", answered: true,
+			want: outcome{}},
+		{name: "tokens went to others, deadline passed", rule: "local", answered: true, expired: true,
+			want: outcome{Decided: true, Done: true, Path: PathFallbackLocal, Retry: 5*time.Millisecond + 1}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d, err := NewDriver(Config{AgentID: "a1", ProbeInterval: 100 * time.Millisecond}, time.Unix(0, 0))
+			if err != nil {
+				t.Fatal(err)
+			}
+			set := mustPolicy(t, doc)
+			d.SetPolicy(set)
+			a, s := d.a, d.newScratch()
+			r := set.Rule(tt.rule)
+			id := []byte(tt.rule + "\x00tenant=acme")
+			k := a.keys.getOrCreate(id, func(id string) *keyState { return newKeyState(id, len(tt.rule), 0) })
+			if tt.lease > 0 {
+				k.slots.install(now, now+100*ms, tt.lease)
+			}
+			k.denyUntil.Store(tt.denyUntil)
+			f := &flight{done: make(chan struct{}), err: tt.err}
+			if tt.answered {
+				close(f.done)
+			}
+			s.res = append(s.res, ruleResult{rule: r, k: k, need: 1, f: f})
+
+			decided := a.slowSettle(s, now, tt.expired)
+			rr := &s.res[0]
+			got := outcome{Decided: decided, Done: rr.done, OK: rr.ok, Path: rr.path, Retry: time.Duration(rr.retry)}
+			if diff := cmp.Diff(tt.want, got); diff != "" {
+				t.Errorf("got %+v, want %+v (-want +got):\n%s", got, tt.want, diff)
+			}
+		})
+	}
+}
