@@ -20,14 +20,32 @@ type benchRegions struct {
 	asm    []*Assembler
 	msgs   [][][]byte // per region: its latest report's messages
 	bytes  int        // bytes published in the latest epoch, all regions
+	codec  codec
+}
+
+// codec is an encoder and a decoder of reports, so that one benchmark run
+// compares the package's codec with the generated code's.
+type codec struct {
+	encode func(r *region.Report, id uint64, maxBytes int) ([][]byte, error)
+	decode func(msg []byte, lim Limits) (*Part, error)
+}
+
+// codecs are the sub-benchmarks: ration (EncodeReport, DecodePart) and the
+// codec through proto.Marshal and proto.Unmarshal that it replaced.
+var codecs = []struct {
+	name string
+	codec
+}{
+	{"ration", codec{EncodeReport, DecodePart}},
+	{"baseline=generated", codec{encodeReportGenerated, decodePartGenerated}},
 }
 
 const benchMaxPayload = 1 << 20 // NATS's default max_payload
 
-func newBenchRegions(tb testing.TB, nkeys int) *benchRegions {
+func newBenchRegions(tb testing.TB, nkeys int, c codec) *benchRegions {
 	tb.Helper()
 	rng := rand.New(rand.NewPCG(1, 2))
-	b := &benchRegions{names: []string{"ap", "eu", "us"}, now: time.Unix(1_700_000_000, 0)}
+	b := &benchRegions{names: []string{"ap", "eu", "us"}, now: time.Unix(1_700_000_000, 0), codec: c}
 	for i := 0; i < nkeys; i++ {
 		b.keys = append(b.keys, region.GlobalKey("per-tenant", fmt.Sprintf("tenant=%07d", i)))
 	}
@@ -72,7 +90,7 @@ func (b *benchRegions) produce(tb testing.TB, i int) {
 }
 
 func (b *benchRegions) encode(tb testing.TB, i int, rep *region.Report, phase uint64) {
-	msgs, err := EncodeReport(rep, uint64(i)<<40|uint64(b.now.Unix())<<2|phase, benchMaxPayload)
+	msgs, err := b.codec.encode(rep, uint64(i)<<40|uint64(b.now.Unix())<<2|phase, benchMaxPayload)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -90,7 +108,7 @@ func (b *benchRegions) consume(tb testing.TB, i int) {
 			continue
 		}
 		for _, m := range b.msgs[j] {
-			p, err := DecodePart(m, Limits{})
+			p, err := b.codec.decode(m, Limits{})
 			if err != nil {
 				tb.Fatal(err)
 			}
@@ -132,32 +150,40 @@ func (b *benchRegions) epoch(tb testing.TB) {
 // compute and commit the plan, build and encode the exchange report (split
 // to 1 MiB messages); then decode, reassemble and merge the two peers'
 // exchange reports and apply the gifts. ns/op and B/op are for all
-// three regions; the custom metrics are per region and epoch.
+// three regions; the custom metrics are per region and epoch. The
+// sub-benchmarks run it with this package's codec and with the generated
+// code's.
 //
-//	go test -run '^$' -bench Epoch100k -benchmem -benchtime 10x ./sync/exchange
+//	go test -run '^$' -bench Epoch100k -benchmem -benchtime 3x ./sync/exchange
 func BenchmarkEpoch100k(b *testing.B) {
-	br := newBenchRegions(b, 100_000)
-	for i := 0; i < 3; i++ { // every key enters its generation
-		br.epoch(b)
+	for _, c := range codecs {
+		b.Run(c.name, func(b *testing.B) {
+			br := newBenchRegions(b, 100_000, c.codec)
+			for i := 0; i < 3; i++ { // every key enters its generation
+				br.epoch(b)
+			}
+			b.ResetTimer()
+			start := time.Now()
+			var bytes int
+			for i := 0; i < b.N; i++ {
+				br.epoch(b)
+				bytes += br.bytes
+			}
+			per := float64(b.N * len(br.names))
+			b.ReportMetric(float64(time.Since(start).Milliseconds())/per, "ms/region-epoch")
+			b.ReportMetric(float64(bytes)/per, "wire-B/region-epoch")
+			b.ReportMetric(float64(len(br.msgs[0])), "msgs/report")
+		})
 	}
-	b.ResetTimer()
-	start := time.Now()
-	var bytes int
-	for i := 0; i < b.N; i++ {
-		br.epoch(b)
-		bytes += br.bytes
-	}
-	per := float64(b.N * len(br.names))
-	b.ReportMetric(float64(time.Since(start).Milliseconds())/per, "ms/region-epoch")
-	b.ReportMetric(float64(bytes)/per, "wire-B/region-epoch")
-	b.ReportMetric(float64(len(br.msgs[0])), "msgs/report")
 }
 
 // BenchmarkEpochPhases splits the same epoch into its phases for one region
-// (eu), at 100,000 keys: compute (observe, Tally, Epoch, Commit, Report), encode,
-// decode (with reassembly) and merge (Receive) of the two peers' reports.
+// (eu), at 100,000 keys: compute (observe, Tally, Epoch, Commit, Report),
+// encode of its exchange report, decode (with reassembly) of a peer's, and
+// merge (Receive) of it. Encode and decode run with this package's codec
+// and with the generated code's.
 func BenchmarkEpochPhases(b *testing.B) {
-	br := newBenchRegions(b, 100_000)
+	br := newBenchRegions(b, 100_000, codecs[0].codec)
 	for i := 0; i < 3; i++ {
 		br.epoch(b)
 	}
@@ -178,35 +204,39 @@ func BenchmarkEpochPhases(b *testing.B) {
 		}
 	})
 	rep := st.Report()
-	b.Run("encode", func(b *testing.B) {
-		for i := 0; i < b.N; i++ {
-			if _, err := EncodeReport(&rep, uint64(i), benchMaxPayload); err != nil {
-				b.Fatal(err)
+	for _, c := range codecs {
+		b.Run("encode/"+c.name, func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				if _, err := c.encode(&rep, uint64(i), benchMaxPayload); err != nil {
+					b.Fatal(err)
+				}
 			}
-		}
-	})
+		})
+	}
 	br.epoch(b)
 	msgs := br.msgs[0] // ap's report, as eu receives it
 	var reps []*region.Report
-	b.Run("decode", func(b *testing.B) {
-		for i := 0; i < b.N; i++ {
-			reps = reps[:0]
-			a := NewAssembler(AssemblerConfig{})
-			for _, m := range msgs {
-				p, err := DecodePart(m, Limits{})
-				if err != nil {
-					b.Fatal(err)
-				}
-				r, err := a.Add(br.now, p)
-				if err != nil {
-					b.Fatal(err)
-				}
-				if r != nil {
-					reps = append(reps, r)
+	for _, c := range codecs {
+		b.Run("decode/"+c.name, func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				reps = reps[:0]
+				a := NewAssembler(AssemblerConfig{})
+				for _, m := range msgs {
+					p, err := c.decode(m, Limits{})
+					if err != nil {
+						b.Fatal(err)
+					}
+					r, err := a.Add(br.now, p)
+					if err != nil {
+						b.Fatal(err)
+					}
+					if r != nil {
+						reps = append(reps, r)
+					}
 				}
 			}
-		}
-	})
+		})
+	}
 	r := *reps[0]
 	b.Run("merge", func(b *testing.B) {
 		for i := 0; i < b.N; i++ {
