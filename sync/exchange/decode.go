@@ -59,6 +59,9 @@ const errWire = -1
 // consumeTag is protowire.ConsumeTag with the field number range that
 // proto.Unmarshal enforces (ConsumeTag accepts up to MaxInt32).
 func consumeTag(b []byte) (protowire.Number, protowire.Type, int) {
+	if len(b) > 0 && b[0] < 0x80 && b[0] >= 1<<3 { // every tag of ours
+		return protowire.Number(b[0] >> 3), protowire.Type(b[0] & 7), 1
+	}
 	v, n := protowire.ConsumeVarint(b)
 	if n < 0 || v>>3 < uint64(protowire.MinValidNumber) || v>>3 > uint64(protowire.MaxValidNumber) {
 		return 0, 0, errWire
@@ -105,19 +108,33 @@ func countVarints(typ protowire.Type, num protowire.Number, b []byte) (count, n 
 	return 0, protowire.ConsumeFieldValue(num, typ, b)
 }
 
-// appendVarints is countVarints appending the values to dst.
-func appendVarints[T int64 | uint64](dst []T, typ protowire.Type, num protowire.Number, b []byte) ([]T, int) {
+// fillVarints is countVarints appending the values to dst. The first
+// occurrence of a field takes its slice from slab; a later one, which no
+// encoder of ours writes (they pack each field once), appends beyond it.
+func fillVarints[T int64 | uint64](dst []T, slab *[]T, typ protowire.Type, num protowire.Number, b []byte) ([]T, int) {
 	switch typ {
 	case protowire.VarintType:
 		v, n := protowire.ConsumeVarint(b)
 		if n < 0 {
 			return dst, n
 		}
+		if dst == nil {
+			dst = carve(slab, 1)
+		}
 		return append(dst, T(v)), n
 	case protowire.BytesType:
 		v, n := protowire.ConsumeBytes(b)
 		if n < 0 {
 			return dst, n
+		}
+		if dst == nil {
+			c := 0
+			for _, x := range v {
+				if x < 0x80 {
+					c++
+				}
+			}
+			dst = carve(slab, c)
 		}
 		for len(v) > 0 {
 			if v[0] < 0x80 {
@@ -361,11 +378,6 @@ func carve[T any](slab *[]T, n int) []T {
 
 // fillExit decodes a checked Exit message into x.
 func fillExit(b []byte, x *region.Exit, sl *slabs) bool {
-	s, ok := scanExit(b)
-	if !ok {
-		return false
-	}
-	x.Row, x.Taken, x.In, x.InTaken = carve(&sl.ints, s.row), carve(&sl.ints, s.taken), carve(&sl.ints, s.in), carve(&sl.ints, s.inTaken)
 	for len(b) > 0 {
 		num, typ, n := consumeTag(b)
 		if n < 0 {
@@ -376,13 +388,13 @@ func fillExit(b []byte, x *region.Exit, sl *slabs) bool {
 		case num == fExitGeneration && typ == protowire.VarintType:
 			x.Generation, n = protowire.ConsumeVarint(b)
 		case num == fExitRow:
-			x.Row, n = appendVarints(x.Row, typ, num, b)
+			x.Row, n = fillVarints(x.Row, &sl.ints, typ, num, b)
 		case num == fExitTaken:
-			x.Taken, n = appendVarints(x.Taken, typ, num, b)
+			x.Taken, n = fillVarints(x.Taken, &sl.ints, typ, num, b)
 		case num == fExitIn:
-			x.In, n = appendVarints(x.In, typ, num, b)
+			x.In, n = fillVarints(x.In, &sl.ints, typ, num, b)
 		case num == fExitInTaken:
-			x.InTaken, n = appendVarints(x.InTaken, typ, num, b)
+			x.InTaken, n = fillVarints(x.InTaken, &sl.ints, typ, num, b)
 		default:
 			n = protowire.ConsumeFieldValue(num, typ, b)
 		}
@@ -397,13 +409,7 @@ func fillExit(b []byte, x *region.Exit, sl *slabs) bool {
 // fillKey decodes a checked Key message into k, except for its Key string,
 // which it returns.
 func fillKey(b []byte, k *region.KeyReport, sl *slabs) ([]byte, bool) {
-	s, ok := scanKey(b)
-	if !ok {
-		return nil, false
-	}
-	k.Row, k.Taken, k.In, k.InTaken = carve(&sl.ints, s.row), carve(&sl.ints, s.taken), carve(&sl.ints, s.in), carve(&sl.ints, s.inTaken)
-	k.Settled = carve(&sl.uints, s.settled)
-	k.Exits = carve(&sl.exits, s.exits)
+	var key []byte
 	for len(b) > 0 {
 		num, typ, n := consumeTag(b)
 		if n < 0 {
@@ -413,25 +419,30 @@ func fillKey(b []byte, k *region.KeyReport, sl *slabs) ([]byte, bool) {
 		var v uint64
 		switch {
 		case num == fKeyRow:
-			k.Row, n = appendVarints(k.Row, typ, num, b)
+			k.Row, n = fillVarints(k.Row, &sl.ints, typ, num, b)
 		case num == fKeyTaken:
-			k.Taken, n = appendVarints(k.Taken, typ, num, b)
+			k.Taken, n = fillVarints(k.Taken, &sl.ints, typ, num, b)
 		case num == fKeyIn:
-			k.In, n = appendVarints(k.In, typ, num, b)
+			k.In, n = fillVarints(k.In, &sl.ints, typ, num, b)
 		case num == fKeyInTaken:
-			k.InTaken, n = appendVarints(k.InTaken, typ, num, b)
+			k.InTaken, n = fillVarints(k.InTaken, &sl.ints, typ, num, b)
 		case num == fKeySettled:
-			k.Settled, n = appendVarints(k.Settled, typ, num, b)
+			k.Settled, n = fillVarints(k.Settled, &sl.uints, typ, num, b)
 		case num == fKeyExits && typ == protowire.BytesType:
 			var m []byte
 			if m, n = protowire.ConsumeBytes(b); n >= 0 {
+				if k.Exits == nil {
+					// A key's exits are consecutive in the slab: the
+					// rows of its exits come from the other slabs.
+					k.Exits = sl.exits[:0]
+				}
 				k.Exits = append(k.Exits, region.Exit{})
 				if !fillExit(m, &k.Exits[len(k.Exits)-1], sl) {
 					return nil, false
 				}
 			}
 		case num == fKeyKey && typ == protowire.BytesType:
-			_, n = protowire.ConsumeBytes(b) // s.key is the last one
+			key, n = protowire.ConsumeBytes(b)
 		case typ == protowire.VarintType:
 			if v, n = protowire.ConsumeVarint(b); n >= 0 {
 				keyVarint(k, num, v)
@@ -444,7 +455,11 @@ func fillKey(b []byte, k *region.KeyReport, sl *slabs) ([]byte, bool) {
 		}
 		b = b[n:]
 	}
-	return s.key, true
+	if n := len(k.Exits); n > 0 {
+		k.Exits = k.Exits[:n:n]
+		sl.exits = sl.exits[min(n, len(sl.exits)):]
+	}
+	return key, true
 }
 
 func keyVarint(k *region.KeyReport, num protowire.Number, v uint64) {
@@ -507,9 +522,10 @@ func (ks *keyStrings) flush(keys []region.KeyReport) {
 // decodeBody decodes a Part body into p, checking it against lim (with
 // defaults). Any error is a *DropError.
 func decodeBody(body []byte, lim Limits, p *Part) error {
+	corrupt := func() error { return drop(ReasonCorrupt, "part: invalid wire-format data") }
 	s := partShape{lim: lim}
 	if !s.scan(body) {
-		return drop(ReasonCorrupt, "part: invalid wire-format data")
+		return corrupt()
 	}
 	bad := func(format string, args ...any) error { return drop(ReasonInconsistent, format, args...) }
 	switch {
@@ -557,11 +573,10 @@ func decodeBody(body []byte, lim Limits, p *Part) error {
 		sl.exits = make([]region.Exit, s.exits)
 		strs.buf = make([]byte, 0, keyChunk)
 	}
-	corrupt := drop(ReasonCorrupt, "part: invalid wire-format data")
 	for b := body; len(b) > 0; {
 		num, typ, n := consumeTag(b)
 		if n < 0 {
-			return corrupt
+			return corrupt()
 		}
 		b = b[n:]
 		switch {
@@ -577,7 +592,7 @@ func decodeBody(body []byte, lim Limits, p *Part) error {
 				i := len(p.Keys) - 1
 				key, ok := fillKey(m, &p.Keys[i], &sl)
 				if !ok {
-					return corrupt
+					return corrupt()
 				}
 				strs.add(p.Keys, i, key)
 			}
@@ -585,7 +600,7 @@ func decodeBody(body []byte, lim Limits, p *Part) error {
 			n = protowire.ConsumeFieldValue(num, typ, b)
 		}
 		if n < 0 {
-			return corrupt
+			return corrupt()
 		}
 		b = b[n:]
 	}
