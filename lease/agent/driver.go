@@ -159,12 +159,12 @@ func (d *Driver) Stats() Stats { return d.a.Stats() }
 // Decide decides a request described by ds at now, as Allow does. It
 // returns the Decision and true, or false when the request waits for a
 // round trip: its Decision then comes from Resolved, with tag.
-func (d *Driver) Decide(now time.Duration, ds []policy.Descriptor, hits int64, tag uint64) (Decision, bool) {
+func (d *Driver) Decide(now time.Duration, ds []policy.Descriptor, hits int64, tag uint64) (dec Decision, decided bool) {
 	t := int64(now)
 	s := d.s
-	var dec Decision
+	// Written in place into the result, as Allow does.
 	if !d.a.decideLocal(&dec, s, t, ds, hits) {
-		d.a.record(s, t, dec)
+		d.a.count(s, t, dec.Path, dec.Allowed)
 		return dec, true
 	}
 	// The slow path: this scratch now belongs to the waiting request.
@@ -172,8 +172,7 @@ func (d *Driver) Decide(now time.Duration, ds []policy.Descriptor, hits int64, t
 	s.memoOK = false
 	w := &waiter{tag: tag, s: s, deadline: t + int64(d.a.cfg.RoundTripTimeout)}
 	if d.attempt(w, t) {
-		dec := d.resolve(w, t)
-		return dec, true
+		return d.resolve(w, t), true
 	}
 	d.wait = append(d.wait, w)
 	return Decision{}, false
