@@ -178,3 +178,44 @@ func decodePartGenerated(msg []byte, lim Limits) (*Part, error) {
 	}
 	return p, nil
 }
+
+// encodeSnapshotGenerated is EncodeSnapshot through proto.Marshal.
+func encodeSnapshotGenerated(s *region.Snapshot) ([]byte, error) {
+	pb := &syncv1.Snapshot{
+		Region:          s.Region,
+		Regions:         s.Regions,
+		Epoch:           s.Epoch,
+		GenerationFloor: s.GenerationFloor,
+		Heard:           s.Heard,
+		HeardAtUnixNano: make([]int64, len(s.HeardAt)),
+		Keys:            make([]*syncv1.KeySnapshot, len(s.Keys)),
+	}
+	for i, t := range s.HeardAt {
+		pb.HeardAtUnixNano[i] = unixNano(t)
+	}
+	keys := make([]syncv1.KeySnapshot, len(s.Keys))
+	for i := range s.Keys {
+		k := &s.Keys[i]
+		keys[i] = syncv1.KeySnapshot{
+			Key: k.Key, Generation: k.Generation, GenerationFloor: k.GenerationFloor, Base: k.Base,
+			Row: k.Row, Taken: k.Taken, In: k.In, InTaken: k.InTaken,
+			Refund: k.Refund, Unclaim: k.Unclaim, Demand: k.Demand,
+			Ack: k.Ack, AckTaken: k.AckTaken, Settled: k.Settled,
+		}
+		for _, x := range k.Exits {
+			keys[i].Exits = append(keys[i].Exits, &syncv1.ExitSnapshot{
+				Exit:       &syncv1.Exit{Generation: x.Generation, Row: x.Row, Taken: x.Taken, In: x.In, InTaken: x.InTaken},
+				Refund:     x.Refund,
+				Ack:        x.Ack,
+				Dropped:    x.Dropped,
+				AtUnixNano: unixNano(x.At),
+			})
+		}
+		pb.Keys[i] = &keys[i]
+	}
+	body, err := proto.Marshal(pb)
+	if err != nil {
+		return nil, fmt.Errorf("exchange: encoding snapshot: %w", err)
+	}
+	return appendEnvelope(make([]byte, 0, len(body)+envelopeOverhead), body), nil
+}

@@ -2,8 +2,11 @@ package exchange
 
 import (
 	"fmt"
+	"math"
 	"time"
+	"unicode/utf8"
 
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/ration-dev/ration/region"
@@ -11,45 +14,136 @@ import (
 )
 
 // EncodeSnapshot encodes a region's exchange state for its store, in the
-// same checksummed envelope as the reports.
+// same checksummed envelope as the reports. The holder writes it every
+// epoch, so it is appended with protowire like the reports: byte for byte
+// what proto.Marshal of a syncv1.Snapshot makes (the tests check it).
 func EncodeSnapshot(s *region.Snapshot) ([]byte, error) {
-	pb := &syncv1.Snapshot{
-		Region:          s.Region,
-		Regions:         s.Regions,
-		Epoch:           s.Epoch,
-		GenerationFloor: s.GenerationFloor,
-		Heard:           s.Heard,
-		HeardAtUnixNano: make([]int64, len(s.HeardAt)),
-		Keys:            make([]*syncv1.KeySnapshot, len(s.Keys)),
+	if err := checkSnapshotUTF8(s); err != nil {
+		return nil, err
 	}
-	for i, t := range s.HeardAt {
-		pb.HeardAtUnixNano[i] = unixNano(t)
+	sizes := make([]int, len(s.Keys)) // of each KeySnapshot message
+	size := stringSize(s.Region) + varintSize(s.Epoch) + varintSize(s.GenerationFloor) + packedSize(s.Heard)
+	for _, r := range s.Regions {
+		size += 1 + protowire.SizeBytes(len(r))
 	}
-	keys := make([]syncv1.KeySnapshot, len(s.Keys))
+	var heardAt int
+	for _, t := range s.HeardAt {
+		heardAt += protowire.SizeVarint(uint64(unixNano(t)))
+	}
+	if len(s.HeardAt) > 0 {
+		size += 1 + protowire.SizeBytes(heardAt)
+	}
 	for i := range s.Keys {
-		k := &s.Keys[i]
-		keys[i] = syncv1.KeySnapshot{
-			Key: k.Key, Generation: k.Generation, GenerationFloor: k.GenerationFloor, Base: k.Base,
-			Row: k.Row, Taken: k.Taken, In: k.In, InTaken: k.InTaken,
-			Refund: k.Refund, Unclaim: k.Unclaim, Demand: k.Demand,
-			Ack: k.Ack, AckTaken: k.AckTaken, Settled: k.Settled,
-		}
-		for _, x := range k.Exits {
-			keys[i].Exits = append(keys[i].Exits, &syncv1.ExitSnapshot{
-				Exit:       &syncv1.Exit{Generation: x.Generation, Row: x.Row, Taken: x.Taken, In: x.In, InTaken: x.InTaken},
-				Refund:     x.Refund,
-				Ack:        x.Ack,
-				Dropped:    x.Dropped,
-				AtUnixNano: unixNano(x.At),
-			})
-		}
-		pb.Keys[i] = &keys[i]
+		sizes[i] = keySnapshotSize(&s.Keys[i])
+		size += 1 + protowire.SizeBytes(sizes[i])
 	}
-	body, err := proto.Marshal(pb)
-	if err != nil {
-		return nil, fmt.Errorf("exchange: encoding snapshot: %w", err)
+
+	msg, body := beginEnvelope(make([]byte, 0, 3+1+4+protowire.SizeBytes(size)), size)
+	msg = appendString(msg, 1, s.Region)
+	for _, r := range s.Regions {
+		msg = protowire.AppendString(protowire.AppendTag(msg, 2, protowire.BytesType), r)
 	}
-	return appendEnvelope(make([]byte, 0, len(body)+envelopeOverhead), body), nil
+	msg = appendVarint(msg, 3, s.Epoch)
+	msg = appendVarint(msg, 4, s.GenerationFloor)
+	msg = appendPacked(msg, 5, s.Heard)
+	if len(s.HeardAt) > 0 {
+		msg = protowire.AppendVarint(protowire.AppendTag(msg, 6, protowire.BytesType), uint64(heardAt))
+		for _, t := range s.HeardAt {
+			msg = protowire.AppendVarint(msg, uint64(unixNano(t)))
+		}
+	}
+	for i := range s.Keys {
+		msg = appendKeySnapshot(protowire.AppendTag(msg, 7, protowire.BytesType), &s.Keys[i], sizes[i])
+	}
+	if len(msg)-body != size {
+		return nil, fmt.Errorf("exchange: encoding snapshot: %d bytes, sized %d", len(msg)-body, size) // a bug
+	}
+	return endEnvelope(msg, body), nil
+}
+
+func checkSnapshotUTF8(s *region.Snapshot) error {
+	bad := func(what, v string) error {
+		return fmt.Errorf("exchange: encoding snapshot: %s %q is not valid UTF-8", what, v)
+	}
+	if !utf8.ValidString(s.Region) {
+		return bad("region", s.Region)
+	}
+	for _, r := range s.Regions {
+		if !utf8.ValidString(r) {
+			return bad("region", r)
+		}
+	}
+	for i := range s.Keys {
+		if !utf8.ValidString(s.Keys[i].Key) {
+			return bad("key", s.Keys[i].Key)
+		}
+	}
+	return nil
+}
+
+// keySnapshotSize is the size of k's KeySnapshot message; all its tags are
+// one byte.
+func keySnapshotSize(k *region.KeySnapshot) int {
+	n := stringSize(k.Key) + varintSize(k.Generation) + varintSize(k.GenerationFloor) + varintSize(protowire.EncodeZigZag(k.Base)) +
+		packedSize(k.Row) + packedSize(k.Taken) + packedSize(k.In) + packedSize(k.InTaken) +
+		packedSize(k.Refund) + packedSize(k.Unclaim) + doublesSize(k.Demand) +
+		packedSize(k.Ack) + packedSize(k.AckTaken) + packedSize(k.Settled)
+	for i := range k.Exits {
+		n += 1 + protowire.SizeBytes(exitSnapshotSize(&k.Exits[i]))
+	}
+	return n
+}
+
+func appendKeySnapshot(b []byte, k *region.KeySnapshot, size int) []byte {
+	b = protowire.AppendVarint(b, uint64(size))
+	b = appendString(b, 1, k.Key)
+	b = appendVarint(b, 2, k.Generation)
+	b = appendVarint(b, 3, k.GenerationFloor)
+	b = appendVarint(b, 4, protowire.EncodeZigZag(k.Base))
+	b = appendPacked(b, 5, k.Row)
+	b = appendPacked(b, 6, k.Taken)
+	b = appendPacked(b, 7, k.In)
+	b = appendPacked(b, 8, k.InTaken)
+	b = appendPacked(b, 9, k.Refund)
+	b = appendPacked(b, 10, k.Unclaim)
+	if len(k.Demand) > 0 {
+		b = protowire.AppendVarint(protowire.AppendTag(b, 11, protowire.BytesType), uint64(8*len(k.Demand)))
+		for _, d := range k.Demand {
+			b = protowire.AppendFixed64(b, math.Float64bits(d))
+		}
+	}
+	for i := range k.Exits {
+		x := &k.Exits[i]
+		b = protowire.AppendTag(b, 12, protowire.BytesType)
+		b = protowire.AppendVarint(b, uint64(exitSnapshotSize(x)))
+		// The exit field is always set, so it is written even when empty.
+		b = protowire.AppendTag(b, 1, protowire.BytesType)
+		b = protowire.AppendVarint(b, uint64(exitSize(&x.Exit)))
+		b = appendVarint(b, fExitGeneration, x.Generation)
+		b = appendPacked(b, fExitRow, x.Row)
+		b = appendPacked(b, fExitTaken, x.Taken)
+		b = appendPacked(b, fExitIn, x.In)
+		b = appendPacked(b, fExitInTaken, x.InTaken)
+		b = appendPacked(b, 2, x.Refund)
+		b = appendPacked(b, 3, x.Ack)
+		b = appendVarint(b, 4, uint64(unixNano(x.At)))
+		b = appendPacked(b, 5, x.Dropped)
+	}
+	b = appendPacked(b, 13, k.Ack)
+	b = appendPacked(b, 14, k.AckTaken)
+	return appendPacked(b, 15, k.Settled)
+}
+
+func exitSnapshotSize(x *region.ExitSnapshot) int {
+	return 1 + protowire.SizeBytes(exitSize(&x.Exit)) + packedSize(x.Refund) + packedSize(x.Ack) +
+		varintSize(uint64(unixNano(x.At))) + packedSize(x.Dropped)
+}
+
+func doublesSize(v []float64) int {
+	if len(v) == 0 {
+		return 0
+	}
+	return 1 + protowire.SizeBytes(8*len(v))
 }
 
 // DecodeSnapshot decodes what EncodeSnapshot wrote. A damaged blob is a
