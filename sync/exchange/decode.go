@@ -567,12 +567,13 @@ func decodeBody(body []byte, lim Limits, p *Part) error {
 		strs keyStrings
 	)
 	if s.keys > 0 {
-		p.Keys = make([]region.KeyReport, 0, s.keys)
+		p.Keys = make([]region.KeyReport, s.keys)
 		sl.ints = make([]int64, s.ints)
 		sl.uints = make([]uint64, s.uints)
 		sl.exits = make([]region.Exit, s.exits)
 		strs.buf = make([]byte, 0, keyChunk)
 	}
+	i := 0 // the next key
 	for b := body; len(b) > 0; {
 		num, typ, n := consumeTag(b)
 		if n < 0 {
@@ -588,13 +589,15 @@ func decodeBody(body []byte, lim Limits, p *Part) error {
 		case num == fPartKeys && typ == protowire.BytesType:
 			var m []byte
 			if m, n = protowire.ConsumeBytes(b); n >= 0 {
-				p.Keys = append(p.Keys, region.KeyReport{})
-				i := len(p.Keys) - 1
+				if i == len(p.Keys) {
+					return corrupt() // not reached: the first pass counted
+				}
 				key, ok := fillKey(m, &p.Keys[i], &sl)
 				if !ok {
 					return corrupt()
 				}
 				strs.add(p.Keys, i, key)
+				i++
 			}
 		default:
 			n = protowire.ConsumeFieldValue(num, typ, b)
