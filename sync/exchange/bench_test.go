@@ -181,7 +181,8 @@ func BenchmarkEpoch100k(b *testing.B) {
 // (eu), at 100,000 keys: compute (observe, Tally, Epoch, Commit, Report),
 // encode of its exchange report, decode (with reassembly) of a peer's, and
 // merge (Receive) of it. Encode and decode run with this package's codec
-// and with the generated code's.
+// and with the generated code's; decodepart is decode without the
+// reassembly, which copies every key once more.
 func BenchmarkEpochPhases(b *testing.B) {
 	br := newBenchRegions(b, 100_000, codecs[0].codec)
 	for i := 0; i < 3; i++ {
@@ -215,29 +216,46 @@ func BenchmarkEpochPhases(b *testing.B) {
 	}
 	br.epoch(b)
 	msgs := br.msgs[0] // ap's report, as eu receives it
-	var reps []*region.Report
 	for _, c := range codecs {
 		b.Run("decode/"+c.name, func(b *testing.B) {
 			for i := 0; i < b.N; i++ {
-				reps = reps[:0]
 				a := NewAssembler(AssemblerConfig{})
 				for _, m := range msgs {
 					p, err := c.decode(m, Limits{})
 					if err != nil {
 						b.Fatal(err)
 					}
-					r, err := a.Add(br.now, p)
-					if err != nil {
+					if _, err := a.Add(br.now, p); err != nil {
 						b.Fatal(err)
-					}
-					if r != nil {
-						reps = append(reps, r)
 					}
 				}
 			}
 		})
 	}
-	r := *reps[0]
+	for _, c := range codecs { // DecodePart alone, without reassembly
+		b.Run("decodepart/"+c.name, func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				for _, m := range msgs {
+					if _, err := c.decode(m, Limits{}); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+		})
+	}
+	var r region.Report // ap's report, for merge
+	a := NewAssembler(AssemblerConfig{})
+	for _, m := range msgs {
+		p, err := DecodePart(m, Limits{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if rep, err := a.Add(br.now, p); err != nil {
+			b.Fatal(err)
+		} else if rep != nil {
+			r = *rep
+		}
+	}
 	b.Run("merge", func(b *testing.B) {
 		for i := 0; i < b.N; i++ {
 			r.Epoch++ // each merge is of a newer report
