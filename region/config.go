@@ -62,6 +62,11 @@ type KeyPolicy struct {
 	// (see the package documentation for the overshoot that admits). Zero
 	// disables reclaiming (fail-static: a silent region keeps its share).
 	ReclaimAfter time.Duration
+	// Cost is the tokens one request takes (the rule's cost; 1 when not
+	// positive). Demand is counted in tokens, but its noise in requests:
+	// a region that sees a few requests an epoch is smoothed harder and
+	// given more headroom than one that sees thousands.
+	Cost float64
 }
 
 // Config configures a State. The zero value of every optional field selects

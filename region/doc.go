@@ -66,9 +66,14 @@
 // region's tallies have arrived, decides (without a Tally before it, Epoch
 // closes the tallies itself and steers by those published the epoch
 // before, a period older). A region not heard keeps its smoothed demand,
-// and restarts from its latest tally once heard again. Needs are demand per
-// second over the key's rate L (Config.Policy), and Targets divides the
-// quota by max-min water-filling.
+// and restarts from its latest tally once heard again. The EWMA's weight is
+// Alpha scaled by n/(n+10) for a region seeing n requests an epoch (its
+// tally or its smoothed demand, the larger), so that a few requests an
+// epoch, whose count is mostly Poisson noise, barely move a key's shares,
+// while thousands are followed at nearly Alpha. Needs are demand per second
+// over the key's rate L (Config.Policy), plus one standard deviation of
+// that noise where it exceeds FloorPPM, and Targets divides the quota by
+// max-min water-filling.
 //
 // Peers heard within StaleAfter are live. Those in our generation receive
 // gifts; those about to join it (no state yet, or another generation) take

@@ -2,6 +2,7 @@ package region
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"time"
 )
@@ -118,6 +119,7 @@ func (s *State) epochKey(now time.Time, ks *keyState, p *Plan) bool {
 	// demand); once heard again it restarts from its latest tally, as the
 	// old value says nothing about the epochs missed.
 	s.demands(ks, now)
+	pol := cfg.Policy(ks.key)
 	active := ks.cur0.demand > 0
 	if s.tallied {
 		active = active || ks.pub.demand > 0
@@ -139,7 +141,8 @@ func (s *State) epochKey(now time.Time, ks *keyState, p *Plan) bool {
 			ks.unheard &^= bit
 			ks.ewma[k] = s.x[k]
 		default:
-			ks.ewma[k] = cfg.Alpha*s.x[k] + (1-cfg.Alpha)*ks.ewma[k]
+			a := cfg.Alpha * gain(max(s.x[k], ks.ewma[k]), pol.Cost)
+			ks.ewma[k] = a*s.x[k] + (1-a)*ks.ewma[k]
 		}
 		active = active || s.x[k] > 0
 	}
@@ -185,7 +188,6 @@ func (s *State) epochKey(now time.Time, ks *keyState, p *Plan) bool {
 
 	sh := s.own(ks)
 	idle := now.Sub(ks.lastDemand) >= cfg.IdleAfter
-	pol := cfg.Policy(ks.key)
 	targets := s.targets(now, ks, pol, sh, idle)
 	gifts := s.giftsFor(ks, sh, targets, idle)
 	var takes []int64
@@ -309,7 +311,13 @@ func (s *State) targets(now time.Time, ks *keyState, pol KeyPolicy, sh int64, id
 		var need float64
 		switch {
 		case pol.Rate > 0:
-			need = ks.ewma[k] / (pol.Rate * cfg.Period.Seconds()) * PPM
+			per := pol.Rate * cfg.Period.Seconds()
+			need = ks.ewma[k] / per * PPM
+			// Headroom for Poisson noise: one standard deviation of the
+			// epoch's demand, where it exceeds the floor (small keys).
+			if h := noise(ks.ewma[k], pol.Cost) / per * PPM; h > float64(cfg.FloorPPM) {
+				need += h - float64(cfg.FloorPPM)
+			}
 		case sum > 0:
 			need = ks.ewma[k] / sum * PPM
 		}
@@ -490,4 +498,31 @@ func (s *State) Apply() []ShareChange {
 	clear(s.toApply)
 	s.toApply = s.toApply[:0]
 	return out
+}
+
+// noiseRequests is the count of requests an epoch at which a region's
+// demand is followed at half the EWMA's weight: Poisson noise is 1/√n of n
+// requests, and a gain of n/(n+10) is about the Kalman gain for a demand
+// that drifts by a third an epoch. Keys seen thousands of times an epoch
+// are followed at nearly Alpha; keys seen a few times barely move.
+const noiseRequests = 10
+
+// gain scales Alpha for a region whose demand is m tokens an epoch (the
+// larger of its tally and its smoothed demand, so that a demand appearing
+// or vanishing is followed at once).
+func gain(m, cost float64) float64 {
+	if !(cost > 0) {
+		cost = 1
+	}
+	n := m / cost
+	return n / (n + noiseRequests)
+}
+
+// noise is one standard deviation, in tokens, of an epoch's demand of m
+// tokens in requests of cost tokens: cost × √(m/cost).
+func noise(m, cost float64) float64 {
+	if !(cost > 0) {
+		cost = 1
+	}
+	return math.Sqrt(max(m, 0) * cost)
 }

@@ -10,7 +10,7 @@ import (
 // Two regions share one global key. Europe asks for 900 tokens per epoch
 // of a 1,000 tokens/s quota and the US for 100; starting from an equal
 // split, share moves to Europe until the max-min targets (US: its need plus
-// a 0.5% floor; Europe: the rest) are reached. Each epoch has two phases:
+// headroom for the noise of 100 requests an epoch; Europe: the rest) are reached. Each epoch has two phases:
 // every region publishes its tallies (Tally), then decides on them all
 // (Epoch), lowering its share before it gives; the receiver applies a gift
 // when the report announcing it arrives (Apply). The shares never sum above
@@ -66,8 +66,8 @@ func Example() {
 		fmt.Printf("epoch %d: eu %d, us %d\n", epoch, eu.Share(key), us.Share(key))
 	}
 	// Output:
-	// epoch 1: eu 860000, us 140000
-	// epoch 2: eu 896000, us 104000
-	// epoch 3: eu 896000, us 104000
-	// epoch 4: eu 896000, us 104000
+	// epoch 1: eu 869270, us 130730
+	// epoch 2: eu 893472, us 106528
+	// epoch 3: eu 890631, us 109369
+	// epoch 4: eu 890631, us 109369
 }

@@ -298,7 +298,7 @@ func (w *world) keyPolicy(key string) region.KeyPolicy {
 	if r == nil {
 		return region.KeyPolicy{}
 	}
-	return region.KeyPolicy{Rate: r.Rate(), ReclaimAfter: r.PartitionReclaimAfter}
+	return region.KeyPolicy{Rate: r.Rate(), ReclaimAfter: r.PartitionReclaimAfter, Cost: float64(r.Cost)}
 }
 
 // limitOf is the store's Limit of a global key in region r, as lease/service

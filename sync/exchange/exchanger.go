@@ -293,7 +293,7 @@ func (x *Exchanger) keyPolicy(key string) region.KeyPolicy {
 	if r == nil {
 		return region.KeyPolicy{}
 	}
-	return region.KeyPolicy{Rate: r.Rate(), ReclaimAfter: r.PartitionReclaimAfter}
+	return region.KeyPolicy{Rate: r.Rate(), ReclaimAfter: r.PartitionReclaimAfter, Cost: float64(r.Cost)}
 }
 
 // rule returns the rule of a global key in the policy the epoch took.
