@@ -67,7 +67,7 @@
 // closes the tallies itself and steers by those published the epoch
 // before, a period older). A region not heard keeps its smoothed demand,
 // and restarts from its latest tally once heard again. The EWMA's weight is
-// Alpha scaled by n/(n+10) for a region seeing n requests an epoch (its
+// Alpha scaled by n/(n+4) for a region seeing n requests an epoch (its
 // tally or its smoothed demand, the larger), so that a few requests an
 // epoch, whose count is mostly Poisson noise, barely move a key's shares,
 // while thousands are followed at nearly Alpha. Needs are demand per second

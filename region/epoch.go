@@ -502,10 +502,10 @@ func (s *State) Apply() []ShareChange {
 
 // noiseRequests is the count of requests an epoch at which a region's
 // demand is followed at half the EWMA's weight: Poisson noise is 1/√n of n
-// requests, and a gain of n/(n+10) is about the Kalman gain for a demand
-// that drifts by a third an epoch. Keys seen thousands of times an epoch
+// requests, and a gain of n/(n+4) is about the Kalman gain for a demand
+// that may change by half in an epoch. Keys seen thousands of times an epoch
 // are followed at nearly Alpha; keys seen a few times barely move.
-const noiseRequests = 10
+const noiseRequests = 4
 
 // gain scales Alpha for a region whose demand is m tokens an epoch (the
 // larger of its tally and its smoothed demand, so that a demand appearing

@@ -66,8 +66,8 @@ func Example() {
 		fmt.Printf("epoch %d: eu %d, us %d\n", epoch, eu.Share(key), us.Share(key))
 	}
 	// Output:
-	// epoch 1: eu 869270, us 130730
-	// epoch 2: eu 893472, us 106528
-	// epoch 3: eu 890631, us 109369
-	// epoch 4: eu 890631, us 109369
+	// epoch 1: eu 869486, us 130514
+	// epoch 2: eu 891903, us 108097
+	// epoch 3: eu 890256, us 109744
+	// epoch 4: eu 890256, us 109744
 }

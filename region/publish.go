@@ -126,6 +126,13 @@ func (s *State) Tally(now time.Time) Report {
 		SentAt:  now,
 		Regions: slices.Clone(s.cfg.Regions),
 	}
+	n := 0
+	for _, ks := range s.keys {
+		if ks.cur0 != (tally{}) {
+			n++
+		}
+	}
+	r.Keys = make([]KeyReport, 0, n)
 	for i := 0; i < len(s.keys); {
 		ks := s.keys[i]
 		ks.pub, ks.cur0 = ks.cur0, tally{}

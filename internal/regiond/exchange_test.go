@@ -18,7 +18,7 @@ import (
 // each region with its own real redis-server, exchanging over one embedded
 // NATS server on loopback. Demand is driven through the lease API.
 
-const syncPeriod = 250 * time.Millisecond
+const syncPeriod = 500 * time.Millisecond
 
 // exKey is the global key the tests move: the example policy's per-tenant
 // rule (1,000 tokens/s) for tenant acme.
@@ -65,7 +65,8 @@ func (dep *deployment) add(r, replica string) *Daemon {
 		NATSURL:           dep.proxies[r].URL(),
 		NATSReconnectWait: 20 * time.Millisecond,
 		SyncPeriod:        syncPeriod,
-		StoreTimeout:      time.Second, // a loaded CI machine must not fail writes
+		DecideAfter:       syncPeriod / 10, // loopback: tallies arrive within milliseconds
+		StoreTimeout:      time.Second,     // a loaded CI machine must not fail writes
 	})
 	dep.nodes[r] = append(dep.nodes[r], d)
 	return d
