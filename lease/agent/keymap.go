@@ -77,7 +77,7 @@ func (km *keyMap) shard(id []byte) *keyShard {
 func (km *keyMap) get(id []byte) *keyState {
 	sh := km.shard(id)
 	t := sh.read.Load()
-	if k := t.m[string(id)]; (k != nil && !k.evicted.Load()) || !t.amended {
+	if k := t.m[string(id)]; !t.amended || (k != nil && !k.evicted.Load()) {
 		return k
 	}
 	sh.mu.Lock()
