@@ -251,6 +251,11 @@ func (d *Driver) Wants() bool {
 	return len(d.out) > 0 || len(d.a.queue) > 0 || len(d.wait) > 0
 }
 
+// Tick returns the refresher's tick: every NextTick is a whole multiple of
+// it (since the epoch). A simulator that scans its drivers on ticks takes
+// the period from here rather than repeating the agent's rule.
+func (d *Driver) Tick() time.Duration { return d.a.tick() }
+
 // NextTick returns the refresher's next tick that has work: the first one
 // at or after the earliest scheduled check (every tick while the region is
 // unreachable, for the probe). Ticks before it would find nothing to do, so

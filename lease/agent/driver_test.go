@@ -174,6 +174,22 @@ func TestDriverNeedsAgentID(t *testing.T) {
 	}
 }
 
+func TestDriverTick(t *testing.T) {
+	for _, tt := range []struct{ period, want time.Duration }{
+		{0, 10 * time.Millisecond}, // the default lease period, 50ms
+		{20 * time.Millisecond, 4 * time.Millisecond},
+		{2 * time.Millisecond, time.Millisecond}, // never below 1ms
+	} {
+		d, err := NewDriver(Config{AgentID: "a1", LeasePeriod: tt.period, LeaseTTL: 2 * max(tt.period, 50*time.Millisecond)}, time.Unix(0, 0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := d.Tick(); got != tt.want {
+			t.Errorf("lease period %v: Tick got %v, want %v", tt.period, got, tt.want)
+		}
+	}
+}
+
 // BenchmarkDriverDecide measures a decision on a key holding a large lease:
 // the path nearly every simulated request takes.
 func BenchmarkDriverDecide(b *testing.B) {
