@@ -232,7 +232,7 @@ func (w *world) pollAgents(t int64) {
 	}
 	clear(w.dirty[len(keep):])
 	w.dirty = keep
-	if t < w.nextScan {
+	if t < w.nextScan || w.tick == 0 { // no tick: no agent was ever made
 		return
 	}
 	w.nextScan = (t/w.tick + 1) * w.tick

@@ -153,7 +153,6 @@ func newWorld(sc *Scenario, alg Algorithm, viaService bool) (*world, error) {
 	w.rates = make([]float64, len(sc.Regions))
 	w.poisson = make([]poissonDraw, len(sc.Regions))
 	w.counts = make([]int, len(sc.Regions))
-	w.tick = int64(max(sc.LeasePeriod/5, time.Millisecond)) // agent.Config's refresher tick
 	w.agCfg = agent.Config{LeasePeriod: sc.LeasePeriod, LeaseTTL: sc.LeaseTTL, Logger: slog.New(slog.DiscardHandler)}
 	clock := func() time.Time { return w.base.Add(dur(w.now)) }
 	for i, name := range sc.Regions {
@@ -325,6 +324,7 @@ func (w *world) addAgent(r *regiond) error {
 		return fmt.Errorf("sim: agent %s: %w", cfg.AgentID, err)
 	}
 	d.SetPolicy(w.set)
+	w.tick = int64(d.Tick()) // the same for every agent: one config
 	a := &agentSim{d: d, r: r, alive: true}
 	a.nextTick = int64(d.NextTick())
 	r.agents = append(r.agents, a)
