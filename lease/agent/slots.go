@@ -46,7 +46,8 @@ type slots struct {
 	word [2]atomic.Int64
 	// lost counts tokens that left a lease without being spent, returned
 	// or dropped by a writer: a put-back or an undo that found its lease
-	// replaced.
+	// replaced. It also counts those undos' stake in the word and is exact
+	// once they return (see emptyWord), so it may read low meanwhile.
 	lost atomic.Int64
 }
 
@@ -75,9 +76,10 @@ func (s *slots) spend(now, n int64) (int, int64, int64, bool) {
 		if balance(w) >= 0 {
 			return i, w, exp[i], true
 		}
-		if !addSameGen(&s.word[i], w, n) {
-			s.lost.Add(max(balance(w)+n, 0))
-		} else if cur := s.word[i].Load(); sameGen(cur, w) && balance(cur) == 0 {
+		if !undoFailed(&s.word[i], &s.lost, w, n) {
+			continue
+		}
+		if cur := s.word[i].Load(); sameGen(cur, w) && balance(cur) == 0 {
 			// The slot is empty: retire it, so that later spends skip it
 			// without touching its word instead of failing there until it
 			// expires. A balance below zero is other spends failing right
@@ -155,8 +157,9 @@ func (s *slots) total() int64 {
 }
 
 // empty takes every token out of slot i under a new generation and returns
-// them. A balance below zero (spends failing at this instant) holds none.
-func (s *slots) empty(i int) int64 { return emptyWord(&s.word[i]) }
+// them. A balance below zero (spends failing at this instant) holds none:
+// those spends count what they held off (see emptyWord).
+func (s *slots) empty(i int) int64 { return emptyWord(&s.word[i], &s.lost) }
 
 // install adds a grant of n tokens spendable until exp. It fills a slot that
 // is expired or empty; when both hold live tokens it replaces the earlier

@@ -87,24 +87,16 @@ func (k *keyState) spendEntry(e *cacheEntry, now, n int64) (int64, bool) {
 	if balance(w) >= 0 {
 		return w, true
 	}
-	if !addSameGen(&e.word, w, n) {
-		k.slots.lost.Add(max(balance(w)+n, 0))
-	}
+	undoFailed(&e.word, &k.slots.lost, w, n)
 	return 0, false
 }
 
 // refill replaces entry e's tokens with b tokens expiring at exp. Tokens it
 // finds there (expired ones, or a racing put-back) are dropped.
 func (a *Agent) refill(k *keyState, e *cacheEntry, exp, b int64) {
-	for {
-		w := e.word.Load()
-		if e.word.CompareAndSwap(w, (w+1)&genMask) {
-			if left := max(balance(w), 0); left > 0 {
-				k.slots.lost.Add(left)
-				a.ctr.dropped.Add(left)
-			}
-			break
-		}
+	if left := emptyWord(&e.word, &k.slots.lost); left > 0 {
+		k.slots.lost.Add(left)
+		a.ctr.dropped.Add(left)
 	}
 	e.exp.Store(exp)
 	e.word.Add(b << genBits)
@@ -118,6 +110,23 @@ func (k *keyState) putBackCache(j int, after, n int64) bool {
 		return true
 	}
 	k.slots.lost.Add(n)
+	return false
+}
+
+// undoFailed gives back the n tokens of a spend that took word to w, below
+// zero, and reports whether it could. When a writer emptied the word
+// meanwhile, the spend's −n was part of the balance the writer saw, so the
+// writer counted neither the tokens the spend held off nor the debt: the
+// writer counts its balance's negative part as lost (see emptyWord) and the
+// spend counts all its n, so that together they count exactly the tokens
+// the word held. Counting here only the part of n that w shows as real
+// (balance(w)+n) loses tokens whenever other failed spends were undone, or
+// tokens put back, between this spend's add and the writer's emptying.
+func undoFailed(word, lost *atomic.Int64, w, n int64) bool {
+	if addSameGen(word, w, n) {
+		return true
+	}
+	lost.Add(n)
 	return false
 }
 
@@ -166,7 +175,7 @@ func (k *keyState) collect(now int64) int64 {
 	if c := k.cache.Load(); c != nil {
 		for i := range c.e {
 			if c.e[i].exp.Load() <= now && balance(c.e[i].word.Load()) > 0 {
-				n += emptyWord(&c.e[i].word)
+				n += emptyWord(&c.e[i].word, &k.slots.lost)
 			}
 		}
 	}
@@ -179,7 +188,7 @@ func (k *keyState) drain(now int64) (live, dropped int64) {
 	if c := k.cache.Load(); c != nil {
 		for i := range c.e {
 			expired := c.e[i].exp.Load() <= now
-			if n := emptyWord(&c.e[i].word); expired {
+			if n := emptyWord(&c.e[i].word, &k.slots.lost); expired {
 				dropped += n
 			} else {
 				live += n
@@ -230,11 +239,18 @@ func (k *keyState) consolidateLocked(now int64) (dropped int64) {
 }
 
 // emptyWord empties a balance word under a new generation and returns
-// what it held.
-func emptyWord(word *atomic.Int64) int64 {
+// what it held. A balance below zero is failed spends not yet undone: each
+// of them will find the generation changed and count its whole n as lost
+// (undoFailed), more than the word held by the amount below zero, which
+// emptyWord therefore takes off lost. lost is exact once those spends
+// return, and may read low by the debt until they do.
+func emptyWord(word, lost *atomic.Int64) int64 {
 	for {
 		w := word.Load()
 		if word.CompareAndSwap(w, (w+1)&genMask) {
+			if debt := min(balance(w), 0); debt < 0 {
+				lost.Add(debt)
+			}
 			return max(balance(w), 0)
 		}
 	}
