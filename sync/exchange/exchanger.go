@@ -231,12 +231,14 @@ func (x *Exchanger) run(ctx context.Context) {
 }
 
 // untilEpoch is the time to the start of the next epoch: the next multiple
-// of Period on the wall clock, at least a quarter period away so that a slow
-// epoch does not make the next one start at once.
+// of Period on the wall clock. A slow decision phase may leave little time
+// before it, and that is fine (skipping the epoch would cost a period of
+// convergence); only a boundary a few percent of a period away, which a
+// clock step could make us fire twice for, moves to the one after.
 func (x *Exchanger) untilEpoch() time.Duration {
 	now := time.Now()
 	next := now.Truncate(x.cfg.Period).Add(x.cfg.Period)
-	if next.Sub(now) < x.cfg.Period/4 {
+	if next.Sub(now) < x.cfg.Period/50 {
 		next = next.Add(x.cfg.Period)
 	}
 	return next.Sub(now)
