@@ -70,7 +70,11 @@
 // Alpha scaled by n/(n+4) for a region seeing n requests an epoch (its
 // tally or its smoothed demand, the larger), so that a few requests an
 // epoch, whose count is mostly Poisson noise, barely move a key's shares,
-// while thousands are followed at nearly Alpha. Needs are demand per second
+// while thousands are followed at nearly Alpha; and by a third while a
+// region's demand keeps turning (it turned at the last epoch and again at
+// this one), which is demand oscillating faster than shares can follow:
+// chasing it would give share away half a cycle late. A step, even one
+// reversed later, is followed at full weight. Needs are demand per second
 // over the key's rate L (Config.Policy), plus one standard deviation of
 // that noise where it exceeds FloorPPM, and Targets divides the quota by
 // max-min water-filling.

@@ -142,6 +142,22 @@ func (s *State) epochKey(now time.Time, ks *keyState, p *Plan) bool {
 			ks.ewma[k] = s.x[k]
 		default:
 			a := cfg.Alpha * gain(max(s.x[k], ks.ewma[k]), pol.Cost)
+			up := s.x[k] > ks.ewma[k]
+			flip := ks.moved&bit != 0 && (ks.rose&bit != 0) != up
+			if flip && ks.flipped&bit != 0 {
+				a /= 3
+			}
+			if flip {
+				ks.flipped |= bit
+			} else {
+				ks.flipped &^= bit
+			}
+			ks.moved |= bit
+			if up {
+				ks.rose |= bit
+			} else {
+				ks.rose &^= bit
+			}
 			ks.ewma[k] = a*s.x[k] + (1-a)*ks.ewma[k]
 		}
 		active = active || s.x[k] > 0

@@ -93,6 +93,9 @@ type keyState struct {
 	born          []uint64 // State.exchEpoch when we started tracking the key
 	ewma          []float64
 	unheard       uint64 // regions not heard at the last epoch: their EWMA restarts
+	// Per region: its EWMA has moved, last moved up, and turned at the
+	// last move.
+	moved, rose, flipped uint64
 
 	exits []*exitState // generations we left and still announce, oldest first
 	// settled[k] is the newest generation of k's exit records we have
