@@ -141,23 +141,7 @@ func (s *State) epochKey(now time.Time, ks *keyState, p *Plan) bool {
 			ks.unheard &^= bit
 			ks.ewma[k] = s.x[k]
 		default:
-			a := cfg.Alpha * gain(max(s.x[k], ks.ewma[k]), pol.Cost)
-			up := s.x[k] > ks.ewma[k]
-			flip := ks.moved&bit != 0 && (ks.rose&bit != 0) != up
-			if flip && ks.flipped&bit != 0 {
-				a /= 3
-			}
-			if flip {
-				ks.flipped |= bit
-			} else {
-				ks.flipped &^= bit
-			}
-			ks.moved |= bit
-			if up {
-				ks.rose |= bit
-			} else {
-				ks.rose &^= bit
-			}
+			a := cfg.Alpha * gain(max(s.x[k], ks.ewma[k]), pol.Cost) * ks.turning(bit, s.x[k] > ks.ewma[k])
 			ks.ewma[k] = a*s.x[k] + (1-a)*ks.ewma[k]
 		}
 		active = active || s.x[k] > 0
@@ -527,18 +511,43 @@ const noiseRequests = 4
 // larger of its tally and its smoothed demand, so that a demand appearing
 // or vanishing is followed at once).
 func gain(m, cost float64) float64 {
-	if !(cost > 0) {
-		cost = 1
-	}
-	n := m / cost
+	n := m / perRequest(cost)
 	return n / (n + noiseRequests)
 }
 
 // noise is one standard deviation, in tokens, of an epoch's demand of m
 // tokens in requests of cost tokens: cost × √(m/cost).
 func noise(m, cost float64) float64 {
+	return math.Sqrt(max(m, 0) * perRequest(cost))
+}
+
+// perRequest is KeyPolicy.Cost with its default: 1 token a request.
+func perRequest(cost float64) float64 {
 	if !(cost > 0) {
-		cost = 1
+		return 1
 	}
-	return math.Sqrt(max(m, 0) * cost)
+	return cost
+}
+
+// turning records which way the region at bit moved its smoothed demand
+// (up or not) and returns the factor on its EWMA weight: a third when it
+// turned at the last move and turns again now (demand oscillating faster
+// than shares can follow), else 1.
+func (ks *keyState) turning(bit uint64, up bool) float64 {
+	flip := ks.moved&bit != 0 && (ks.rose&bit != 0) != up
+	f := 1.0
+	if flip && ks.flipped&bit != 0 {
+		f = 1.0 / 3
+	}
+	ks.flipped = setBit(ks.flipped, bit, flip)
+	ks.rose = setBit(ks.rose, bit, up)
+	ks.moved |= bit
+	return f
+}
+
+func setBit(m, bit uint64, on bool) uint64 {
+	if on {
+		return m | bit
+	}
+	return m &^ bit
 }
