@@ -12,6 +12,7 @@ func (w *world) fault(i int, t int64) {
 	switch f.Kind {
 	case "partition":
 		r.partitioned++
+		w.reclaimStart(i, t)
 		w.ev.push(event{at: t + int64(f.For), kind: evHeal, fault: i})
 	case "redis_failover":
 		w.failover(r, f, t)
@@ -43,6 +44,7 @@ func (w *world) heal(i int, t int64) {
 	switch f.Kind {
 	case "partition":
 		r.partitioned--
+		w.reclaimHeal(i)
 	case "crash_agents":
 		n := int(math.Round(f.Fraction * float64(w.sc.AgentsPerRegion)))
 		w.addAgents(r, n)

@@ -49,10 +49,12 @@ type keyMeter struct {
 	checked   bool
 }
 
-// faultSpan is excess a fault allows in windows that meet [from, to].
+// faultSpan is excess a fault allows in windows that meet [from, to]:
+// tokens, plus rate tokens per second of the window inside [from, to].
 type faultSpan struct {
 	from, to int64
 	tokens   float64
+	rate     float64
 }
 
 // phase is a demand step whose share targets convergence is measured to.
@@ -145,7 +147,7 @@ func (m *meter) admitted(key, region int, cost int64) {
 
 func (m *meter) addFault(key int, from, to int64, tokens float64) {
 	km := &m.keys[key]
-	km.faults = append(km.faults, faultSpan{from, to, tokens})
+	km.faults = append(km.faults, faultSpan{from: from, to: to, tokens: tokens})
 }
 
 // closeBin closes the grid bin ending at t and checks every window that
@@ -178,8 +180,11 @@ func (m *meter) closeBin(t int64) {
 			km.maxExcess[i] = max(km.maxExcess[i], excess)
 			bound := km.base[i]
 			for _, f := range km.faults {
-				if f.from < t && f.to > t-int64(windows[i]) {
+				if start := t - int64(windows[i]); f.from < t && f.to > start {
 					bound += f.tokens
+					if f.rate > 0 {
+						bound += f.rate * float64(min(t, f.to)-max(start, f.from)) / 1e9
+					}
 				}
 			}
 			ratio := excess / bound

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/ration-dev/ration/policy"
 )
 
 // LoadFile reads and parses a scenario file.
@@ -170,8 +172,9 @@ func (p *parser) document(data []byte) *Scenario {
 		sc.Name, _ = p.str("name", k, v)
 	}
 	if k, v, ok := fs.get("seed"); ok {
-		if x, ok := p.integer("seed", k, v); ok {
-			sc.Seed = uint64(x)
+		// Seeds are unsigned 64-bit, as the command's -seed flag takes them.
+		if v.Kind != yaml.ScalarNode || v.ShortTag() != "!!int" || v.Decode(&sc.Seed) != nil {
+			p.errorf(k.Line, "seed", "must be an integer in [0, 2^64) (got %s)", describe(v))
 		}
 	}
 	if k, v, ok := req("duration"); ok {
@@ -309,7 +312,7 @@ func (p *parser) keys(k, v *yaml.Node) []KeyGroup {
 	total := 0
 	for i, n := range v.Content {
 		path := fmt.Sprintf("keys[%d]", i)
-		fs, ok := p.mapping(n, path, "name", "limit", "limit_max", "burst", "cost", "count", "weight", "zipf", "on_error")
+		fs, ok := p.mapping(n, path, "name", "limit", "limit_max", "burst", "cost", "count", "weight", "zipf", "on_error", "partition_reclaim_after")
 		if !ok {
 			continue
 		}
@@ -374,6 +377,14 @@ func (p *parser) keys(k, v *yaml.Node) []KeyGroup {
 					p.errorf(k.Line, path+".on_error", `must be one of "local", "open", "closed" (got %q)`, s)
 				}
 				g.OnError = s
+			}
+		}
+		if k, v, ok := fs.get("partition_reclaim_after"); ok {
+			if d, ok := p.duration(path+".partition_reclaim_after", k, v); ok {
+				if d < 0 || d > policy.MaxPeriod {
+					p.errorf(k.Line, path+".partition_reclaim_after", "must be in [0, %s]", policy.MaxPeriod)
+				}
+				g.ReclaimAfter = d
 			}
 		}
 		if g.LimitMax != 0 && g.LimitMax < g.Limit {

@@ -95,6 +95,7 @@ func (w *world) loop(progress func(done, total time.Duration)) {
 		w.events(t, true)
 		if w.alg == Escrow && t%checkEvery == 0 {
 			w.m.checkConvergence(t)
+			w.checkReclaims(t)
 		}
 		w.arrivals(t)
 		w.pollAgents(t)

@@ -93,6 +93,9 @@ type KeyGroup struct {
 	Zipf float64
 	// OnError is the rule's failure mode (default local).
 	OnError string
+	// ReclaimAfter is the rule's partition_reclaim_after: the other
+	// regions reclaim a region silent that long (0: never, fail-static).
+	ReclaimAfter time.Duration
 }
 
 // DemandStep sets the request rates from At on.

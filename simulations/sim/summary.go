@@ -47,6 +47,13 @@ type Summary struct {
 	// target (L water-filled over the regions' demand), summed over the
 	// contended seconds of every key (every second if none was contended).
 	JainFairness float64 `json:"jain_fairness"`
+	// ServedPct is, per region, admitted ÷ max-min target in percent over
+	// the same seconds as JainFairness; LeastServedPct its minimum, the
+	// worst-served region (max-min fairness's own measure). Jain's index
+	// is 1 when every region gets the same fraction of its target, however
+	// small; this says how large that fraction is.
+	ServedPct      map[string]float64 `json:"served_pct"`
+	LeastServedPct float64            `json:"least_served_pct"`
 	// ConvergenceS is the worst time, after each demand change settles,
 	// until every region's share of the first key is within ±5% of its
 	// max-min target; a change never converged counts its whole phase and
@@ -157,6 +164,18 @@ func (w *world) result() *Result {
 		t, a = m.fairTAll, m.fairAAll
 	}
 	s.JainFairness = round4(jain(t, a))
+	s.ServedPct = make(map[string]float64, len(t))
+	s.LeastServedPct = math.Inf(1)
+	for r := range t {
+		if t[r] > 0 {
+			x := round4(a[r] / t[r] * 100)
+			s.ServedPct[sc.Regions[r]] = x
+			s.LeastServedPct = min(s.LeastServedPct, x)
+		}
+	}
+	if math.IsInf(s.LeastServedPct, 1) {
+		s.LeastServedPct = 100
+	}
 	if w.alg == Escrow {
 		var worst float64
 		for _, p := range m.phases {
@@ -268,6 +287,7 @@ func WriteTable(out io.Writer, sums []Summary) error {
 	row("windows over bound", func(s *Summary) string { return fmt.Sprint(s.WindowsOverBound) })
 	row("utilization", func(s *Summary) string { return optPct(s.UtilizationPct) })
 	row("Jain fairness", func(s *Summary) string { return fmt.Sprintf("%.4f", s.JainFairness) })
+	row("least served region", func(s *Summary) string { return fmt.Sprintf("%.2f%%", s.LeastServedPct) })
 	row("convergence", func(s *Summary) string { return optSec(s.ConvergenceS, s.UnconvergedChanges) })
 	row("NATS msgs/s", func(s *Summary) string { return fmt.Sprintf("%.1f", s.NatsMsgsPerS) })
 	row("NATS bytes/s", func(s *Summary) string { return fmt.Sprintf("%.0f", s.NatsBytesPerS) })

@@ -118,6 +118,7 @@ type world struct {
 	nextScan int64       // the next tick at which to look for due agents
 	demandAt int         // index of the demand step in force
 	dead     []agent.Stats
+	reclaims []openReclaim // excess terms of partitions still open
 
 	natsMsgs, natsBytes, shareWrites, idealOps int64
 	recvStale, recvErrors, commitErrors        int64
@@ -232,8 +233,8 @@ func (w *world) buildPolicy() error {
 			}
 			if !seen[name] {
 				seen[name] = true
-				fmt.Fprintf(&doc, "  - {name: %s, match: {rule: %s}, key: [%s], limit: %d, burst: %d, cost: %d, on_error: %s}\n",
-					name, name, g.Name, limit, burst, g.Cost, g.OnError)
+				fmt.Fprintf(&doc, "  - {name: %s, match: {rule: %s}, key: [%s], limit: %d, burst: %d, cost: %d, on_error: %s, partition_reclaim_after: %s}\n",
+					name, name, g.Name, limit, burst, g.Cost, g.OnError, g.ReclaimAfter)
 			}
 			keyRules = append(keyRules, ruleOf{name, limit})
 		}
