@@ -574,3 +574,34 @@ func TestRandomSpendScheduleConservesTokens(t *testing.T) {
 		}
 	}
 }
+
+// TestRetireLeavesALeaseInstalledAtTheSameExpiry: a spend that finds its
+// slot empty retires it (expiry 0); a writer that installs a new lease in
+// that slot with the very same expiry between the spend's check and its
+// retirement must keep its tokens spendable.
+func TestRetireLeavesALeaseInstalledAtTheSameExpiry(t *testing.T) {
+	const now, exp, later = 10, 100, 200
+	var s slots
+	s.install(now, exp, 1)    // slot 0
+	s.install(now, later, 10) // slot 1
+	if _, _, _, ok := s.spend(now, 1); !ok {
+		t.Fatal("the first spend failed")
+	}
+	retireHook = func() {
+		retireHook = nil
+		s.install(now, exp, 5) // slot 0 is empty: the writer refills it
+	}
+	t.Cleanup(func() { retireHook = nil })
+	if _, _, _, ok := s.spend(now, 1); !ok { // fails on slot 0, spends from slot 1
+		t.Fatal("the second spend failed")
+	}
+	if retireHook != nil {
+		t.Fatal("the spend never retired slot 0")
+	}
+	if got := s.exp[0].Load(); got != exp {
+		t.Errorf("slot 0's expiry got %d, want %d (the new lease's)", got, exp)
+	}
+	if got := s.live(now); got != 14 {
+		t.Errorf("live tokens got %d, want 14 (5 new in slot 0, 9 in slot 1)", got)
+	}
+}

@@ -83,11 +83,30 @@ func (s *slots) spend(now, n int64) (int, int64, int64, bool) {
 			// The slot is empty: retire it, so that later spends skip it
 			// without touching its word instead of failing there until it
 			// expires. A balance below zero is other spends failing right
-			// now, not emptiness; the CAS leaves a newer lease alone.
-			s.exp[i].CompareAndSwap(exp[i], 0)
+			// now, not emptiness.
+			s.retire(i, w, exp[i])
 		}
 	}
 	return 0, 0, 0, false
+}
+
+// retireHook, when set (by tests), runs between a spend finding its slot
+// empty and retiring it: where a writer may install a new lease.
+var retireHook func()
+
+// retire marks slot i, found empty in the generation of w, as spent, by
+// setting its expiry exp to 0. The CAS leaves a newer lease with another
+// expiry alone; a writer that installed one with the very same expiry in
+// between has emptied the word under a new generation first, so the
+// generation tells, and the expiry goes back. The writer stores its expiry
+// after emptying: if that store is still to come, it wins anyway.
+func (s *slots) retire(i int, w, exp int64) {
+	if retireHook != nil {
+		retireHook()
+	}
+	if s.exp[i].CompareAndSwap(exp, 0) && !sameGen(s.word[i].Load(), w) {
+		s.exp[i].CompareAndSwap(0, exp)
+	}
 }
 
 // spendAll takes n tokens from a live slot, like spend, but never drives a
