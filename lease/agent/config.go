@@ -65,7 +65,8 @@ type Config struct {
 	// as a whole lease period passes without a spend. Default 10s.
 	IdleAfter time.Duration
 	// FallbackHeadroom multiplies an agent's fair share of the regional
-	// rate (rate ÷ agents) to give the emergency bucket's rate. Default 2.
+	// rate (rate ÷ agents) to give the emergency bucket's rate. Default
+	// DefaultFallbackHeadroom.
 	FallbackHeadroom float64
 	// BreakerFailures is how many round trips in a row must fail before the
 	// agent stops trying the region and decides by failure mode at once.
@@ -89,6 +90,12 @@ type Config struct {
 	Clock func() time.Time
 }
 
+// DefaultFallbackHeadroom is Config.FallbackHeadroom's default: while the
+// region is unreachable, an agent's emergency bucket runs at twice its fair
+// share of the regional rate, so that uneven load across agents is not
+// denied, at a bounded excess (the simulator's bound counts it).
+const DefaultFallbackHeadroom = 2
+
 func (c *Config) ensureDefaults() error {
 	if c.AgentID == "" {
 		host, _ := os.Hostname()
@@ -111,7 +118,7 @@ func (c *Config) ensureDefaults() error {
 	def(&c.ProbeInterval, 2*c.LeasePeriod)
 	def(&c.CloseTimeout, 500*time.Millisecond)
 	if c.FallbackHeadroom == 0 {
-		c.FallbackHeadroom = 2
+		c.FallbackHeadroom = DefaultFallbackHeadroom
 	}
 	if c.BreakerFailures == 0 {
 		c.BreakerFailures = 3

@@ -33,6 +33,10 @@ func (w *world) fault(i int, t int64) {
 		}
 	case "add_agents":
 		w.addAgents(r, f.Agents)
+	case "unreachable":
+		r.unreachable++
+		w.fallbackStart(i, r, t)
+		w.ev.push(event{at: t + int64(f.For), kind: evHeal, fault: i})
 	}
 }
 
@@ -48,6 +52,9 @@ func (w *world) heal(i int, t int64) {
 	case "crash_agents":
 		n := int(math.Round(f.Fraction * float64(w.sc.AgentsPerRegion)))
 		w.addAgents(r, n)
+	case "unreachable":
+		r.unreachable--
+		w.fallbackHeal(i)
 	}
 }
 
@@ -55,6 +62,7 @@ func (w *world) addAgents(r *regiond, n int) {
 	if w.alg == Ideal {
 		return
 	}
+	w.fallbackAgents(r, n)
 	for ; n > 0; n-- {
 		if err := w.addAgent(r); err != nil {
 			w.fail(err)

@@ -485,7 +485,7 @@ func (p *parser) faults(v *yaml.Node, sc *Scenario) []Fault {
 	var out []Fault
 	for i, n := range v.Content {
 		path := fmt.Sprintf("faults[%d]", i)
-		fs, ok := p.mapping(n, path, "at", "partition", "for", "redis_failover", "lost_writes", "crash_agents", "add_agents", "region")
+		fs, ok := p.mapping(n, path, "at", "partition", "for", "redis_failover", "lost_writes", "crash_agents", "add_agents", "region", "unreachable")
 		if !ok {
 			continue
 		}
@@ -505,14 +505,14 @@ func (p *parser) faults(v *yaml.Node, sc *Scenario) []Fault {
 			}
 		}
 		kinds := 0
-		for _, kind := range []string{"partition", "redis_failover", "crash_agents", "add_agents"} {
+		for _, kind := range []string{"partition", "redis_failover", "crash_agents", "add_agents", "unreachable"} {
 			if _, _, ok := fs.get(kind); ok {
 				kinds++
 				f.Kind = kind
 			}
 		}
 		if kinds != 1 {
-			p.errorf(n.Line, path, "needs exactly one of partition, redis_failover, crash_agents, add_agents")
+			p.errorf(n.Line, path, "needs exactly one of partition, redis_failover, crash_agents, add_agents, unreachable")
 			continue
 		}
 		allowed := map[string][]string{
@@ -520,6 +520,7 @@ func (p *parser) faults(v *yaml.Node, sc *Scenario) []Fault {
 			"redis_failover": {"lost_writes"},
 			"crash_agents":   {"region", "for"},
 			"add_agents":     {"region"},
+			"unreachable":    {"for"},
 		}[f.Kind]
 		for _, name := range []string{"for", "lost_writes", "region"} {
 			if k, _, ok := fs.get(name); ok && !slices.Contains(allowed, name) {
@@ -527,7 +528,7 @@ func (p *parser) faults(v *yaml.Node, sc *Scenario) []Fault {
 			}
 		}
 		switch f.Kind {
-		case "partition", "redis_failover":
+		case "partition", "redis_failover", "unreachable":
 			region(f.Kind)
 		case "crash_agents", "add_agents":
 			if _, _, ok := fs.get("region"); !ok {
@@ -538,8 +539,8 @@ func (p *parser) faults(v *yaml.Node, sc *Scenario) []Fault {
 		}
 		if k, v, ok := fs.get("for"); ok {
 			f.For, _ = p.duration(path+".for", k, v)
-		} else if f.Kind == "partition" {
-			p.errorf(n.Line, path+".for", "is required for a partition")
+		} else if f.Kind == "partition" || f.Kind == "unreachable" {
+			p.errorf(n.Line, path+".for", "is required for %s", f.Kind)
 		}
 		if k, v, ok := fs.get("lost_writes"); ok {
 			f.LostWrites, _ = p.duration(path+".lost_writes", k, v)

@@ -93,9 +93,12 @@ func (w *world) loop(progress func(done, total time.Duration)) {
 			w.m.closeSample(t)
 		}
 		w.events(t, true)
-		if w.alg == Escrow && t%checkEvery == 0 {
-			w.m.checkConvergence(t)
-			w.checkReclaims(t)
+		if t%checkEvery == 0 {
+			if w.alg == Escrow {
+				w.m.checkConvergence(t)
+				w.checkReclaims(t)
+			}
+			w.checkFallbacks(t)
 		}
 		w.arrivals(t)
 		w.pollAgents(t)
@@ -266,6 +269,11 @@ func (w *world) send(a *agentSim, c *agent.Call, t int64) {
 	redis := int64(w.sc.Redis.Latency)
 	exec := t + rtt/2 + redis/2
 	reply := t + rtt + redis
+	if a.r.unreachable > 0 {
+		// The call never reaches regiond and fails at its deadline.
+		w.ev.push(event{at: t + int64(c.Timeout), kind: evDone, ag: a, call: c, err: agent.ErrCallTimeout})
+		return
+	}
 	if reply-t > int64(c.Timeout) {
 		w.ev.push(event{at: t + int64(c.Timeout), kind: evDone, ag: a, call: c, err: agent.ErrCallTimeout})
 		reply = -1

@@ -116,11 +116,12 @@ type DemandStep struct {
 // Fault is one injected fault, starting at At.
 type Fault struct {
 	At time.Duration
-	// Kind is "partition", "redis_failover", "crash_agents" or "add_agents".
+	// Kind is "partition", "redis_failover", "crash_agents", "add_agents"
+	// or "unreachable" (the region's agents cannot reach their regiond).
 	Kind   string
 	Region string
-	// For: how long a partition lasts; for crashed agents, when they come
-	// back (0: never).
+	// For: how long a partition or an unreachable regiond lasts; for
+	// crashed agents, when they come back (0: never).
 	For time.Duration
 	// LostWrites: a failover loses the store's writes of this last window.
 	LostWrites time.Duration

@@ -57,8 +57,9 @@ type regiond struct {
 	st      *region.State
 	initial int64
 	skew    int64 // its clock is ahead of true time by skew
-	// partitioned counts the partitions in force that cut it off.
-	partitioned int
+	// partitioned counts the partitions in force that cut it off, and
+	// unreachable the outages that cut its agents off from it.
+	partitioned, unreachable int
 	agents      []*agentSim // alive
 	serial      int
 	snap        *lease.MemoryStore // the state a failover falls back to
@@ -118,7 +119,8 @@ type world struct {
 	nextScan int64       // the next tick at which to look for due agents
 	demandAt int         // index of the demand step in force
 	dead     []agent.Stats
-	reclaims []openReclaim // excess terms of partitions still open
+	reclaims  []openReclaim  // excess terms of partitions still open
+	fallbacks []openFallback // and of unreachable regionds
 
 	natsMsgs, natsBytes, shareWrites, idealOps int64
 	recvStale, recvErrors, commitErrors        int64
