@@ -60,9 +60,9 @@ type regiond struct {
 	// partitioned counts the partitions in force that cut it off, and
 	// unreachable the outages that cut its agents off from it.
 	partitioned, unreachable int
-	agents      []*agentSim // alive
-	serial      int
-	snap        *lease.MemoryStore // the state a failover falls back to
+	agents                   []*agentSim // alive
+	serial                   int
+	snap                     *lease.MemoryStore // the state a failover falls back to
 
 	// The direct lease path's scratch and agent count.
 	grants []lease.GrantRequest
@@ -111,14 +111,14 @@ type world struct {
 	idealReq []lease.GrantRequest
 	idealOut []lease.Grant
 
-	rates    []float64 // requests/s per region at the current step
-	poisson  []poissonDraw
-	counts   []int       // requests left to draw per region in this step
-	dirty    []*agentSim // agents to poll at the end of the step
-	tick     int64       // the agents' refresher tick
-	nextScan int64       // the next tick at which to look for due agents
-	demandAt int         // index of the demand step in force
-	dead     []agent.Stats
+	rates     []float64 // requests/s per region at the current step
+	poisson   []poissonDraw
+	counts    []int       // requests left to draw per region in this step
+	dirty     []*agentSim // agents to poll at the end of the step
+	tick      int64       // the agents' refresher tick
+	nextScan  int64       // the next tick at which to look for due agents
+	demandAt  int         // index of the demand step in force
+	dead      []agent.Stats
 	reclaims  []openReclaim  // excess terms of partitions still open
 	fallbacks []openFallback // and of unreachable regionds
 
