@@ -27,19 +27,6 @@ import (
 // plus a refresh timeout (a call sent before that fails at its deadline)
 // and 2τ.
 
-// openFallback is the excess terms of an unreachable regiond, open until
-// the outage has ended and the region's agents reach it again.
-type openFallback struct {
-	fault, region int
-	spans         []fallbackSpan
-	healed        bool
-}
-
-type fallbackSpan struct {
-	key, span int
-	local     bool
-}
-
 // fallbackStart adds, for each key whose rule fails open or local, the
 // excess the agents of region r may admit while unreachable from t on.
 func (w *world) fallbackStart(fault int, r *regiond, t int64) {
@@ -50,25 +37,24 @@ func (w *world) fallbackStart(fault int, r *regiond, t int64) {
 	for _, a := range r.agents {
 		inv += 1 / float64(max(a.d.Stats().Agents, 1))
 	}
-	o := openFallback{fault: fault, region: r.idx}
+	o := openTerm{
+		fault: fault, region: r.idx,
+		over: func() bool { return !w.anyBreakerOpen(r) },
+		tail: int64(w.sc.LeasePeriod) + 2*int64(w.sc.LeaseTTL),
+	}
 	for ki := range w.keys {
 		k := &w.keys[ki]
-		var f faultSpan
 		switch k.rule.OnError {
 		case policy.OnErrorOpen:
-			f = faultSpan{from: t, to: math.MaxInt64, tokens: math.Inf(1)}
+			w.addTerm(&o, ki, faultSpan{from: t, to: math.MaxInt64, tokens: math.Inf(1)}, false)
 		case policy.OnErrorClosed:
-			continue
 		default:
 			rate := w.headroom() * k.rate * inv
-			f = faultSpan{from: t, to: math.MaxInt64, rate: rate,
-				tokens: rate*w.sc.LeaseTTL.Seconds() + float64(len(r.agents)*int(k.cost))}
+			w.addTerm(&o, ki, faultSpan{from: t, to: math.MaxInt64, rate: rate,
+				tokens: rate*w.sc.LeaseTTL.Seconds() + float64(len(r.agents)*int(k.cost))}, true)
 		}
-		km := &w.m.keys[ki]
-		km.faults = append(km.faults, f)
-		o.spans = append(o.spans, fallbackSpan{key: ki, span: len(km.faults) - 1, local: f.rate > 0})
 	}
-	w.fallbacks = append(w.fallbacks, o)
+	w.terms = append(w.terms, o)
 }
 
 func (w *world) headroom() float64 {
@@ -81,7 +67,7 @@ func (w *world) headroom() float64 {
 // fallbackAgents widens the open local terms of region r for n agents that
 // start while it is unreachable: they know of no other agent yet.
 func (w *world) fallbackAgents(r *regiond, n int) {
-	for _, o := range w.fallbacks {
+	for _, o := range w.terms {
 		if o.region != r.idx {
 			continue
 		}
@@ -96,32 +82,6 @@ func (w *world) fallbackAgents(r *regiond, n int) {
 			f.tokens += rate*w.sc.LeaseTTL.Seconds() + float64(n*int(k.cost))
 		}
 	}
-}
-
-// fallbackHeal notes that the outage of fault has ended.
-func (w *world) fallbackHeal(fault int) {
-	for i := range w.fallbacks {
-		if w.fallbacks[i].fault == fault {
-			w.fallbacks[i].healed = true
-		}
-	}
-}
-
-// checkFallbacks closes, at t, the terms of ended outages whose region's
-// agents all reach it again.
-func (w *world) checkFallbacks(t int64) {
-	out := w.fallbacks[:0]
-	for _, o := range w.fallbacks {
-		if o.healed && !w.anyBreakerOpen(w.rs[o.region]) {
-			end := t + int64(w.sc.LeasePeriod) + 2*int64(w.sc.LeaseTTL)
-			for _, s := range o.spans {
-				w.m.keys[s.key].faults[s.span].to = end
-			}
-			continue
-		}
-		out = append(out, o)
-	}
-	w.fallbacks = out
 }
 
 func (w *world) anyBreakerOpen(r *regiond) bool {

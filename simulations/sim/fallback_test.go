@@ -3,7 +3,6 @@ package sim
 import (
 	"flag"
 	"fmt"
-	"math/rand/v2"
 	"testing"
 )
 
@@ -13,7 +12,7 @@ var fallbackSeed = flag.Uint64("fallback.seed", 0, "seed of TestUnreachableRegio
 // demand far above L everywhere, for a key that fails onError.
 func outageScenario(t *testing.T, seed uint64, onError string) *Scenario {
 	t.Helper()
-	doc := fmt.Sprintf(`name: outage
+	return parseDoc(t, "outage.yaml", fmt.Sprintf(`name: outage
 seed: %d
 duration: 45s
 regions: [us, eu, ap]
@@ -26,20 +25,11 @@ demand:
 faults:
   - { at: 10s, unreachable: eu, for: 20s }
   - { at: 20s, add_agents: 2, region: eu }
-`, seed, onError)
-	sc, err := Parse("outage.yaml", []byte(doc))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return sc
+`, seed, onError))
 }
 
 func TestUnreachableRegiond(t *testing.T) {
-	seed := *fallbackSeed
-	if seed == 0 {
-		seed = rand.Uint64()
-	}
-	t.Logf("seed %d (replay: go test ./simulations/sim -run TestUnreachableRegiond -fallback.seed %d)", seed, seed)
+	seed := testSeed(t, fallbackSeed, "fallback.seed")
 	run := func(onError string, alg Algorithm) *Result {
 		res, err := Run(outageScenario(t, seed, onError), Options{Algorithm: alg})
 		if err != nil {

@@ -48,13 +48,13 @@ func (w *world) heal(i int, t int64) {
 	switch f.Kind {
 	case "partition":
 		r.partitioned--
-		w.reclaimHeal(i)
+		w.healTerms(i)
 	case "crash_agents":
 		n := int(math.Round(f.Fraction * float64(w.sc.AgentsPerRegion)))
 		w.addAgents(r, n)
 	case "unreachable":
 		r.unreachable--
-		w.fallbackHeal(i)
+		w.healTerms(i)
 	}
 }
 

@@ -13,18 +13,13 @@ import "math"
 // L·(1+e), so a window gains e·(b + L·τ) plus e·L per second it spends in
 // the reclaim.
 
-// openReclaim is the excess term of a partition on a key that reclaims,
-// open until the partition has healed and the key's shares sum to at most
-// PPM again.
-type openReclaim struct {
-	fault, key, span int
-	healed           bool
-}
-
 // reclaimStart adds, for each key whose rule reclaims, the excess a
-// partition of f starting at t may allow. Reclaims come after ReclaimAfter
-// of silence counted from the last report heard, which may be a sync
-// period and a delivery before the partition.
+// partition (fault) starting at t may allow. Reclaims come after
+// ReclaimAfter of silence counted from the last report heard, which may be
+// a sync period and a delivery before the partition. The term lasts until
+// the partition has healed and the key's applied shares sum to at most PPM
+// again: from then on buckets hold at most b, and the leases taken before
+// run out within τ (2τ: a lease's expiry is counted from its send time).
 func (w *world) reclaimStart(fault int, t int64) {
 	if w.alg != Escrow || len(w.rs) < 2 {
 		return
@@ -34,53 +29,35 @@ func (w *world) reclaimStart(fault int, t int64) {
 		return
 	}
 	frac := float64(e) / lease1
+	lead := int64(w.sc.SyncPeriod + w.sc.Network.Delay + w.sc.Network.Jitter + 2*w.sc.Network.ClockSkew)
+	o := openTerm{fault: fault, region: -1, tail: 2 * int64(w.sc.LeaseTTL)}
+	var keys []int
 	for ki := range w.keys {
 		k := &w.keys[ki]
 		after := k.rule.PartitionReclaimAfter
 		if after <= 0 {
 			continue
 		}
-		lead := int64(w.sc.SyncPeriod + w.sc.Network.Delay + w.sc.Network.Jitter + 2*w.sc.Network.ClockSkew)
-		km := &w.m.keys[ki]
-		km.faults = append(km.faults, faultSpan{
+		keys = append(keys, ki)
+		w.addTerm(&o, ki, faultSpan{
 			from:   max(t, t+int64(after)-lead),
 			to:     math.MaxInt64,
 			tokens: frac * (k.burst + k.rate*w.sc.LeaseTTL.Seconds()),
 			rate:   frac * k.rate,
-		})
-		w.reclaims = append(w.reclaims, openReclaim{fault: fault, key: ki, span: len(km.faults) - 1})
+		}, false)
 	}
-}
-
-// reclaimHeal notes that the partition of fault has healed.
-func (w *world) reclaimHeal(fault int) {
-	for i := range w.reclaims {
-		if w.reclaims[i].fault == fault {
-			w.reclaims[i].healed = true
-		}
+	if len(keys) == 0 {
+		return
 	}
-}
-
-// checkReclaims closes, at t, the excess terms of healed partitions whose
-// key's applied shares sum to at most PPM again: from then on buckets hold
-// at most b, and the leases taken before run out within τ (2τ: a lease's
-// expiry is counted from its send time).
-func (w *world) checkReclaims(t int64) {
-	out := w.reclaims[:0]
-	for _, o := range w.reclaims {
-		if o.healed && w.shareSum(o.key) <= lease1 {
-			f := &w.m.keys[o.key].faults[o.span]
-			f.to = t + 2*int64(w.sc.LeaseTTL)
-			if f.to <= f.from {
-				// Healed before anyone could have been silent for
-				// ReclaimAfter: nothing was reclaimed.
-				f.tokens, f.rate = 0, 0
+	o.over = func() bool {
+		for _, ki := range keys {
+			if w.shareSum(ki) > lease1 {
+				return false
 			}
-			continue
 		}
-		out = append(out, o)
+		return true
 	}
-	w.reclaims = out
+	w.terms = append(w.terms, o)
 }
 
 // shareSum is Σ over regions of key ki's applied share.

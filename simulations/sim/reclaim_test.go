@@ -3,7 +3,6 @@ package sim
 import (
 	"flag"
 	"fmt"
-	"math/rand/v2"
 	"testing"
 )
 
@@ -15,7 +14,7 @@ var reclaimSeed = flag.Uint64("reclaim.seed", 0, "seed of TestReclaimStaysWithin
 // term and must stay within it with the term.
 func reclaimScenario(t *testing.T, seed uint64, reclaimAfter string) *Scenario {
 	t.Helper()
-	doc := fmt.Sprintf(`name: reclaim
+	return parseDoc(t, "reclaim.yaml", fmt.Sprintf(`name: reclaim
 seed: %d
 duration: 50s
 regions: [us, eu, ap]
@@ -28,20 +27,11 @@ demand:
   - { at: 15s, rates: { us: 9000, eu: 9000, ap: 9000 } }
 faults:
   - { at: 10s, partition: ap, for: 20s }
-`, seed, reclaimAfter)
-	sc, err := Parse("reclaim.yaml", []byte(doc))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return sc
+`, seed, reclaimAfter))
 }
 
 func TestReclaimStaysWithinTheBound(t *testing.T) {
-	seed := *reclaimSeed
-	if seed == 0 {
-		seed = rand.Uint64()
-	}
-	t.Logf("seed %d (replay: go test ./simulations/sim -run TestReclaimStaysWithinTheBound -reclaim.seed %d)", seed, seed)
+	seed := testSeed(t, reclaimSeed, "reclaim.seed")
 
 	with, err := Run(reclaimScenario(t, seed, "3s"), Options{})
 	if err != nil {

@@ -96,9 +96,8 @@ func (w *world) loop(progress func(done, total time.Duration)) {
 		if t%checkEvery == 0 {
 			if w.alg == Escrow {
 				w.m.checkConvergence(t)
-				w.checkReclaims(t)
 			}
-			w.checkFallbacks(t)
+			w.checkTerms(t)
 		}
 		w.arrivals(t)
 		w.pollAgents(t)

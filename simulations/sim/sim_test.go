@@ -3,6 +3,7 @@ package sim
 import (
 	"bufio"
 	"bytes"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"testing"
@@ -17,6 +18,28 @@ func load(t testing.TB, path string) *Scenario {
 		t.Fatal(err)
 	}
 	return sc
+}
+
+// parseDoc parses a scenario written in a test.
+func parseDoc(t testing.TB, name, doc string) *Scenario {
+	t.Helper()
+	sc, err := Parse(name, []byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sc
+}
+
+// testSeed returns *flagSeed, or a random seed when it is 0, and logs how
+// to replay the test with it.
+func testSeed(t testing.TB, flagSeed *uint64, flagName string) uint64 {
+	t.Helper()
+	seed := *flagSeed
+	if seed == 0 {
+		seed = rand.Uint64()
+	}
+	t.Logf("seed %d (replay: go test ./simulations/sim -run '^%s$' -%s %d)", seed, t.Name(), flagName, seed)
+	return seed
 }
 
 // outputs runs sc and returns summary.json without wall_s, and the CSV.

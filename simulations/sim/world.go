@@ -111,16 +111,15 @@ type world struct {
 	idealReq []lease.GrantRequest
 	idealOut []lease.Grant
 
-	rates     []float64 // requests/s per region at the current step
-	poisson   []poissonDraw
-	counts    []int       // requests left to draw per region in this step
-	dirty     []*agentSim // agents to poll at the end of the step
-	tick      int64       // the agents' refresher tick
-	nextScan  int64       // the next tick at which to look for due agents
-	demandAt  int         // index of the demand step in force
-	dead      []agent.Stats
-	reclaims  []openReclaim  // excess terms of partitions still open
-	fallbacks []openFallback // and of unreachable regionds
+	rates    []float64 // requests/s per region at the current step
+	poisson  []poissonDraw
+	counts   []int       // requests left to draw per region in this step
+	dirty    []*agentSim // agents to poll at the end of the step
+	tick     int64       // the agents' refresher tick
+	nextScan int64       // the next tick at which to look for due agents
+	demandAt int         // index of the demand step in force
+	dead     []agent.Stats
+	terms    []openTerm // excess terms of faults still open
 
 	natsMsgs, natsBytes, shareWrites, idealOps int64
 	recvStale, recvErrors, commitErrors        int64
