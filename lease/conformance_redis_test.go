@@ -2,7 +2,9 @@ package lease
 
 import (
 	"context"
+	"slices"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -41,6 +43,23 @@ func TestRedisClusterConformance(t *testing.T) {
 		t.Fatalf("NewRedisClient(%q) is a %T, want a cluster client", cluster.Addrs(), client)
 	}
 	runConformance(t, redisHarness(client))
+
+	t.Run("Incarnation", func(t *testing.T) {
+		s, err := NewRedisStore(client, RedisConfig{Prefix: redistest.KeyPrefix(t), Timeout: 2 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		inc, err := s.Incarnation(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ids := strings.Split(inc, ","); len(ids) != 3 || slices.Contains(ids, "") {
+			t.Errorf("Incarnation of a 3-master cluster: got %q, want three run_ids", inc)
+		}
+		if again, err := s.Incarnation(t.Context()); err != nil || again != inc {
+			t.Errorf("Incarnation again: got %q, %v; want %q", again, err, inc)
+		}
+	})
 
 	t.Run("BatchAcrossSlots", func(t *testing.T) {
 		s, err := NewRedisStore(client, RedisConfig{Prefix: redistest.KeyPrefix(t), Timeout: 2 * time.Second})

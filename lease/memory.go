@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -35,6 +36,8 @@ type MemoryStore struct {
 	clock  func() time.Time
 	seed   maphash.Seed
 	shards []memShard
+	// restores counts Restore calls: the store's Incarnation.
+	restores atomic.Uint64
 }
 
 type memShard struct {

@@ -28,6 +28,7 @@ func (m *MemoryStore) Restore(from *MemoryStore) {
 	if from == m {
 		return
 	}
+	defer m.restores.Add(1) // a new incarnation: writes may have been lost
 	snap := from.Clone()
 	for i := range m.shards {
 		s := &m.shards[i]

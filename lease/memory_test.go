@@ -121,8 +121,13 @@ func TestMemoryStoreCloneRestore(t *testing.T) {
 	// Restore from a store with a different shard count.
 	snap2 := NewMemoryStore(MemoryConfig{Shards: 7})
 	snap2.GrantAt(epoch, []GrantRequest{{Key: "k", Want: 1, Limit: l}}, out)
+	inc0, _ := m.Incarnation(t.Context())
 	m.Restore(snap2)
+	inc1, _ := m.Incarnation(t.Context())
 	m.Restore(m) // a no-op
+	if inc2, _ := m.Incarnation(t.Context()); inc1 == inc0 || inc2 != inc1 {
+		t.Errorf("incarnations before a restore, after it and after a no-op: %q, %q, %q; want the restore alone to change it", inc0, inc1, inc2)
+	}
 	got := make([]Grant, 2)
 	m.GrantAt(epoch, []GrantRequest{{Key: "k", Want: 100, Limit: l}, {Key: "j", Want: 100, Limit: l}}, got)
 	if got[0].Granted != 9 || got[1].Granted != 10 || got[0].Capacity != 10 {

@@ -34,6 +34,18 @@ func TestRedisStoreUnavailable(t *testing.T) {
 	if err := s.Grant(t.Context(), reqs, out); err != nil {
 		t.Fatalf("Grant with Redis up: %v", err)
 	}
+	incarnation := func() string {
+		t.Helper()
+		inc, err := s.Incarnation(t.Context())
+		if err != nil || inc == "" {
+			t.Fatalf("Incarnation with Redis up: got %q, %v; want a run_id", inc, err)
+		}
+		return inc
+	}
+	inc0 := incarnation()
+	if again := incarnation(); again != inc0 {
+		t.Errorf("Incarnation changed with nothing restarted: %q, then %q", inc0, again)
+	}
 
 	// Each call must fail fast and say why.
 	checkDown := func(how string) {
@@ -48,6 +60,10 @@ func TestRedisStoreUnavailable(t *testing.T) {
 			},
 			"Shares": func(ctx context.Context) error { return s.Shares(ctx, []string{"a"}, make([]int64, 1)) },
 			"Ping":   func(ctx context.Context) error { return s.Ping(ctx) },
+			"Incarnation": func(ctx context.Context) error {
+				_, err := s.Incarnation(ctx)
+				return err
+			},
 		}
 		for name, call := range calls {
 			start := time.Now()
@@ -82,11 +98,19 @@ func TestRedisStoreUnavailable(t *testing.T) {
 	if out[0].Granted != 4 || out[0].Tokens != 6 {
 		t.Errorf("after restart: got %+v, want 4 granted from a fresh bucket", out[0])
 	}
+	// It lost every write: a new incarnation, so the exchange rewrites.
+	inc1 := incarnation()
+	if inc1 == inc0 {
+		t.Errorf("Incarnation after a restart: got %q, the same as before; want a new one", inc1)
+	}
 
 	srv.Pause() // a hung server: connections open, nothing answered
 	checkDown("paused")
 	srv.Resume()
 	backUp()
+	if got := incarnation(); got != inc1 {
+		t.Errorf("Incarnation after a pause: got %q, want %q (nothing was lost)", got, inc1)
+	}
 }
 
 // TestRedisStoreScriptFlushed: a server that forgot the script (SCRIPT

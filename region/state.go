@@ -249,6 +249,16 @@ func (s *State) Resync(key string) {
 	}
 }
 
+// ResyncAll is Resync for every key: call it when the store may have lost
+// writes (a Redis failover or restart, lease's Incarnation changed), since
+// a lost write of a lowered share brings share we gave away back into the
+// store, where nothing else would ever lower it again.
+func (s *State) ResyncAll() {
+	for _, ks := range s.keys {
+		ks.applied = -1
+	}
+}
+
 func (s *State) addKey(key string) *keyState {
 	n := s.n
 	ints := make([]int64, 2*n*n+9*n)

@@ -75,7 +75,9 @@ func (w *world) addAgents(r *regiond, n int) {
 // last LostWrites: the store falls back to the copy taken then, buckets and
 // applied shares alike. The regiond's exchange state lives in its memory
 // and is not touched. The excess it allows is counted in the bound: each
-// key's bucket may hold up to b × its share again (DESIGN.md, "E_fault").
+// key's bucket may hold up to b × its share again (DESIGN.md, "E_fault"),
+// and a share the lost writes had lowered runs at its old rate until the
+// regiond's next decision rewrites it.
 func (w *world) failover(r *regiond, f *Fault, t int64) {
 	if w.alg == Ideal {
 		return // the ideal bucket is global and never fails
@@ -84,11 +86,21 @@ func (w *world) failover(r *regiond, f *Fault, t int64) {
 	if snap == nil {
 		return
 	}
+	// A share the lost writes had lowered (a gift) comes back raised, and
+	// the bucket refills at that rate until the region's next decision
+	// writes every share again (the store's incarnation changed), at most a
+	// sync period later.
+	back := t + int64(w.sc.SyncPeriod) + int64(w.sc.SyncPeriod)/4 + 2*int64(w.sc.Network.ClockSkew) + 2*int64(w.sc.LeaseTTL)
 	for ki := range w.keys {
 		k := &w.keys[ki]
-		s := max(w.share(r, r.store, k.storeKey), w.share(r, snap, k.storeKey))
+		cur, old := w.share(r, r.store, k.storeKey), w.share(r, snap, k.storeKey)
+		s := max(cur, old)
 		excess := k.burst * float64(s) / lease1
 		w.m.addFault(ki, t-int64(f.LostWrites), t+w.refillSpan(k, s), excess)
+		if old > cur {
+			km := &w.m.keys[ki]
+			km.faults = append(km.faults, faultSpan{from: t, to: back, rate: k.rate * float64(old-cur) / lease1})
+		}
 	}
 	r.store.Restore(snap)
 	r.snap = nil

@@ -312,10 +312,18 @@ func (w *world) epoch(r *regiond, t int64) {
 	w.ev.push(event{at: t + int64(w.sc.SyncPeriod)/4, kind: evDecide, region: r.idx})
 }
 
-// decide ends region r's epoch at t: plan, lower, commit, publish, raise,
-// retire.
+// decide ends region r's epoch at t: check the store's incarnation, plan,
+// lower, commit, publish, raise, retire.
 func (w *world) decide(r *regiond, t int64) {
 	now := w.base.Add(dur(t))
+	// As the exchanger does: a store that may have lost writes (a failover)
+	// gets every share written again before anything is given.
+	if inc, err := r.store.Incarnation(w.ctx); err == nil && inc != r.incarnation {
+		if r.incarnation != "" {
+			r.st.ResyncAll()
+		}
+		r.incarnation = inc
+	}
 	plan := r.st.Epoch(w.base.Add(dur(t + r.skew)))
 	if len(plan.Lower) > 0 {
 		if err := r.store.SetSharesAt(now, w.updates(r, plan.Lower)); err != nil {

@@ -60,6 +60,7 @@ type regiond struct {
 	// partitioned counts the partitions in force that cut it off, and
 	// unreachable the outages that cut its agents off from it.
 	partitioned, unreachable int
+	incarnation              string      // the store's, at the last decision
 	agents                   []*agentSim // alive
 	serial                   int
 	snap                     *lease.MemoryStore // the state a failover falls back to

@@ -22,6 +22,9 @@ import (
 type Store interface {
 	SetShares(ctx context.Context, ups []lease.ShareUpdate) error
 	DeleteShares(ctx context.Context, keys []string) error
+	// Incarnation changes whenever the store may have lost writes; the
+	// holder then writes every share again before it gives anything.
+	Incarnation(ctx context.Context) (string, error)
 }
 
 // Coordinator elects the one replica of a region that runs its exchange

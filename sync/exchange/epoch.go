@@ -164,6 +164,7 @@ func (x *Exchanger) stepDown(why string) {
 		panic(err) // the same config made x.st
 	}
 	x.st, x.restored = st, false
+	x.store = ""
 	clear(x.written)
 	x.cfg.Logger.Info("exchange: no longer running the region's exchange", "replica", x.cfg.Replica, "why", why)
 }
@@ -171,6 +172,7 @@ func (x *Exchanger) stepDown(why string) {
 // holderEpoch runs the epoch protocol of region.State.Epoch: lower, commit,
 // persist, publish, raise, retire.
 func (x *Exchanger) holderEpoch(ctx context.Context, now time.Time) {
+	x.checkIncarnation(ctx)
 	plan := x.st.Epoch(now)
 	plan.Lower = x.writeShares(ctx, plan.Lower)
 	if err := x.st.Commit(plan); err != nil {
@@ -203,6 +205,29 @@ func (x *Exchanger) holderEpoch(ctx context.Context, now time.Time) {
 		}
 	}
 	x.retire(ctx, plan.Retire)
+}
+
+// checkIncarnation reads the store's incarnation. When it changed since
+// the last epoch the store may have lost writes, among them shares lowered
+// by gifts, which would stay raised: this epoch writes every share again,
+// before anything is given (region.State.ResyncAll). A failed read changes
+// nothing; the next one compares with the last incarnation known.
+func (x *Exchanger) checkIncarnation(ctx context.Context) {
+	lctx, cancel := x.leaseCtx(ctx, x.cfg.StoreTimeout)
+	inc, err := x.cfg.Store.Incarnation(lctx)
+	cancel()
+	if err != nil {
+		x.met.storeErrors.WithLabelValues("incarnation").Inc()
+		x.cfg.Logger.Warn("exchange: reading the store's incarnation", "err", err)
+		return
+	}
+	if x.store != "" && inc != x.store {
+		x.st.ResyncAll()
+		x.met.resyncs.Inc()
+		x.cfg.Logger.Warn("exchange: the store is a new incarnation and may have lost writes; writing every share again",
+			"was", x.store, "now", inc, "keys", x.st.Keys())
+	}
+	x.store = inc
 }
 
 // writeShares writes share changes in batches and returns those confirmed.

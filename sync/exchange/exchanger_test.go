@@ -196,8 +196,8 @@ func TestShareFollowsDemand(t *testing.T) {
 	}
 	defer func() { close(stop); wg.Wait() }()
 
-	// Needs 0, 0.1, 0.9 of L; floors of 2%: targets ap 2%, us 12%, eu 86%.
-	target := region.Targets(region.PPM, []float64{0, 900_000, 100_000}, 20_000, nil)
+	// Needs 0, 0.1, 0.9 of L; floors of 0.5% (region's default).
+	target := region.Targets(region.PPM, []float64{0, 900_000, 100_000}, 5_000, nil)
 	c.waitShares("eu takes the share", 10*time.Second, func(sh map[string]int64) bool {
 		return near(sh["ap"], target[0]) && near(sh["eu"], target[1]) && near(sh["us"], target[2])
 	})
@@ -336,4 +336,65 @@ func TestTakeOver(t *testing.T) {
 	c.waitShares("us takes the share from the new holder", 10*time.Second, func(sh map[string]int64) bool {
 		return near(sh["eu"], target[1]) && near(sh["us"], target[0])
 	})
+}
+
+// TestLostShareWritesAreRewritten: eu gives its share to us, then its store
+// loses the writes since (a Redis failover to a stale replica, modelled by
+// restoring an older copy of the memory store): eu's store holds the share
+// it gave away again. The store's new incarnation makes eu write every
+// share again at its next epoch, so the shares are back to summing to at
+// most PPM within an epoch or two, not whenever eu's share next moves
+// (simulations' TestFailoverLosingAGift shows the difference: without the
+// rewrite the stale share stays until demand comes back, over the bound).
+func TestLostShareWritesAreRewritten(t *testing.T) {
+	c := newCluster(t, 50*time.Millisecond, "eu", "us")
+	reps := map[string]*replica{}
+	for _, r := range c.regions {
+		reps[r] = c.start(r, r+"-0")
+	}
+	var mu sync.Mutex
+	rates := map[string]int64{"eu": 900, "us": 100}
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for _, r := range c.regions {
+		demand(&wg, stop, func() int64 { mu.Lock(); defer mu.Unlock(); return rates[r] }, func() *replica { return reps[r] })
+	}
+	defer func() { close(stop); wg.Wait() }()
+
+	c.waitShares("eu takes the share", 10*time.Second, func(sh map[string]int64) bool { return sh["eu"] > 800_000 })
+	old := c.byName["eu"].store.Clone()
+	mu.Lock()
+	rates = map[string]int64{"eu": 0, "us": 900}
+	mu.Unlock()
+	c.waitShares("eu gives it to us", 10*time.Second, func(sh map[string]int64) bool { return sh["us"] > 900_000 })
+	// Wait for eu's share to settle at its floor: unchanged over 5 periods,
+	// so that nothing but the resync can write it again.
+	var settled int64
+	same := 0
+	c.waitShares("eu's share settles", 10*time.Second, func(sh map[string]int64) bool {
+		if sh["eu"] != settled {
+			settled, same = sh["eu"], 0
+		}
+		same++
+		return same > 25 // polls are period/5 apart
+	})
+
+	c.byName["eu"].store.Restore(old) // the failover: eu's gift is undone in its store
+	if got := c.share("eu", testKey); got < 800_000 {
+		t.Fatalf("after the restore eu's store holds %d ppm, want the old share above 800,000", got)
+	}
+	// Within a few periods (an epoch, plus scheduling on a loaded machine)
+	// the share eu gave away is gone from its store again.
+	start := time.Now()
+	for c.share("eu", testKey) > settled+50_000 {
+		if time.Since(start) > 10*c.period {
+			t.Fatalf("eu's store still holds %d ppm %v after losing its writes, want at most %d", c.share("eu", testKey), 10*c.period, settled+50_000)
+		}
+		time.Sleep(c.period / 10) // polling interval, not a wait for an event
+	}
+	t.Logf("eu's store back from the lost writes after %v (period %v)", time.Since(start), c.period)
+	c.waitShares("shares sum to at most PPM", time.Second, func(map[string]int64) bool { return true })
+	if body := gather(t, reps["eu"].reg); !strings.Contains(body, "ration_exchange_store_resyncs_total 1\n") {
+		t.Errorf("eu's metrics lack ration_exchange_store_resyncs_total 1")
+	}
 }

@@ -23,6 +23,7 @@ type metrics struct {
 	publishErrors  prometheus.Counter
 	storeErrors    *prometheus.CounterVec
 	stateBytes     prometheus.Gauge
+	resyncs        prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -80,6 +81,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "ration_exchange_state_bytes",
 			Help: "Size of the region's exchange state as last persisted.",
 		}),
+		resyncs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ration_exchange_store_resyncs_total",
+			Help: "Times the store's incarnation changed (it may have lost writes) and every share was written again.",
+		}),
 	}
 	for _, r := range Reasons {
 		m.dropped.WithLabelValues(string(r))
@@ -91,7 +96,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.share, m.moved, m.reportAge, m.dropped, m.epochs, m.leader,
-		m.epochSeconds, m.received, m.published, m.publishedBytes, m.publishErrors, m.storeErrors, m.stateBytes} {
+		m.epochSeconds, m.received, m.published, m.publishedBytes, m.publishErrors, m.storeErrors, m.stateBytes, m.resyncs} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
