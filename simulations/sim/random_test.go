@@ -11,7 +11,7 @@ import (
 
 var (
 	randomSeed = flag.Uint64("random.seed", 0, "seed of TestRandomScenariosStayWithinTheBound (0: random)")
-	randomRuns = flag.Int("random.runs", 6, "scenarios TestRandomScenariosStayWithinTheBound generates")
+	randomRuns = flag.Int("random.runs", 0, "scenarios TestRandomScenariosStayWithinTheBound generates (0: 6, 2 under -race)")
 )
 
 // TestRandomScenariosStayWithinTheBound is the bound as a property: random
@@ -23,7 +23,14 @@ var (
 func TestRandomScenariosStayWithinTheBound(t *testing.T) {
 	seed := testSeed(t, randomSeed, "random.seed")
 	rng := rand.New(rand.NewPCG(seed, 0x5eed))
-	for i := range *randomRuns {
+	runs := *randomRuns
+	if runs == 0 {
+		runs = 6
+		if raceEnabled {
+			runs = 2
+		}
+	}
+	for i := range runs {
 		doc := randomScenario(rng, i)
 		sc, err := Parse(fmt.Sprintf("random-%d.yaml", i), []byte(doc))
 		if err != nil {
