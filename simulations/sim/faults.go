@@ -12,7 +12,6 @@ func (w *world) fault(i int, t int64) {
 	switch f.Kind {
 	case "partition":
 		r.partitioned++
-		w.reclaimStart(i, t)
 		w.ev.push(event{at: t + int64(f.For), kind: evHeal, fault: i})
 	case "redis_failover":
 		w.failover(r, f, t)

@@ -1,62 +1,63 @@
 package sim
 
-import "math"
+import (
+	"math"
+
+	"github.com/ration-dev/ration/region"
+)
 
 // A rule with partition_reclaim_after trades fail-static for utilisation:
-// the regions that stop hearing one another reclaim each other's share, so
-// the applied shares of the key may sum to more than PPM until every victim
-// has heard of its reclaims. region's doc ("Partitions and reclaim") bounds
+// a region that has not heard another for that long reclaims part of its
+// share, so the applied shares of the key may sum to more than PPM until
+// the victim hears of it. region's doc ("Partitions and reclaim") bounds
 // the excess per silent region j by s_j − FloorPPM, and in a partition both
-// sides reclaim: at most PPM − n × FloorPPM in all. That is this fault's
-// E_fault (DESIGN.md): with the shares summing to at most 1 + e, the
-// buckets hold at most b·(1+e), leases at most L·τ·(1+e), and refill runs at
-// L·(1+e), so a window gains e·(b + L·τ) plus e·L per second it spends in
-// the reclaim.
+// sides reclaim: at most e = PPM − n × FloorPPM in all. That is this
+// fault's E_fault (DESIGN.md): with the shares summing to at most 1 + e,
+// the buckets hold at most b·(1+e), leases at most L·τ·(1+e), and refill
+// runs at L·(1+e), so a window gains e·(b + L·τ) plus e·L per second it
+// spends in the reclaim.
+//
+// Silence comes from partitions, but also from reports lost in a row, so
+// the term is opened by the reclaims themselves: when a share written for
+// a key that may reclaim takes the key's shares above PPM, which no gift
+// ever does. It closes once they sum to at most PPM again, plus 2τ for the
+// leases taken before (a lease's expiry is counted from its send time).
 
-// reclaimStart adds, for each key whose rule reclaims, the excess a
-// partition (fault) starting at t may allow. Reclaims come after
-// ReclaimAfter of silence counted from the last report heard, which may be
-// a sync period and a delivery before the partition. The term lasts until
-// the partition has healed and the key's applied shares sum to at most PPM
-// again: from then on buckets hold at most b, and the leases taken before
-// run out within τ (2τ: a lease's expiry is counted from its send time).
-func (w *world) reclaimStart(fault int, t int64) {
-	if w.alg != Escrow || len(w.rs) < 2 {
+// noteReclaims opens, at t, the reclaim term of the keys among cs (shares
+// region r just wrote) whose rule reclaims and whose shares now sum to
+// more than PPM.
+func (w *world) noteReclaims(cs []region.ShareChange, t int64) {
+	if w.alg != Escrow || len(w.reclaimKeys) == 0 {
 		return
 	}
-	e := lease1 - int64(len(w.rs))*w.rs[0].st.Config().FloorPPM
-	if e <= 0 {
-		return
-	}
-	frac := float64(e) / lease1
-	lead := int64(w.sc.SyncPeriod + w.sc.Network.Delay + w.sc.Network.Jitter + 2*w.sc.Network.ClockSkew)
-	o := openTerm{fault: fault, region: -1, tail: 2 * int64(w.sc.LeaseTTL)}
-	var keys []int
-	for ki := range w.keys {
-		k := &w.keys[ki]
-		after := k.rule.PartitionReclaimAfter
-		if after <= 0 {
+	for _, c := range cs {
+		ki, ok := w.reclaimKeys[c.Key]
+		if !ok || w.reclaimOpen[ki] || w.shareSum(ki) <= lease1 {
 			continue
 		}
-		keys = append(keys, ki)
-		w.addTerm(&o, ki, faultSpan{
-			from:   max(t, t+int64(after)-lead),
-			to:     math.MaxInt64,
-			tokens: frac * (k.burst + k.rate*w.sc.LeaseTTL.Seconds()),
-			rate:   frac * k.rate,
-		}, false)
+		w.openReclaim(ki, t)
 	}
-	if len(keys) == 0 {
-		return
-	}
+}
+
+func (w *world) openReclaim(ki int, t int64) {
+	e := lease1 - int64(len(w.rs))*w.rs[0].st.Config().FloorPPM
+	frac := float64(max(e, 0)) / lease1
+	k := &w.keys[ki]
+	o := openTerm{fault: -1, region: -1, healed: true, tail: 2 * int64(w.sc.LeaseTTL)}
+	w.addTerm(&o, ki, faultSpan{
+		from:   t,
+		to:     math.MaxInt64,
+		tokens: frac * (k.burst + k.rate*w.sc.LeaseTTL.Seconds()),
+		rate:   frac * k.rate,
+	}, false)
 	o.over = func() bool {
-		for _, ki := range keys {
-			if w.shareSum(ki) > lease1 {
-				return false
-			}
+		if w.shareSum(ki) > lease1 {
+			return false
 		}
+		delete(w.reclaimOpen, ki)
 		return true
 	}
+	w.reclaimOpen[ki] = true
 	w.terms = append(w.terms, o)
 }
 

@@ -343,6 +343,7 @@ func (w *world) decide(r *regiond, t int64) {
 			w.fail(fmt.Errorf("sim: region %s: raising shares: %w", r.name, err))
 		}
 		w.shareWrites += int64(len(plan.Raise))
+		w.noteReclaims(plan.Raise, t)
 	}
 	if len(plan.Retire) > 0 {
 		if err := r.store.DeleteShares(w.ctx, plan.Retire); err != nil {
@@ -398,6 +399,7 @@ func (w *world) deliver(e *event) {
 				w.fail(fmt.Errorf("sim: region %s: applying gifts: %w", to.name, err))
 			}
 			w.shareWrites += int64(len(cs))
+			w.noteReclaims(cs, e.at)
 		}
 	case errors.Is(err, region.ErrStale):
 		w.recvStale++

@@ -121,6 +121,10 @@ type world struct {
 	demandAt int         // index of the demand step in force
 	dead     []agent.Stats
 	terms    []openTerm // excess terms of faults still open
+	// reclaimKeys are the keys whose rule may reclaim (store key → index),
+	// reclaimOpen those with a reclaim term open.
+	reclaimKeys map[string]int
+	reclaimOpen map[int]bool
 
 	natsMsgs, natsBytes, shareWrites, idealOps int64
 	recvStale, recvErrors, commitErrors        int64
@@ -268,6 +272,12 @@ func (w *world) buildPolicy() error {
 				rate:     r.Rate(), burst: float64(r.Burst), cost: r.Cost,
 			})
 			weights = append(weights, g.Weight/sumW*ps[i])
+			if r.PartitionReclaimAfter > 0 {
+				if w.reclaimKeys == nil {
+					w.reclaimKeys, w.reclaimOpen = map[string]int{}, map[int]bool{}
+				}
+				w.reclaimKeys[w.keys[len(w.keys)-1].storeKey] = len(w.keys) - 1
+			}
 			idx++
 		}
 	}
