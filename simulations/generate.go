@@ -2,4 +2,4 @@
 // package, the simulate command, and the scenarios. See README.md.
 package simulations
 
-//go:generate go run ./cmd/simulate -quiet -readme README.md scenarios/agent-churn.yaml scenarios/degraded-network.yaml scenarios/failover-lost-gift.yaml scenarios/flash-crowd.yaml scenarios/follow-the-sun.yaml scenarios/hot-key-zipf.yaml scenarios/many-small-keys.yaml scenarios/partition.yaml scenarios/partition-reclaim.yaml scenarios/redis-failover.yaml scenarios/regiond-outage.yaml scenarios/steady-uniform.yaml scenarios/steady-uniform-1h.yaml scenarios/sync-burst.yaml
+//go:generate go run ./cmd/simulate -quiet -readme README.md scenarios/agent-churn.yaml scenarios/degraded-network.yaml scenarios/failover-lost-gift.yaml scenarios/flash-crowd.yaml scenarios/follow-the-sun.yaml scenarios/hot-key-zipf.yaml scenarios/many-small-keys.yaml scenarios/partition.yaml scenarios/partition-reclaim.yaml scenarios/redis-failover.yaml scenarios/regiond-outage.yaml scenarios/regiond-restart.yaml scenarios/steady-uniform.yaml scenarios/steady-uniform-1h.yaml scenarios/sync-burst.yaml

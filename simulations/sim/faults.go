@@ -1,8 +1,11 @@
 package sim
 
 import (
+	"fmt"
 	"math"
 	"time"
+
+	"github.com/ration-dev/ration/region"
 )
 
 // fault starts fault i at t.
@@ -36,6 +39,13 @@ func (w *world) fault(i int, t int64) {
 		r.unreachable++
 		w.fallbackStart(i, r, t)
 		w.ev.push(event{at: t + int64(f.For), kind: evHeal, fault: i})
+	case "restart":
+		// The regiond process dies: its agents cannot reach it, and its
+		// exchange stops (no epochs, no reports in or out).
+		r.unreachable++
+		r.down++
+		w.fallbackStart(i, r, t)
+		w.ev.push(event{at: t + int64(f.For), kind: evHeal, fault: i})
 	}
 }
 
@@ -54,6 +64,13 @@ func (w *world) heal(i int, t int64) {
 	case "unreachable":
 		r.unreachable--
 		w.healTerms(i)
+	case "restart":
+		r.unreachable--
+		r.down--
+		w.healTerms(i)
+		if r.down == 0 {
+			w.restart(r)
+		}
 	}
 }
 
@@ -138,4 +155,22 @@ func (w *world) ratesAt(t int64) {
 		}
 		w.rates[i] = x
 	}
+}
+
+// restart brings region r's regiond back as a new process: a new exchange
+// state restored from the one it last persisted (after Commit, before
+// publishing, as the exchanger does), a store incarnation to learn afresh.
+func (w *world) restart(r *regiond) {
+	if w.alg != Escrow {
+		return
+	}
+	st, err := region.New(r.rcfg)
+	if err == nil && r.persisted != nil {
+		err = st.Restore(*r.persisted)
+	}
+	if err != nil {
+		w.fail(fmt.Errorf("sim: region %s: restarting: %w", r.name, err))
+		return
+	}
+	r.st, r.incarnation = st, ""
 }

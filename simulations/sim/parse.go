@@ -485,7 +485,7 @@ func (p *parser) faults(v *yaml.Node, sc *Scenario) []Fault {
 	var out []Fault
 	for i, n := range v.Content {
 		path := fmt.Sprintf("faults[%d]", i)
-		fs, ok := p.mapping(n, path, "at", "partition", "for", "redis_failover", "lost_writes", "crash_agents", "add_agents", "region", "unreachable")
+		fs, ok := p.mapping(n, path, "at", "partition", "for", "redis_failover", "lost_writes", "crash_agents", "add_agents", "region", "unreachable", "restart")
 		if !ok {
 			continue
 		}
@@ -505,14 +505,14 @@ func (p *parser) faults(v *yaml.Node, sc *Scenario) []Fault {
 			}
 		}
 		kinds := 0
-		for _, kind := range []string{"partition", "redis_failover", "crash_agents", "add_agents", "unreachable"} {
+		for _, kind := range []string{"partition", "redis_failover", "crash_agents", "add_agents", "unreachable", "restart"} {
 			if _, _, ok := fs.get(kind); ok {
 				kinds++
 				f.Kind = kind
 			}
 		}
 		if kinds != 1 {
-			p.errorf(n.Line, path, "needs exactly one of partition, redis_failover, crash_agents, add_agents, unreachable")
+			p.errorf(n.Line, path, "needs exactly one of partition, redis_failover, crash_agents, add_agents, unreachable, restart")
 			continue
 		}
 		allowed := map[string][]string{
@@ -521,6 +521,7 @@ func (p *parser) faults(v *yaml.Node, sc *Scenario) []Fault {
 			"crash_agents":   {"region", "for"},
 			"add_agents":     {"region"},
 			"unreachable":    {"for"},
+			"restart":        {"for"},
 		}[f.Kind]
 		for _, name := range []string{"for", "lost_writes", "region"} {
 			if k, _, ok := fs.get(name); ok && !slices.Contains(allowed, name) {
@@ -528,7 +529,7 @@ func (p *parser) faults(v *yaml.Node, sc *Scenario) []Fault {
 			}
 		}
 		switch f.Kind {
-		case "partition", "redis_failover", "unreachable":
+		case "partition", "redis_failover", "unreachable", "restart":
 			region(f.Kind)
 		case "crash_agents", "add_agents":
 			if _, _, ok := fs.get("region"); !ok {
@@ -539,7 +540,7 @@ func (p *parser) faults(v *yaml.Node, sc *Scenario) []Fault {
 		}
 		if k, v, ok := fs.get("for"); ok {
 			f.For, _ = p.duration(path+".for", k, v)
-		} else if f.Kind == "partition" || f.Kind == "unreachable" {
+		} else if f.Kind == "partition" || f.Kind == "unreachable" || f.Kind == "restart" {
 			p.errorf(n.Line, path+".for", "is required for %s", f.Kind)
 		}
 		if k, v, ok := fs.get("lost_writes"); ok {

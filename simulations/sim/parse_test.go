@@ -28,6 +28,7 @@ func TestParseErrors(t *testing.T) {
 		{"fault after end", goodHead + "faults:\n  - { at: 20s, partition: us, for: 1s }\n", "s.yaml:9: faults[0].at: must be before the end (10s)"},
 		{"syntax", "name: [x\n", "s.yaml: YAML syntax error"},
 		{"unreachable needs for", goodHead + "faults:\n  - { at: 1s, unreachable: us }\n", "s.yaml:9: faults[0].for: is required for unreachable"},
+		{"restart needs for", goodHead + "faults:\n  - { at: 1s, restart: us }\n", "s.yaml:9: faults[0].for: is required for restart"},
 		{"unreachable region", goodHead + "faults:\n  - { at: 1s, unreachable: mars, for: 1s }\n", `s.yaml:9: faults[0].unreachable: unknown region "mars"`},
 		{"negative seed", "seed: -1\n" + goodHead, "s.yaml:1: seed: must be an integer in [0, 2^64) (got integer -1)"},
 		{"negative reclaim", strings.Replace(goodHead, "limit: 10 }", "limit: 10, partition_reclaim_after: -1s }", 1), "s.yaml:5: keys[0].partition_reclaim_after: must not be negative"},

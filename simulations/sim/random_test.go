@@ -16,8 +16,8 @@ var (
 
 // TestRandomScenariosStayWithinTheBound is the bound as a property: random
 // regions, keys, demand steps, networks and faults (partitions, with and
-// without reclaim, Redis failovers, crashes, scale-ups, unreachable
-// regionds for keys failing local or closed), run with escrow and static;
+// without reclaim, Redis failovers, crashes, scale-ups, unreachable and
+// restarted regionds, keys failing local or closed), run with escrow and static;
 // no window may exceed the bound the simulator computes for the scenario.
 // A failure prints the scenario, which replays as a file.
 func TestRandomScenariosStayWithinTheBound(t *testing.T) {
@@ -102,7 +102,7 @@ func randomScenario(rng *rand.Rand, i int) string {
 	for range nf {
 		r := regions[rng.IntN(len(regions))]
 		fat := time.Duration(2+rng.IntN(30)) * time.Second
-		switch rng.IntN(5) {
+		switch rng.IntN(6) {
 		case 0:
 			fmt.Fprintf(&b, "  - { at: %s, partition: %s, for: %ds }\n", fat, r, 2+rng.IntN(15))
 		case 1:
@@ -111,6 +111,8 @@ func randomScenario(rng *rand.Rand, i int) string {
 			fmt.Fprintf(&b, "  - { at: %s, crash_agents: %.2f, region: %s, for: %ds }\n", fat, 0.1+0.8*rng.Float64(), r, 1+rng.IntN(5))
 		case 3:
 			fmt.Fprintf(&b, "  - { at: %s, unreachable: %s, for: %ds }\n", fat, r, 1+rng.IntN(8))
+		case 4:
+			fmt.Fprintf(&b, "  - { at: %s, restart: %s, for: %dms }\n", fat, r, 200+rng.IntN(8000))
 		default:
 			fmt.Fprintf(&b, "  - { at: %s, add_agents: %d, region: %s }\n", fat, 1+rng.IntN(5), r)
 		}

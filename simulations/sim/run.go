@@ -307,6 +307,9 @@ func (w *world) exec(e *event) {
 // tallies have arrived.
 func (w *world) epoch(r *regiond, t int64) {
 	w.ev.push(event{at: t + int64(w.sc.SyncPeriod), kind: evEpoch, region: r.idx})
+	if r.down > 0 {
+		return // the regiond is down: no exchange
+	}
 	tally := r.st.Tally(w.base.Add(dur(t + r.skew)))
 	w.publish(r, &tally, t)
 	w.ev.push(event{at: t + int64(w.sc.SyncPeriod)/4, kind: evDecide, region: r.idx})
@@ -315,6 +318,9 @@ func (w *world) epoch(r *regiond, t int64) {
 // decide ends region r's epoch at t: check the store's incarnation, plan,
 // lower, commit, publish, raise, retire.
 func (w *world) decide(r *regiond, t int64) {
+	if r.down > 0 {
+		return
+	}
 	now := w.base.Add(dur(t))
 	// As the exchanger does: a store that may have lost writes (a failover)
 	// gets every share written again before anything is given.
@@ -335,6 +341,10 @@ func (w *world) decide(r *regiond, t int64) {
 	if err := r.st.Commit(plan); err != nil {
 		w.commitErrors++
 		return
+	}
+	if w.restarts {
+		snap := r.st.Snapshot() // persisted before publishing, as the exchanger does
+		r.persisted = &snap
 	}
 	rep := r.st.Report()
 	w.publish(r, &rep, t)
@@ -387,8 +397,8 @@ func (w *world) publish(r *regiond, rep *region.Report, t int64) {
 
 func (w *world) deliver(e *event) {
 	to, from := w.rs[e.region], w.rs[e.from]
-	if to.partitioned > 0 || from.partitioned > 0 {
-		return // the partition began while it was on its way
+	if to.partitioned > 0 || from.partitioned > 0 || to.down > 0 {
+		return // the partition began while it was on its way, or to is down
 	}
 	err := to.st.Receive(w.base.Add(dur(e.at+to.skew)), *e.report)
 	switch {

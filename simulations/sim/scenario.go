@@ -116,11 +116,13 @@ type DemandStep struct {
 // Fault is one injected fault, starting at At.
 type Fault struct {
 	At time.Duration
-	// Kind is "partition", "redis_failover", "crash_agents", "add_agents"
-	// or "unreachable" (the region's agents cannot reach their regiond).
+	// Kind is "partition", "redis_failover", "crash_agents", "add_agents",
+	// "unreachable" (the region's agents cannot reach their regiond) or
+	// "restart" (the regiond is down for For and comes back with the
+	// exchange state it last persisted).
 	Kind   string
 	Region string
-	// For: how long a partition or an unreachable regiond lasts; for
+	// For: how long a partition, an unreachable regiond or a restart lasts; for
 	// crashed agents, when they come back (0: never).
 	For time.Duration
 	// LostWrites: a failover loses the store's writes of this last window.

@@ -60,10 +60,15 @@ type regiond struct {
 	// partitioned counts the partitions in force that cut it off, and
 	// unreachable the outages that cut its agents off from it.
 	partitioned, unreachable int
-	incarnation              string      // the store's, at the last decision
-	agents                   []*agentSim // alive
-	serial                   int
-	snap                     *lease.MemoryStore // the state a failover falls back to
+	// down counts the restarts in progress: the regiond runs no exchange,
+	// and comes back with persisted, the state it last persisted.
+	down        int
+	persisted   *region.Snapshot
+	rcfg        region.Config
+	incarnation string      // the store's, at the last decision
+	agents      []*agentSim // alive
+	serial      int
+	snap        *lease.MemoryStore // the state a failover falls back to
 
 	// The direct lease path's scratch and agent count.
 	grants []lease.GrantRequest
@@ -83,10 +88,12 @@ type agentSim struct {
 
 // observer hands lease/service's tallies of global keys to the exchange,
 // as regiond's exchanger does.
-type observer struct{ st *region.State }
+// observer passes lease/service's tallies to the region's exchange state
+// (the one in force: a restarted regiond has a new one).
+type observer struct{ r *regiond }
 
 func (o observer) Observe(key string, _ *policy.Rule, demand, granted int64) {
-	o.st.Observe(key, demand, granted)
+	o.r.st.Observe(key, demand, granted)
 }
 
 // world is one run.
@@ -121,6 +128,7 @@ type world struct {
 	demandAt int         // index of the demand step in force
 	dead     []agent.Stats
 	terms    []openTerm // excess terms of faults still open
+	restarts bool       // the scenario restarts a regiond: persist states
 	// reclaimKeys are the keys whose rule may reclaim (store key → index),
 	// reclaimOpen those with a reclaim term open.
 	reclaimKeys map[string]int
@@ -157,6 +165,9 @@ func newWorld(sc *Scenario, alg Algorithm, viaService bool) (*world, error) {
 	if err := w.buildPolicy(); err != nil {
 		return nil, err
 	}
+	for _, f := range sc.Faults {
+		w.restarts = w.restarts || f.Kind == "restart"
+	}
 	w.rates = make([]float64, len(sc.Regions))
 	w.poisson = make([]poissonDraw, len(sc.Regions))
 	w.counts = make([]int, len(sc.Regions))
@@ -167,7 +178,7 @@ func newWorld(sc *Scenario, alg Algorithm, viaService bool) (*world, error) {
 		if err != nil {
 			return nil, fmt.Errorf("sim: region %s: %w", name, err)
 		}
-		r := &regiond{idx: i, name: name, st: st, initial: st.Initial(name)}
+		r := &regiond{idx: i, name: name, st: st, initial: st.Initial(name), rcfg: st.Config()}
 		if sc.Network.ClockSkew > 0 {
 			r.skew = w.net.Int64N(2*int64(sc.Network.ClockSkew)+1) - int64(sc.Network.ClockSkew)
 		}
@@ -182,7 +193,7 @@ func newWorld(sc *Scenario, alg Algorithm, viaService bool) (*world, error) {
 			Logger:       slog.New(slog.DiscardHandler), Clock: clock,
 		}
 		if alg == Escrow {
-			cfg.Observer = observer{st}
+			cfg.Observer = observer{r}
 		}
 		if r.svc, err = service.New(cfg); err != nil {
 			return nil, fmt.Errorf("sim: region %s: %w", name, err)
