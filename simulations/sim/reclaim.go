@@ -20,7 +20,8 @@ import (
 // Silence comes from partitions, but also from reports lost in a row, so
 // the term is opened by the reclaims themselves: when a share written for
 // a key that may reclaim takes the key's shares above PPM, which no gift
-// ever does. It closes once they sum to at most PPM again, plus 2τ for the
+// ever does (nor a rewrite, but of share a reclaim took that a restored
+// state has not heard of yet). It closes once they sum to at most PPM again, plus 2τ for the
 // leases taken before (a lease's expiry is counted from its send time).
 
 // noteReclaims opens, at t, the reclaim term of the keys among cs (shares

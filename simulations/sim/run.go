@@ -337,6 +337,9 @@ func (w *world) decide(r *regiond, t int64) {
 			plan.Lower = nil
 		}
 		w.shareWrites += int64(len(plan.Lower))
+		// A rewrite (after a restart or a failover) may put back share
+		// that a reclaim took and the restored state has not heard of.
+		w.noteReclaims(plan.Lower, t)
 	}
 	if err := r.st.Commit(plan); err != nil {
 		w.commitErrors++
