@@ -151,6 +151,23 @@ func demand(wg *sync.WaitGroup, stop <-chan struct{}, rate func() int64, rp func
 	}()
 }
 
+// runDemand starts a replica of every region and drives each with its
+// tokens/s in rates until the test ends; setRates changes them.
+func (c *cluster) runDemand(rates map[string]int64) (reps map[string]*replica, setRates func(map[string]int64)) {
+	reps = map[string]*replica{}
+	for _, r := range c.regions {
+		reps[r] = c.start(r, r+"-0")
+	}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for _, r := range c.regions {
+		demand(&wg, stop, func() int64 { mu.Lock(); defer mu.Unlock(); return rates[r] }, func() *replica { return reps[r] })
+	}
+	c.t.Cleanup(func() { close(stop); wg.Wait() }) // before the replicas close
+	return reps, func(next map[string]int64) { mu.Lock(); rates = next; mu.Unlock() }
+}
+
 // waitShares polls until ok holds for the shares of testKey, checking that
 // they never sum above PPM, and fails after a deadline.
 func (c *cluster) waitShares(what string, within time.Duration, ok func(map[string]int64) bool) {
@@ -183,18 +200,7 @@ func near(got, want int64) bool { return got >= want-50_000 && got <= want+50_00
 // moves to us and the share follows.
 func TestShareFollowsDemand(t *testing.T) {
 	c := newCluster(t, 50*time.Millisecond, "ap", "eu", "us")
-	reps := map[string]*replica{}
-	for _, r := range c.regions {
-		reps[r] = c.start(r, r+"-0")
-	}
-	var mu sync.Mutex
-	rates := map[string]int64{"eu": 900, "us": 100}
-	var wg sync.WaitGroup
-	stop := make(chan struct{})
-	for _, r := range c.regions {
-		demand(&wg, stop, func() int64 { mu.Lock(); defer mu.Unlock(); return rates[r] }, func() *replica { return reps[r] })
-	}
-	defer func() { close(stop); wg.Wait() }()
+	reps, setRates := c.runDemand(map[string]int64{"eu": 900, "us": 100})
 
 	// Needs 0, 0.1, 0.9 of L; floors of 0.5% (region's default).
 	target := region.Targets(region.PPM, []float64{0, 900_000, 100_000}, 5_000, nil)
@@ -202,9 +208,7 @@ func TestShareFollowsDemand(t *testing.T) {
 		return near(sh["ap"], target[0]) && near(sh["eu"], target[1]) && near(sh["us"], target[2])
 	})
 
-	mu.Lock()
-	rates = map[string]int64{"eu": 100, "us": 900}
-	mu.Unlock()
+	setRates(map[string]int64{"eu": 100, "us": 900})
 	c.waitShares("us takes the share", 10*time.Second, func(sh map[string]int64) bool {
 		return near(sh["eu"], target[2]) && near(sh["us"], target[1])
 	})
@@ -348,24 +352,11 @@ func TestTakeOver(t *testing.T) {
 // rewrite the stale share stays until demand comes back, over the bound).
 func TestLostShareWritesAreRewritten(t *testing.T) {
 	c := newCluster(t, 50*time.Millisecond, "eu", "us")
-	reps := map[string]*replica{}
-	for _, r := range c.regions {
-		reps[r] = c.start(r, r+"-0")
-	}
-	var mu sync.Mutex
-	rates := map[string]int64{"eu": 900, "us": 100}
-	var wg sync.WaitGroup
-	stop := make(chan struct{})
-	for _, r := range c.regions {
-		demand(&wg, stop, func() int64 { mu.Lock(); defer mu.Unlock(); return rates[r] }, func() *replica { return reps[r] })
-	}
-	defer func() { close(stop); wg.Wait() }()
+	reps, setRates := c.runDemand(map[string]int64{"eu": 900, "us": 100})
 
 	c.waitShares("eu takes the share", 10*time.Second, func(sh map[string]int64) bool { return sh["eu"] > 800_000 })
 	old := c.byName["eu"].store.Clone()
-	mu.Lock()
-	rates = map[string]int64{"eu": 0, "us": 900}
-	mu.Unlock()
+	setRates(map[string]int64{"eu": 0, "us": 900})
 	c.waitShares("eu gives it to us", 10*time.Second, func(sh map[string]int64) bool { return sh["us"] > 900_000 })
 	// Wait for eu's share to settle at its floor: unchanged over 5 periods,
 	// so that nothing but the resync can write it again.
