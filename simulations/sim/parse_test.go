@@ -88,3 +88,30 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+// TestReadmeExampleParses keeps the scenario example of README.md, which
+// shows every field, valid.
+func TestReadmeExampleParses(t *testing.T) {
+	b, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(b), "## Scenario files\n\n```yaml\n")
+	example, _, ok2 := strings.Cut(rest, "```")
+	if !ok || !ok2 {
+		t.Fatal("README.md has no yaml block under \"## Scenario files\"")
+	}
+	sc, err := Parse("README.md example", []byte(example))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kinds := map[string]bool{}
+	for _, f := range sc.Faults {
+		kinds[f.Kind] = true
+	}
+	for _, k := range []string{"partition", "redis_failover", "crash_agents", "add_agents", "unreachable", "restart"} {
+		if !kinds[k] {
+			t.Errorf("the README example shows no %s fault", k)
+		}
+	}
+}
