@@ -57,7 +57,6 @@ func (w *world) heal(i int, t int64) {
 	switch f.Kind {
 	case "partition":
 		r.partitioned--
-		w.healTerms(i)
 	case "crash_agents":
 		n := int(math.Round(f.Fraction * float64(w.sc.AgentsPerRegion)))
 		w.addAgents(r, n)
