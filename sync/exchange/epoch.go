@@ -111,6 +111,8 @@ func (x *Exchanger) acquire(ctx context.Context) (holder, taken bool) {
 	}
 	if hold != lease.HoldNone {
 		x.leaseUntil = sent.Add(x.cfg.LeaseTTL - x.cfg.LeaseTTL/10)
+	} else {
+		x.prev = nil // another replica holds the lease: its state counts
 	}
 	return hold != lease.HoldNone, hold == lease.HoldTaken
 }
@@ -138,6 +140,14 @@ func (x *Exchanger) takeOver(ctx context.Context) bool {
 		x.cfg.Logger.Warn("exchange: loading the region's state; retrying next epoch", "err", err)
 		return false
 	}
+	if x.keepPrev(blob) {
+		x.st, x.prev = x.prev, nil
+		x.cfg.Logger.Warn("exchange: the store holds no newer exchange state than the one this replica dropped (it lost writes); keeping ours",
+			"keys", x.st.Keys())
+		clear(x.written)
+		return true
+	}
+	x.prev = nil
 	if blob != nil {
 		snap, err := DecodeSnapshot(blob)
 		if err == nil {
@@ -156,17 +166,43 @@ func (x *Exchanger) takeOver(ctx context.Context) bool {
 	return true
 }
 
-// stepDown drops the exchange state: only the persisted one counts, and the
-// next take-over restores it.
+// stepDown drops the exchange state: the persisted one counts, and the
+// next take-over restores it. The state dropped is kept aside (prev) until
+// another replica is seen holding the lease: if the store then holds
+// nothing newer, it lost writes (a restart, a failover), and prev is the
+// region's state (see keepPrev).
 func (x *Exchanger) stepDown(why string) {
 	st, err := region.New(x.rcfg)
 	if err != nil {
 		panic(err) // the same config made x.st
 	}
+	if x.restored {
+		x.prev = x.st
+	}
 	x.st, x.restored = st, false
 	x.store = ""
 	clear(x.written)
 	x.cfg.Logger.Info("exchange: no longer running the region's exchange", "replica", x.cfg.Replica, "why", why)
+}
+
+// keepPrev reports whether to take over with the state this replica last
+// dropped rather than with blob, the persisted one: when the store holds
+// none, or an older one. Only a holder persists, before it publishes, so
+// a state newer than ours in the store is another replica's, and we would
+// have seen that replica hold the lease (which forgets prev). A store that
+// holds none or an older one lost writes, and restoring that (or starting
+// afresh) would give again what we already gave: peers reject reports whose
+// counters went down, and the shares would sum above PPM for as long as it
+// lasts. A blob that does not decode is left to takeOver's error path.
+func (x *Exchanger) keepPrev(blob []byte) bool {
+	if x.prev == nil {
+		return false
+	}
+	if blob == nil {
+		return true
+	}
+	snap, err := DecodeSnapshot(blob)
+	return err == nil && snap.Epoch < x.prev.Snapshot().Epoch
 }
 
 // holderEpoch runs the epoch protocol of region.State.Epoch: lower, commit,

@@ -34,6 +34,7 @@ type Exchanger struct {
 
 	// Owned by the loop goroutine.
 	st         *region.State
+	prev       *region.State // the state last dropped, while no other holder was seen
 	asm        *Assembler
 	pol        *policy.Set
 	leaseUntil time.Time     // our lease is safe to write under until then
