@@ -173,7 +173,8 @@
 //
 // A region that loses its persisted snapshot (store data loss) can give the
 // same share twice; peers see its row go down (ErrRegressed). This is the
-// E_fault of DESIGN.md. Share can be lost (never created) by a gift or exit
+// E_fault of DESIGN.md. (sync/exchange keeps the exchanging replica's State
+// through a store data loss, so it takes losing that replica too.) Share can be lost (never created) by a gift or exit
 // record that no report carries before a peer stops waiting for it (after
 // 10 × IdleAfter); the key then runs below PPM until it retires everywhere.
 //
