@@ -142,6 +142,7 @@ func (x *Exchanger) takeOver(ctx context.Context) bool {
 	}
 	if x.keepPrev(blob) {
 		x.st, x.prev = x.prev, nil
+		x.st.ResyncAll() // the shares we wrote went with the rest
 		x.cfg.Logger.Warn("exchange: the store holds no newer exchange state than the one this replica dropped (it lost writes); keeping ours",
 			"keys", x.st.Keys())
 		clear(x.written)
