@@ -24,6 +24,7 @@ type State struct {
 	now      time.Time
 	epoch    uint64
 	genFloor uint64 // highest generation left by a key whose state was dropped
+	store    string // the store's incarnation last seen (SawStore); "" none yet
 
 	seq       uint64 // sequence of the latest Plan
 	committed bool   // the latest Plan was committed
@@ -258,6 +259,23 @@ func (s *State) ResyncAll() {
 		ks.applied = -1
 	}
 }
+
+// SawStore notes the store's incarnation (lease's Incarnation), read before
+// an Epoch; it calls ResyncAll and reports true when that changed since the
+// one last noted, so that this Epoch writes every share again before it
+// gives anything. The first incarnation noted only sets the baseline (a new
+// or restored State writes every share anyway). It is not persisted.
+func (s *State) SawStore(incarnation string) bool {
+	changed := s.store != "" && incarnation != s.store
+	if changed {
+		s.ResyncAll()
+	}
+	s.store = incarnation
+	return changed
+}
+
+// LastEpoch is the number of the latest epoch decided (or restored).
+func (s *State) LastEpoch() uint64 { return s.epoch }
 
 func (s *State) addKey(key string) *keyState {
 	n := s.n

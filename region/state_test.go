@@ -155,3 +155,36 @@ func TestObserveIgnoresBadInput(t *testing.T) {
 		t.Errorf("Keys after Observe with negative tallies: got %d, want 0", got)
 	}
 }
+
+// TestSawStore: the first incarnation is a baseline, the same one again
+// changes nothing, a new one makes the next Epoch write every share again.
+func TestSawStore(t *testing.T) {
+	st, err := region.New(region.Config{Self: "eu", Regions: []string{"eu", "us"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Observe("k", 10, 10)
+	now := time.Unix(1_700_000_000, 0)
+	p := st.Epoch(now)
+	if err := st.Commit(p); err != nil {
+		t.Fatal(err)
+	}
+	for i, tc := range []struct {
+		inc        string
+		resync     bool
+		wantWrites bool
+	}{{"a", false, false}, {"a", false, false}, {"b", true, true}, {"b", false, false}} {
+		if got := st.SawStore(tc.inc); got != tc.resync {
+			t.Errorf("step %d: SawStore(%q) got %v, want %v", i, tc.inc, got, tc.resync)
+		}
+		now = now.Add(time.Second)
+		st.Observe("k", 10, 10)
+		p := st.Epoch(now)
+		if got := len(p.Lower)+len(p.Raise) > 0; got != tc.wantWrites {
+			t.Errorf("step %d: plan writes %v/%v, want writes %v", i, p.Lower, p.Raise, tc.wantWrites)
+		}
+		if err := st.Commit(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

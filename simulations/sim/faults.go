@@ -158,7 +158,8 @@ func (w *world) ratesAt(t int64) {
 
 // restart brings region r's regiond back as a new process: a new exchange
 // state restored from the one it last persisted (after Commit, before
-// publishing, as the exchanger does), a store incarnation to learn afresh.
+// publishing, as the exchanger does), which learns the store's incarnation
+// afresh.
 func (w *world) restart(r *regiond) {
 	if w.alg != Escrow {
 		return
@@ -171,5 +172,5 @@ func (w *world) restart(r *regiond) {
 		w.fail(fmt.Errorf("sim: region %s: restarting: %w", r.name, err))
 		return
 	}
-	r.st, r.incarnation = st, ""
+	r.st = st
 }

@@ -324,11 +324,8 @@ func (w *world) decide(r *regiond, t int64) {
 	now := w.base.Add(dur(t))
 	// As the exchanger does: a store that may have lost writes (a failover)
 	// gets every share written again before anything is given.
-	if inc, err := r.store.Incarnation(w.ctx); err == nil && inc != r.incarnation {
-		if r.incarnation != "" {
-			r.st.ResyncAll()
-		}
-		r.incarnation = inc
+	if inc, err := r.store.Incarnation(w.ctx); err == nil {
+		r.st.SawStore(inc)
 	}
 	plan := r.st.Epoch(w.base.Add(dur(t + r.skew)))
 	if len(plan.Lower) > 0 {

@@ -62,13 +62,12 @@ type regiond struct {
 	partitioned, unreachable int
 	// down counts the restarts in progress: the regiond runs no exchange,
 	// and comes back with persisted, the state it last persisted.
-	down        int
-	persisted   *region.Snapshot
-	rcfg        region.Config
-	incarnation string      // the store's, at the last decision
-	agents      []*agentSim // alive
-	serial      int
-	snap        *lease.MemoryStore // the state a failover falls back to
+	down      int
+	persisted *region.Snapshot
+	rcfg      region.Config
+	agents    []*agentSim // alive
+	serial    int
+	snap      *lease.MemoryStore // the state a failover falls back to
 
 	// The direct lease path's scratch and agent count.
 	grants []lease.GrantRequest

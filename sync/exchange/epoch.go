@@ -181,7 +181,6 @@ func (x *Exchanger) stepDown(why string) {
 		x.prev = x.st
 	}
 	x.st, x.restored = st, false
-	x.store = ""
 	clear(x.written)
 	x.cfg.Logger.Info("exchange: no longer running the region's exchange", "replica", x.cfg.Replica, "why", why)
 }
@@ -203,7 +202,7 @@ func (x *Exchanger) keepPrev(blob []byte) bool {
 		return true
 	}
 	snap, err := DecodeSnapshot(blob)
-	return err == nil && snap.Epoch < x.prev.Snapshot().Epoch
+	return err == nil && snap.Epoch < x.prev.LastEpoch()
 }
 
 // holderEpoch runs the epoch protocol of region.State.Epoch: lower, commit,
@@ -258,13 +257,11 @@ func (x *Exchanger) checkIncarnation(ctx context.Context) {
 		x.cfg.Logger.Warn("exchange: reading the store's incarnation", "err", err)
 		return
 	}
-	if x.store != "" && inc != x.store {
-		x.st.ResyncAll()
+	if x.st.SawStore(inc) {
 		x.met.resyncs.Inc()
 		x.cfg.Logger.Warn("exchange: the store is a new incarnation and may have lost writes; writing every share again",
-			"was", x.store, "now", inc, "keys", x.st.Keys())
+			"now", inc, "keys", x.st.Keys())
 	}
-	x.store = inc
 }
 
 // writeShares writes share changes in batches and returns those confirmed.

@@ -41,7 +41,6 @@ type Exchanger struct {
 	restored   bool          // st holds the persisted state (we are the holder)
 	busy       time.Duration // time spent in the phases of the current epoch
 	written    map[string]int64
-	store      string // the store's incarnation at the last epoch ("" unknown)
 	top        topKeys
 	heard      map[string]time.Time // per region: last complete report
 
