@@ -1,6 +1,7 @@
 package region_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -12,10 +13,10 @@ import (
 )
 
 // This file models a deployment for the tests: regions running the
-// production State against a modelled store (the applied share of every key)
-// and a modelled network (loss, duplication, delay, reordering, partitions),
-// with crashes at every point of the epoch protocol. It follows the caller
-// contract documented on State.Epoch exactly.
+// production Node (the protocol and its State) against a modelled store (the
+// applied share of every key), a modelled persisted state and a modelled
+// network (loss, duplication, delay, reordering, partitions), with crashes at
+// every effect of the epoch protocol.
 
 // faults are the injected faults, per step; the zero value injects none.
 type faults struct {
@@ -30,7 +31,7 @@ type faults struct {
 type node struct {
 	name      string
 	cfg       region.Config
-	st        *region.State
+	n         *region.Node
 	store     map[string]int64 // applied shares; a missing key is at the initial share
 	persisted *region.Snapshot
 	isolated  int // epochs left in isolation
@@ -38,8 +39,15 @@ type node struct {
 	restartAt int  // step of the last restart
 	down      bool // not running: no epochs, reports to and from it are lost
 	unborn    bool // not started yet: it spends nothing
-	onePhase  bool // runs Epoch without Tally before it (closing its tallies there)
+	onePhase  bool // runs Decide without Tally before it (closing its tallies there)
+	// crashIn counts the effects the process still carries out before it
+	// dies (-1: it does not); dead: it died during this epoch.
+	crashIn int
+	dead    bool
 }
+
+// st is the node's exchange state, for the tests' checks.
+func (nd *node) st() *region.State { return nd.n.State() }
 
 type msg struct {
 	to  int
@@ -63,8 +71,7 @@ type cluster struct {
 	now     time.Time
 	net     []msg
 	f       faults
-	// check is called after every store write, after after every region's
-	// epoch.
+	// check is called after every store write, after every region's epoch.
 	check func(c *cluster, when string)
 	after func(c *cluster, i int)
 	// allowUnknown accepts ErrUnknownRegion (during region set changes).
@@ -73,24 +80,38 @@ type cluster struct {
 	delivered, lost, stale, unknown int
 }
 
+var ctx = context.Background()
+
 func newCluster(t testing.TB, rng *rand.Rand, n int, tweak func(*region.Config)) *cluster {
 	t.Helper()
 	c := &cluster{t: t, rng: rng, period: time.Second, now: time.Unix(1_700_000_000, 0)}
 	for i := 0; i < n; i++ {
 		c.regions = append(c.regions, fmt.Sprintf("r%d", i))
 	}
-	for _, name := range c.regions {
+	for i, name := range c.regions {
 		cfg := region.Config{Self: name, Regions: c.regions, Period: c.period}
 		if tweak != nil {
 			tweak(&cfg)
 		}
-		st, err := region.New(cfg)
-		if err != nil {
-			t.Fatalf("New(%s): %v", name, err)
-		}
-		c.nodes = append(c.nodes, &node{name: name, cfg: cfg, st: st, store: map[string]int64{}})
+		nd := &node{name: name, cfg: cfg, store: map[string]int64{}, crashIn: -1}
+		c.nodes = append(c.nodes, nd)
+		c.start(i)
 	}
 	return c
+}
+
+// start runs region i's process afresh: a Node that holds its region's
+// election (one replica a region) and restores the persisted state.
+func (c *cluster) start(i int) {
+	nd := c.nodes[i]
+	n, err := region.NewNode(nd.cfg, effects{c, i})
+	if err != nil {
+		c.t.Fatalf("NewNode(%s): %v", nd.name, err)
+	}
+	nd.n, nd.dead, nd.crashIn = n, false, -1
+	if ch := n.Hold(ctx, region.HoldTaken); !ch.TookOver {
+		c.t.Fatalf("step %d: %s takes over: %v", c.step, nd.name, ch.Err)
+	}
 }
 
 // applied returns region i's applied share of key, as its bucket sees it.
@@ -102,7 +123,7 @@ func (c *cluster) applied(i int, key string) int64 {
 	if v, ok := nd.store[key]; ok {
 		return v
 	}
-	return nd.st.Initial(nd.name)
+	return nd.n.Initial(nd.name)
 }
 
 // sum returns Σ over regions of the applied share of key.
@@ -122,16 +143,7 @@ func (c *cluster) reconfigure(i int, tweak func(*region.Config)) {
 }
 
 func (c *cluster) restart(nd *node) {
-	st, err := region.New(nd.cfg)
-	if err != nil {
-		c.t.Fatalf("New(%s): %v", nd.name, err)
-	}
-	if nd.persisted != nil {
-		if err := st.Restore(*nd.persisted); err != nil {
-			c.t.Fatalf("step %d: Restore(%s): %v", c.step, nd.name, err)
-		}
-	}
-	nd.st = st
+	c.start(c.index(nd.name))
 	nd.restarts++
 	nd.restartAt = c.step
 }
@@ -152,11 +164,10 @@ func (c *cluster) deliver() {
 			c.lost++
 			continue
 		}
-		err := nd.st.Receive(c.now, m.rep)
+		err := nd.n.Receive(ctx, c.now, &m.rep)
 		switch {
 		case err == nil:
 			c.delivered++
-			c.apply(m.to)
 		case errors.Is(err, region.ErrStale):
 			c.stale++
 		case errors.Is(err, region.ErrUnknownRegion) && c.allowUnknown:
@@ -171,16 +182,6 @@ func (c *cluster) deliver() {
 func (c *cluster) index(name string) int {
 	i, _ := slices.BinarySearch(c.regions, name)
 	return i
-}
-
-// apply writes the shares raised by the gifts region i received, as the
-// exchange does on receipt.
-func (c *cluster) apply(i int) {
-	for _, ch := range c.nodes[i].st.Apply() {
-		if !c.write(i, ch.Key, ch.SharePPM, false) {
-			c.nodes[i].st.Resync(ch.Key)
-		}
-	}
 }
 
 // publish sends a report to every other region through the faulty network.
@@ -223,61 +224,18 @@ func (c *cluster) write(i int, key string, share int64, del bool) bool {
 	return true
 }
 
-// epoch runs one region's epoch by the caller contract, with a crash at a
-// random point when the faults say so. It returns the plan (for tests that
-// look at it).
-func (c *cluster) epoch(i int) region.Plan {
+// epoch runs region i's decision, with a crash at a random effect when the
+// faults say so; a crashed region restarts from its persisted state.
+func (c *cluster) epoch(i int) {
 	nd := c.nodes[i]
-	crashAt := -1
 	if c.chance(c.f.crash) {
-		crashAt = c.rng.IntN(5)
+		nd.crashIn = c.rng.IntN(5)
 	}
-	plan := nd.st.Epoch(c.now)
-	if crashAt == 0 {
-		c.restart(nd)
-		return plan
-	}
-	kept := plan.Lower[:0]
-	for _, ch := range plan.Lower {
-		if c.write(i, ch.Key, ch.SharePPM, false) {
-			kept = append(kept, ch)
-		}
-	}
-	plan.Lower = kept
-	if crashAt == 1 {
-		c.restart(nd)
-		return plan
-	}
-	if err := nd.st.Commit(plan); err != nil {
-		c.t.Fatalf("step %d: %s Commit: %v", c.step, nd.name, err)
-	}
-	if crashAt == 2 {
-		c.restart(nd)
-		return plan
-	}
-	snap := nd.st.Snapshot()
-	nd.persisted = &snap
-	if crashAt == 3 {
-		c.restart(nd)
-		return plan
-	}
-	if nd.isolated == 0 {
-		c.publish(i, nd.st.Report())
-	}
-	for _, ch := range plan.Raise {
-		if !c.write(i, ch.Key, ch.SharePPM, false) {
-			nd.st.Resync(ch.Key)
-		}
-	}
-	for _, key := range plan.Retire {
-		if !c.write(i, key, 0, true) {
-			nd.st.Resync(key)
-		}
-	}
-	if crashAt == 4 {
+	nd.n.Decide(ctx, c.now)
+	if nd.dead {
 		c.restart(nd)
 	}
-	return plan
+	nd.crashIn = -1
 }
 
 // run advances one epoch for the whole cluster: deliveries, local demand
@@ -297,16 +255,13 @@ func (c *cluster) run(keys []string, demand func(region int, key string) int64) 
 	for i, nd := range c.nodes {
 		for _, key := range keys {
 			if d := demand(i, key); d > 0 && !nd.down {
-				nd.st.Observe(key, d, d)
+				nd.n.Observe(key, d, d)
 			}
 		}
 	}
 	for _, i := range c.rng.Perm(len(c.nodes)) {
 		if nd := c.nodes[i]; !nd.down && !nd.onePhase {
-			rep := nd.st.Tally(c.now)
-			if nd.isolated == 0 {
-				c.publish(i, rep)
-			}
+			nd.n.Tally(ctx, c.now)
 		}
 	}
 	c.deliver()
@@ -320,4 +275,74 @@ func (c *cluster) run(keys []string, demand func(region int, key string) int64) 
 		}
 	}
 	c.deliver()
+}
+
+// errCrashed is what the effects of a dead process return.
+var errCrashed = errors.New("the process died")
+
+// effects are region i's store, persisted state and network in the model.
+// A process that crashes dies at an effect: that one and every later one
+// of its epoch do nothing.
+type effects struct {
+	c *cluster
+	i int
+}
+
+// alive counts one effect down to the crash and reports whether the process
+// still carries it out.
+func (fx effects) alive() bool {
+	nd := fx.c.nodes[fx.i]
+	switch {
+	case nd.dead:
+		return false
+	case nd.crashIn == 0:
+		nd.dead = true
+		return false
+	case nd.crashIn > 0:
+		nd.crashIn--
+	}
+	return true
+}
+
+func (fx effects) WriteShares(_ context.Context, cs []region.ShareChange) []region.ShareChange {
+	var ok []region.ShareChange
+	for _, ch := range cs {
+		if fx.alive() && fx.c.write(fx.i, ch.Key, ch.SharePPM, false) {
+			ok = append(ok, ch)
+		}
+	}
+	return ok
+}
+
+func (fx effects) DeleteShares(_ context.Context, keys []string) {
+	for _, key := range keys {
+		if fx.alive() {
+			fx.c.write(fx.i, key, 0, true)
+		}
+	}
+}
+
+func (fx effects) Incarnation(context.Context) (string, error) {
+	if !fx.alive() {
+		return "", errCrashed
+	}
+	return "model", nil
+}
+
+func (fx effects) Persist(_ context.Context, snap *region.Snapshot) error {
+	if !fx.alive() {
+		return errCrashed
+	}
+	fx.c.nodes[fx.i].persisted = snap
+	return nil
+}
+
+func (fx effects) Load(context.Context) (*region.Snapshot, error) {
+	return fx.c.nodes[fx.i].persisted, nil
+}
+
+func (fx effects) Publish(_ context.Context, rep *region.Report) {
+	if nd := fx.c.nodes[fx.i]; fx.alive() && nd.isolated == 0 {
+		fx.c.publish(fx.i, *rep)
+	}
 }

@@ -56,3 +56,6 @@ func (s *State) Reclaims(key string) int64 {
 	}
 	return sum
 }
+
+// State returns the exchange state a Node runs, for tests' checks.
+func (n *Node) State() *State { return n.st }

@@ -113,12 +113,12 @@ func (m *demandModel) at(r int, key string) int64 {
 func reclaimAllowance(c *cluster, key string) int64 {
 	var held int64
 	for i, nd := range c.nodes {
-		held += reclaimsOf(nd, key) + max(0, c.applied(i, key)-nd.st.Own(key))
+		held += reclaimsOf(nd, key) + max(0, c.applied(i, key)-nd.st().Own(key))
 	}
 	return held
 }
 
-func reclaimsOf(nd *node, key string) int64 { return nd.st.Reclaims(key) }
+func reclaimsOf(nd *node, key string) int64 { return nd.st().Reclaims(key) }
 
 // TestPropertyEscrow is the safety property of DESIGN.md "Level 2": under
 // loss, duplication, delay and reordering of reports, partitions, failed
@@ -160,9 +160,6 @@ func TestPropertyEscrow(t *testing.T) {
 	}
 }
 
-// debugHook, when set by a test, sees every store write.
-var debugHook func(c *cluster, when string)
-
 // escrowRun runs one randomised deployment and returns the epochs the
 // fault-free tail needed to reach the targets, and whether a region changed
 // the generation of a key during them.
@@ -171,9 +168,6 @@ func escrowRun(t *testing.T, seed uint64, n, epochs int) (int, bool) {
 	keys := []string{"plain/a", "plain/b", "plain/c", "plain/d", "plain/e", "reclaim/f", "reclaim/g"}
 	c := newCluster(t, rng, n, escrowConfig)
 	c.check = func(c *cluster, when string) {
-		if debugHook != nil {
-			debugHook(c, when)
-		}
 		for _, key := range keys {
 			sum := c.sum(key)
 			if sum <= region.PPM {
@@ -196,8 +190,8 @@ func escrowRun(t *testing.T, seed uint64, n, epochs int) (int, bool) {
 		// store holds share it dropped).
 		for i, nd := range c.nodes {
 			for _, key := range keys {
-				if !strings.HasPrefix(key, "reclaim/") && nd.st.Synced(key) && nd.st.Share(key) != nd.st.Initial(nd.name) && c.applied(i, key) > nd.st.Own(key) {
-					t.Fatalf("seed %d step %d after %s: %s stores %s=%d, above its computed share %d", seed, c.step, when, nd.name, key, c.applied(i, key), nd.st.Own(key))
+				if !strings.HasPrefix(key, "reclaim/") && nd.st().Synced(key) && nd.st().Share(key) != nd.st().Initial(nd.name) && c.applied(i, key) > nd.st().Own(key) {
+					t.Fatalf("seed %d step %d after %s: %s stores %s=%d, above its computed share %d", seed, c.step, when, nd.name, key, c.applied(i, key), nd.st().Own(key))
 				}
 			}
 		}
@@ -214,7 +208,7 @@ func escrowRun(t *testing.T, seed uint64, n, epochs int) (int, bool) {
 		dm.next()
 		c.run(keys, dm.at)
 		for _, nd := range c.nodes {
-			maxKeys = max(maxKeys, nd.st.Keys())
+			maxKeys = max(maxKeys, nd.st().Keys())
 		}
 	}
 	// Settle the demand, keep the faults a little longer, then remove them.
@@ -239,7 +233,7 @@ func escrowRun(t *testing.T, seed uint64, n, epochs int) (int, bool) {
 	gens := func() (out []uint64) {
 		for _, nd := range c.nodes {
 			for _, key := range keys {
-				g, _, _ := nd.st.Ledger(key)
+				g, _, _ := nd.st().Ledger(key)
 				out = append(out, g)
 			}
 		}
@@ -257,9 +251,9 @@ func escrowRun(t *testing.T, seed uint64, n, epochs int) (int, bool) {
 			init := make([]int64, n)
 			for r := range need {
 				need[r] = float64(dm.d[key][r]) / testRate * region.PPM
-				init[r] = c.nodes[r].st.Initial(c.regions[r])
+				init[r] = c.nodes[r].st().Initial(c.regions[r])
 			}
-			want := region.Targets(region.PPM, need, c.nodes[0].st.Config().FloorPPM, init)
+			want := region.Targets(region.PPM, need, c.nodes[0].st().Config().FloorPPM, init)
 			for r := range want {
 				if d := c.applied(r, key) - want[r]; d > 50_000 || d < -50_000 {
 					ok = false
@@ -286,7 +280,7 @@ func escrowRun(t *testing.T, seed uint64, n, epochs int) (int, bool) {
 			}
 			t.Logf("%s: shares %v sum %d demand %v", key, sh, c.sum(key), dm.d[key])
 			for _, nd := range c.nodes {
-				for _, k := range nd.st.Snapshot().Keys {
+				for _, k := range nd.st().Snapshot().Keys {
 					if k.Key == key {
 						t.Logf("  %s: %+v", nd.name, k)
 					}

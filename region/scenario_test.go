@@ -46,9 +46,9 @@ func targetsOf(c *cluster, demand []int64) []int64 {
 	init := make([]int64, len(demand))
 	for r := range demand {
 		need[r] = float64(demand[r]) / testRate * region.PPM
-		init[r] = c.nodes[r].st.Initial(c.regions[r])
+		init[r] = c.nodes[r].st().Initial(c.regions[r])
 	}
-	return region.Targets(region.PPM, need, c.nodes[0].st.Config().FloorPPM, init)
+	return region.Targets(region.PPM, need, c.nodes[0].st().Config().FloorPPM, init)
 }
 
 // converged reports whether every region's applied share of key is within
@@ -175,7 +175,7 @@ func TestScenarioReclaim(t *testing.T) {
 		run()
 	}
 	s2 := c.applied(2, "reclaim/k")
-	floor := c.nodes[0].st.Config().FloorPPM
+	floor := c.nodes[0].st().Config().FloorPPM
 	c.nodes[2].isolated = 12
 	demand = []int64{900, 900, 300}
 	for e := 0; e < 11; e++ {
@@ -183,7 +183,7 @@ func TestScenarioReclaim(t *testing.T) {
 	}
 	var took int64
 	for _, i := range []int{0, 1} {
-		took += c.nodes[i].st.Reclaims("reclaim/k")
+		took += c.nodes[i].st().Reclaims("reclaim/k")
 	}
 	if took == 0 || took > s2-floor {
 		t.Fatalf("r0 and r1 reclaimed %d from r2's share %d, want in (0, %d]", took, s2, s2-floor)
@@ -194,7 +194,7 @@ func TestScenarioReclaim(t *testing.T) {
 		t.Errorf("Σ during the partition %d, want above PPM: r2 still spends what was reclaimed", sum)
 	}
 	t.Logf("r2 held %d; r0 and r1 reclaimed %d (bound %d), r2 reclaimed %d; Σ during the partition %d",
-		s2, took, s2-floor, c.nodes[2].st.Reclaims("reclaim/k"), c.sum("reclaim/k"))
+		s2, took, s2-floor, c.nodes[2].st().Reclaims("reclaim/k"), c.sum("reclaim/k"))
 	// Heal: r2 hears of the reclaim and lowers; the overshoot ends.
 	for e := 1; ; e++ {
 		run()
@@ -270,11 +270,11 @@ func TestScenarioLeave(t *testing.T) {
 	run(8)
 	c.nodes[2].down = true
 	run(1)
-	stay := map[string]int64{"r0": c.nodes[0].st.Initial("r0"), "r1": c.nodes[1].st.Initial("r1")}
+	stay := map[string]int64{"r0": c.nodes[0].st().Initial("r0"), "r1": c.nodes[1].st().Initial("r1")}
 	for i := 0; i < 2; i++ {
-		before := c.nodes[i].st.Share("l/k")
+		before := c.nodes[i].st().Share("l/k")
 		c.reconfigure(i, func(cfg *region.Config) { cfg.Regions = []string{"r0", "r1"}; cfg.Initial = stay })
-		if got := c.nodes[i].st.Share("l/k"); got != before {
+		if got := c.nodes[i].st().Share("l/k"); got != before {
 			t.Fatalf("%s's share after the restore without r2: got %d, want %d (unchanged)", c.regions[i], got, before)
 		}
 	}
@@ -311,7 +311,7 @@ func TestScenarioIdleKeysRetire(t *testing.T) {
 		c.run(keys, demand)
 		held := 0
 		for _, nd := range c.nodes {
-			held += nd.st.Keys()
+			held += nd.st().Keys()
 		}
 		if held == 0 {
 			t.Logf("all keys forgotten %d epochs after the last demand", e)
