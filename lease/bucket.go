@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"time"
+
+	"github.com/ration-dev/ration/region"
 )
 
 // This file is the allocator contract's arithmetic, shared by MemoryStore
@@ -170,8 +172,8 @@ func (l Limit) validate() error {
 		return fmt.Errorf("%w: cost %d is not positive", ErrInvalid, l.Cost)
 	case float64(l.Cost) > l.Burst:
 		return fmt.Errorf("%w: cost %d is above burst %v", ErrInvalid, l.Cost, l.Burst)
-	case l.InitialShare < 0 || l.InitialShare > PPM:
-		return fmt.Errorf("%w: initial share %d ppm is outside [0, %d]", ErrInvalid, l.InitialShare, PPM)
+	case l.InitialShare < 0 || l.InitialShare > region.PPM:
+		return fmt.Errorf("%w: initial share %d ppm is outside [0, %d]", ErrInvalid, l.InitialShare, region.PPM)
 	}
 	return nil
 }
@@ -214,8 +216,8 @@ func validateShare(u ShareUpdate) error {
 	if err := u.Limit.validate(); err != nil {
 		return fmt.Errorf("key %q: %w", u.Key, err)
 	}
-	if u.SharePPM < 0 || u.SharePPM > PPM {
-		return fmt.Errorf("key %q: %w: share %d ppm is outside [0, %d]", u.Key, ErrInvalid, u.SharePPM, PPM)
+	if u.SharePPM < 0 || u.SharePPM > region.PPM {
+		return fmt.Errorf("key %q: %w: share %d ppm is outside [0, %d]", u.Key, ErrInvalid, u.SharePPM, region.PPM)
 	}
 	return nil
 }

@@ -9,8 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ration-dev/ration/internal/redistest"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/ration-dev/ration/internal/redistest"
 )
 
 // TestRedisStoreConformance runs the suite on a real redis-server (or on

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/ration-dev/ration/region"
 )
 
 // conformanceStore is what the conformance suite needs of a store: the
@@ -43,7 +45,7 @@ type harness struct {
 const slowRate = 0.01
 
 func slow(burst float64, cost int64) Limit {
-	return Limit{Rate: slowRate, Burst: burst, Cost: cost, InitialShare: PPM}
+	return Limit{Rate: slowRate, Burst: burst, Cost: cost, InitialShare: region.PPM}
 }
 
 // runConformance runs the allocator contract's cases against stores made
@@ -191,7 +193,7 @@ func confInvalid(t *testing.T, h *harness) {
 		{Key: "k", Want: 1, Limit: with(func(l *Limit) { l.Burst = math.Inf(-1) })},
 		{Key: "k", Want: 1, Limit: with(func(l *Limit) { l.Burst = math.NaN() })},
 		{Key: "k", Want: 1, Limit: with(func(l *Limit) { l.InitialShare = -1 })},
-		{Key: "k", Want: 1, Limit: with(func(l *Limit) { l.InitialShare = PPM + 1 })},
+		{Key: "k", Want: 1, Limit: with(func(l *Limit) { l.InitialShare = region.PPM + 1 })},
 		{Key: "k", Want: 2, Limit: with(func(l *Limit) { l.Cost = 3 })}, // want below cost
 	}
 	out := make([]Grant, len(bad))
@@ -229,7 +231,7 @@ func confInvalidBatches(t *testing.T, h *harness) {
 
 	for _, batch := range [][]ShareUpdate{
 		{{Key: "k", SharePPM: 1000, Limit: l}, {Key: "k", SharePPM: -1, Limit: l}},
-		{{Key: "k", SharePPM: 1000, Limit: l}, {Key: "k", SharePPM: PPM + 1, Limit: l}},
+		{{Key: "k", SharePPM: 1000, Limit: l}, {Key: "k", SharePPM: region.PPM + 1, Limit: l}},
 		{{Key: "k", SharePPM: 1000, Limit: l}, {Key: "", SharePPM: 1000, Limit: l}},
 		{{Key: "k", SharePPM: 1000, Limit: l}, {Key: "k", SharePPM: 1000, Limit: nan}},
 	} {
@@ -291,7 +293,7 @@ func confSetShares(t *testing.T, h *harness) {
 		t.Errorf("got capacity %v rate %v, want 25, %v", g.Capacity, g.Rate, slowRate*0.25)
 	}
 	// Raising the share raises capacity, not tokens.
-	if err := h.store.SetShares(ctx, []ShareUpdate{{Key: "k", SharePPM: PPM, Limit: l}}); err != nil {
+	if err := h.store.SetShares(ctx, []ShareUpdate{{Key: "k", SharePPM: region.PPM, Limit: l}}); err != nil {
 		t.Fatal(err)
 	}
 	g = grant1(t, h, "k", 100, l)
@@ -304,7 +306,7 @@ func confSetShares(t *testing.T, h *harness) {
 	wantGranted(t, grant1(t, h, "clip", 1, l), 1) // 99 left
 	if err := h.store.SetShares(ctx, []ShareUpdate{
 		{Key: "clip", SharePPM: 100_000, Limit: l},
-		{Key: "clip", SharePPM: PPM, Limit: l},
+		{Key: "clip", SharePPM: region.PPM, Limit: l},
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -318,7 +320,7 @@ func confSetShares(t *testing.T, h *harness) {
 	if err := h.store.Shares(ctx, []string{"k", "new"}, got); err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff([]int64{PPM, 500_000}, got); diff != "" {
+	if diff := cmp.Diff([]int64{region.PPM, 500_000}, got); diff != "" {
 		t.Errorf("shares (-want +got):\n%s", diff)
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/ration-dev/ration/region"
 )
 
 // The cases in this file depend on the store's clock. A MemoryStore's
@@ -31,7 +33,7 @@ func poll(t *testing.T, h *harness, what string, cond func() bool) {
 }
 
 func confRefill(t *testing.T, h *harness) {
-	l := Limit{Rate: 1000, Burst: 5, Cost: 1, InitialShare: PPM}
+	l := Limit{Rate: 1000, Burst: 5, Cost: 1, InitialShare: region.PPM}
 	t0 := h.now()
 	g := grant1(t, h, "k", 5, l)
 	wantGranted(t, g, 5)
@@ -68,7 +70,7 @@ func confConcurrent(t *testing.T, h *harness) {
 		burst   = 50
 		cost    = 2
 	)
-	l := Limit{Rate: rate, Burst: burst, Cost: cost, InitialShare: PPM}
+	l := Limit{Rate: rate, Burst: burst, Cost: cost, InitialShare: region.PPM}
 	var total atomic.Int64
 	var wg sync.WaitGroup
 	t0 := h.now()
@@ -100,7 +102,7 @@ func confConcurrent(t *testing.T, h *harness) {
 }
 
 func confTTL(t *testing.T, h *harness) {
-	l := Limit{Rate: 1000, Burst: 10, Cost: 1, InitialShare: PPM}
+	l := Limit{Rate: 1000, Burst: 10, Cost: 1, InitialShare: region.PPM}
 	wantGranted(t, grant1(t, h, "k", 1, l), 1)
 	// 2 × capacity / rate = 20ms, rounded up to whole milliseconds.
 	if ttl, ok := h.bucketTTL(t, "k"); !ok || ttl <= 0 || ttl > 21*time.Millisecond {
@@ -113,7 +115,7 @@ func confTTL(t *testing.T, h *harness) {
 	wantGranted(t, grant1(t, h, "k", 100, l), 10) // a new, full bucket
 
 	// A bucket too slow to refill in 2^40 ms is kept, like one at rate 0.
-	crawl := Limit{Rate: 1e-12, Burst: 10, Cost: 1, InitialShare: PPM}
+	crawl := Limit{Rate: 1e-12, Burst: 10, Cost: 1, InitialShare: region.PPM}
 	wantGranted(t, grant1(t, h, "crawl", 1, crawl), 1)
 	if ttl, ok := h.bucketTTL(t, "crawl"); !ok || ttl >= 0 {
 		t.Errorf("got ttl %v exists %v, want no expiry", ttl, ok)
@@ -121,7 +123,7 @@ func confTTL(t *testing.T, h *harness) {
 }
 
 func confSharePersists(t *testing.T, h *harness) {
-	l := Limit{Rate: 1000, Burst: 10, Cost: 1, InitialShare: PPM}
+	l := Limit{Rate: 1000, Burst: 10, Cost: 1, InitialShare: region.PPM}
 	if err := h.store.SetShares(t.Context(), []ShareUpdate{{Key: "k", SharePPM: 500_000, Limit: l}}); err != nil {
 		t.Fatal(err)
 	}
@@ -153,7 +155,7 @@ func confSharePersists(t *testing.T, h *harness) {
 // or a MemoryStore whose caller's clock jumped back. The store must clamp:
 // no refill until its clock passes last, and never a negative balance.
 func confBackwardClock(t *testing.T, h *harness) {
-	l := Limit{Rate: 1000, Burst: 10, Cost: 1, InitialShare: PPM}
+	l := Limit{Rate: 1000, Burst: 10, Cost: 1, InitialShare: region.PPM}
 	h.setBucket(t, "k", 3, h.now().Add(time.Hour))
 	g := grant1(t, h, "k", 10, l)
 	wantGranted(t, g, 3)

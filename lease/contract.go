@@ -11,17 +11,15 @@ package lease
 import (
 	"errors"
 	"time"
-)
 
-// PPM is one whole share in parts per million. Shares are integers so that
-// sums of shares are exact.
-const PPM = 1_000_000
+	"github.com/ration-dev/ration/region"
+)
 
 // Sentinel errors. Store methods wrap them with %w; match with errors.Is.
 var (
 	// ErrInvalid reports an argument that breaks the contract: a want or
 	// cost that is not positive, a cost above the bucket's burst, a rate or
-	// burst that is not a positive finite number, a share outside [0, PPM],
+	// burst that is not a positive finite number, a share outside [0, region.PPM],
 	// an empty key. Nothing is debited for an invalid item.
 	ErrInvalid = errors.New("lease: invalid argument")
 	// ErrUnavailable reports that the store could not be reached in time.
@@ -40,7 +38,7 @@ type Limit struct {
 	// eventually; a Cost above Burst is invalid.
 	Cost int64
 	// InitialShare is the region's share in ppm used while the store holds
-	// no applied share for the key (scope: region rules pass PPM).
+	// no applied share for the key (scope: region rules pass region.PPM).
 	InitialShare int64
 	// StartEmpty makes a missing bucket start empty instead of full (the
 	// per-rule option that trades a short under-admission after a store
@@ -52,7 +50,7 @@ type Limit struct {
 // (tokens) for an applied share in ppm: rate = L × share,
 // capacity = max(b × share, cost).
 func (l Limit) Regional(sharePPM int64) (rate, capacity float64) {
-	s := float64(sharePPM) / PPM
+	s := float64(sharePPM) / region.PPM
 	rate = l.Rate * s
 	capacity = l.Burst * s
 	if c := float64(l.Cost); capacity < c {

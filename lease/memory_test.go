@@ -7,12 +7,14 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/ration-dev/ration/region"
 )
 
 // TestMemoryStoreSteps walks one key through fixed instants and checks
 // every answer exactly, including a clock that goes backwards.
 func TestMemoryStoreSteps(t *testing.T) {
-	l := Limit{Rate: 10, Burst: 20, Cost: 1, InitialShare: PPM}
+	l := Limit{Rate: 10, Burst: 20, Cost: 1, InitialShare: region.PPM}
 	m := NewMemoryStore(MemoryConfig{})
 	at := func(d time.Duration) time.Time { return epoch.Add(d) }
 	steps := []struct {
@@ -49,7 +51,7 @@ func abs(x float64) float64 {
 // TestMemoryStoreBackwardClock: a clock that goes back never refills and
 // never drives a bucket negative, however the calls interleave.
 func TestMemoryStoreBackwardClock(t *testing.T) {
-	l := Limit{Rate: 1000, Burst: 10, Cost: 1, InitialShare: PPM}
+	l := Limit{Rate: 1000, Burst: 10, Cost: 1, InitialShare: region.PPM}
 	m := NewMemoryStore(MemoryConfig{})
 	out := make([]Grant, 1)
 	m.GrantAt(epoch, []GrantRequest{{Key: "k", Want: 10, Limit: l}}, out)
@@ -75,8 +77,8 @@ func TestMemoryStoreBackwardClock(t *testing.T) {
 }
 
 func TestMemoryStoreSweep(t *testing.T) {
-	l := Limit{Rate: 1000, Burst: 10, Cost: 1, InitialShare: PPM} // expires after 20ms
-	slow := Limit{Rate: 1, Burst: 10, Cost: 1, InitialShare: PPM} // after 20s
+	l := Limit{Rate: 1000, Burst: 10, Cost: 1, InitialShare: region.PPM} // expires after 20ms
+	slow := Limit{Rate: 1, Burst: 10, Cost: 1, InitialShare: region.PPM} // after 20s
 	m := NewMemoryStore(MemoryConfig{})
 	out := make([]Grant, 3)
 	m.GrantAt(epoch, []GrantRequest{{Key: "a", Want: 1, Limit: l}, {Key: "b", Want: 1, Limit: l}, {Key: "c", Want: 1, Limit: slow}}, out)

@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strconv"
+
+	"github.com/ration-dev/ration/region"
 )
 
 // bucketScript is the allocator contract as one Redis Lua script per key.
@@ -72,7 +74,7 @@ func parseScriptReply(v any) (scriptReply, error) {
 	if err != nil {
 		return scriptReply{}, fmt.Errorf("lease: unexpected tokens in script reply: %w", err)
 	}
-	if granted < 0 || share < 0 || share > PPM || tokens != tokens {
+	if granted < 0 || share < 0 || share > region.PPM || tokens != tokens {
 		return scriptReply{}, fmt.Errorf("lease: script reply out of range %#v", v)
 	}
 	return scriptReply{granted: granted, tokens: tokens, sharePPM: share}, nil

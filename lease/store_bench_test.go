@@ -8,11 +8,12 @@ import (
 	"time"
 
 	"github.com/ration-dev/ration/internal/redistest"
+	"github.com/ration-dev/ration/region"
 )
 
 // benchLimit never runs dry, so every grant is whole and the benchmarks
 // measure the allocator, not the quota.
-var benchLimit = Limit{Rate: 1e12, Burst: 1e12, Cost: 1, InitialShare: PPM}
+var benchLimit = Limit{Rate: 1e12, Burst: 1e12, Cost: 1, InitialShare: region.PPM}
 
 func benchKeys(n int) []string {
 	keys := make([]string, n)

@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
 	"github.com/ration-dev/ration/internal/redistest"
+	"github.com/ration-dev/ration/region"
 )
 
 var diffSeed = flag.Uint64("diff.seed", 0, "seed for TestRedisMatchesMemory (0: random)")
@@ -51,7 +53,7 @@ func TestRedisMatchesMemory(t *testing.T) {
 			Rate:         []float64{1e-9, 0.3, 7, 1000, 123456.789}[rng.IntN(5)],
 			Burst:        float64(cost) + rng.Float64()*500,
 			Cost:         cost,
-			InitialShare: []int64{0, 1, 333_333, 777_777, PPM}[rng.IntN(5)],
+			InitialShare: []int64{0, 1, 333_333, 777_777, region.PPM}[rng.IntN(5)],
 		}
 		tokens := rng.Float64() * l.Burst
 		// Both stores start from the same bucket.
@@ -77,7 +79,7 @@ func TestRedisMatchesMemory(t *testing.T) {
 				}
 			case 1:
 				what = "share"
-				u := []ShareUpdate{{Key: key, SharePPM: rng.Int64N(PPM + 1), Limit: l}}
+				u := []ShareUpdate{{Key: key, SharePPM: rng.Int64N(region.PPM + 1), Limit: l}}
 				if err := rs.SetShares(ctx, u); err != nil {
 					t.Fatal(err)
 				}

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ration-dev/ration/region"
 )
 
 // unescapeKey inverts keyEscaper, to show that escaping is injective.
@@ -64,9 +66,9 @@ func FuzzParseRedisAddr(f *testing.F) {
 // FuzzParseScriptReply: a malformed script reply is an error, never a
 // panic or a grant of a negative or non-numeric amount.
 func FuzzParseScriptReply(f *testing.F) {
-	f.Add(int64(3), "0.5", int64(PPM), false)
+	f.Add(int64(3), "0.5", int64(region.PPM), false)
 	f.Add(int64(-1), "NaN", int64(-5), true)
-	f.Add(int64(0), "1e400", int64(PPM+1), false)
+	f.Add(int64(0), "1e400", int64(region.PPM+1), false)
 	f.Fuzz(func(t *testing.T, granted int64, tokens string, share int64, short bool) {
 		reply := []any{granted, tokens, share}
 		if short {
@@ -76,7 +78,7 @@ func FuzzParseScriptReply(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if short || r.granted < 0 || r.sharePPM < 0 || r.sharePPM > PPM || math.IsNaN(r.tokens) {
+		if short || r.granted < 0 || r.sharePPM < 0 || r.sharePPM > region.PPM || math.IsNaN(r.tokens) {
 			t.Fatalf("parseScriptReply(%#v) = %+v, want an error", reply, r)
 		}
 	})
@@ -87,8 +89,8 @@ func FuzzParseScriptReply(f *testing.F) {
 // negative or NaN balance, and is rejected with ErrInvalid (debiting
 // nothing) exactly when the contract says the item is invalid.
 func FuzzMemoryGrant(f *testing.F) {
-	f.Add(10.0, 20.0, int64(1), int64(PPM), int64(15), int64(5), int64(1_000_000), false)
-	f.Add(math.NaN(), 20.0, int64(1), int64(PPM), int64(1), int64(1), int64(0), false)
+	f.Add(10.0, 20.0, int64(1), int64(region.PPM), int64(15), int64(5), int64(1_000_000), false)
+	f.Add(math.NaN(), 20.0, int64(1), int64(region.PPM), int64(1), int64(1), int64(0), false)
 	f.Add(1e-300, 1e300, int64(7), int64(1), int64(1<<40), int64(9), int64(-5_000_000), true)
 	f.Add(1e9, 3.0, int64(3), int64(0), int64(3), int64(3), int64(1<<50), false)
 	f.Fuzz(func(t *testing.T, rate, burst float64, cost, share, want1, want2, elapsedUS int64, empty bool) {

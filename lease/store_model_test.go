@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/ration-dev/ration/region"
 )
 
 var modelSeed = flag.Uint64("model.seed", 0, "seed for TestMemoryStoreMatchesModel (0: random)")
@@ -96,7 +98,7 @@ func (m *model) setExpiry(b *modelBucket, rate, capacity float64) {
 
 func modelValid(key string, l Limit) bool {
 	return key != "" && l.Rate > 0 && !math.IsInf(l.Rate, 1) && l.Burst > 0 && !math.IsInf(l.Burst, 1) &&
-		l.Cost > 0 && float64(l.Cost) <= l.Burst && l.InitialShare >= 0 && l.InitialShare <= PPM
+		l.Cost > 0 && float64(l.Cost) <= l.Burst && l.InitialShare >= 0 && l.InitialShare <= region.PPM
 }
 
 // grant returns granted, tokens left, retryAfter and whether the item is
@@ -160,7 +162,7 @@ func randomLimit(rng *rand.Rand) Limit {
 		Rate:         []float64{0.5, 10, 1000, 1e5}[rng.IntN(4)],
 		Burst:        float64(cost) * float64(1+rng.IntN(100)),
 		Cost:         cost,
-		InitialShare: []int64{0, 1, 250_000, 333_333, PPM}[rng.IntN(5)],
+		InitialShare: []int64{0, 1, 250_000, 333_333, region.PPM}[rng.IntN(5)],
 		StartEmpty:   rng.IntN(4) == 0,
 	}
 	if rng.IntN(20) == 0 { // an invalid limit now and then
@@ -237,9 +239,9 @@ func TestMemoryStoreMatchesModel(t *testing.T) {
 				mod.ret(now, r)
 			}
 		case p < 92:
-			u := ShareUpdate{Key: key, SharePPM: rng.Int64N(PPM+2) - 1, Limit: limits[key]}
+			u := ShareUpdate{Key: key, SharePPM: rng.Int64N(region.PPM+2) - 1, Limit: limits[key]}
 			err := store.SetSharesAt(now, []ShareUpdate{u})
-			valid := modelValid(u.Key, u.Limit) && u.SharePPM >= 0 && u.SharePPM <= PPM
+			valid := modelValid(u.Key, u.Limit) && u.SharePPM >= 0 && u.SharePPM <= region.PPM
 			if (err == nil) != valid {
 				t.Fatalf("op %d: SetShares %+v: got err %v, model says valid=%v", op, u, err, valid)
 			}

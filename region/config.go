@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// PPM is one whole share in parts per million; it equals lease.PPM. Shares
+// PPM is one whole share in parts per million; it equals region.PPM. Shares
 // and gift counters are integers so that sums of shares are exact.
 const PPM = 1_000_000
 

@@ -20,6 +20,7 @@ import (
 	"github.com/ration-dev/ration/lease"
 	"github.com/ration-dev/ration/lease/service"
 	"github.com/ration-dev/ration/policy"
+	"github.com/ration-dev/ration/region"
 	"github.com/ration-dev/ration/sync/embedded"
 	"github.com/ration-dev/ration/sync/exchange"
 )
@@ -74,7 +75,7 @@ func New(cfg Config) (*Daemon, error) {
 	if cfg.Replica == "" {
 		cfg.Replica = defaultReplica()
 	}
-	d := &Daemon{cfg: cfg, log: cfg.Logger.With("region", cfg.Region), initial: lease.PPM}
+	d := &Daemon{cfg: cfg, log: cfg.Logger.With("region", cfg.Region), initial: region.PPM}
 	if cfg.exchanging() {
 		var err error
 		if d.initial, err = initialShare(&cfg); err != nil {

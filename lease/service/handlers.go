@@ -13,6 +13,7 @@ import (
 	"github.com/ration-dev/ration/lease"
 	leasev1 "github.com/ration-dev/ration/lease/v1"
 	"github.com/ration-dev/ration/policy"
+	"github.com/ration-dev/ration/region"
 )
 
 // batch is the per-call scratch space, pooled so that a steady stream of
@@ -47,20 +48,34 @@ func (s *Service) putBatch(b *batch) {
 	s.bufs.Put(b)
 }
 
-// limitFor is the allocator's view of one rule for one key in this region.
+// limitFor is the allocator's view of rule r for key in this region.
 func (s *Service) limitFor(key string, r *policy.Rule) lease.Limit {
-	share := int64(lease.PPM)
-	if r.Scope != policy.ScopeRegion {
-		share = s.cfg.InitialShare
-		if s.cfg.InitialShareFor != nil {
-			share = s.cfg.InitialShareFor(key, r)
-		}
+	share := s.cfg.InitialShare
+	if s.cfg.InitialShareFor != nil && r.Scope != policy.ScopeRegion {
+		share = s.cfg.InitialShareFor(key, r)
+	}
+	return Limit(r, share)
+}
+
+// Limit is the allocator's view of rule r in a region whose initial share of
+// the rule's global keys is initialShare: the rule's rate, burst and cost,
+// and the share a key holds before the exchange moves any (region.PPM for a
+// `scope: region` rule). A nil rule (a key whose rule left the policy) gets
+// a limit of one token: writing its share then only clips its bucket, which
+// nobody can lease from anyway. lease/service, sync/exchange and the
+// simulator all build limits with it.
+func Limit(r *policy.Rule, initialShare int64) lease.Limit {
+	if r == nil {
+		return lease.Limit{Rate: 1, Burst: 1, Cost: 1, InitialShare: initialShare}
+	}
+	if r.Scope == policy.ScopeRegion {
+		initialShare = region.PPM
 	}
 	return lease.Limit{
 		Rate:         r.Rate(),
 		Burst:        float64(r.Burst),
 		Cost:         r.Cost,
-		InitialShare: share,
+		InitialShare: initialShare,
 		StartEmpty:   r.StartEmpty,
 	}
 }
@@ -122,7 +137,7 @@ func storeError(ctx context.Context, err error) error {
 func (s *Service) Lease(ctx context.Context, req *leasev1.LeaseRequest) (*leasev1.LeaseResponse, error) {
 	items := req.GetItems()
 	if err := s.checkBatch(req.GetAgent(), len(items)); err != nil {
-		s.metrics.requests.WithLabelValues("lease", "invalid").Inc()
+		s.metrics.lease.invalid.Inc()
 		return nil, err
 	}
 	pol := s.Policy()
@@ -141,11 +156,11 @@ func (s *Service) Lease(ctx context.Context, req *leasev1.LeaseRequest) (*leasev
 			}
 		}
 		if err != nil {
-			s.metrics.requests.WithLabelValues("lease", "invalid").Inc()
-			s.metrics.items.WithLabelValues("invalid").Add(float64(len(items)))
+			s.metrics.lease.invalid.Inc()
+			s.metrics.invalidItem.Add(float64(len(items)))
 			return nil, err
 		}
-		b.buf = storeKey(b.buf, r.Name, it.GetKey())
+		b.buf = policy.AppendStoreKey(b.buf[:0], r.Name, it.GetKey())
 		key := string(b.buf)
 		b.rules = append(b.rules, r)
 		b.keys = append(b.keys, key)
@@ -158,10 +173,10 @@ func (s *Service) Lease(ctx context.Context, req *leasev1.LeaseRequest) (*leasev
 	start := time.Now()
 	err := s.cfg.Store.Grant(sctx, b.grants, b.out)
 	cancel()
-	s.metrics.storeLatency.WithLabelValues("grant").Observe(time.Since(start).Seconds())
+	s.metrics.lease.latency.Observe(time.Since(start).Seconds())
 	if err != nil {
-		s.metrics.storeErrors.WithLabelValues("grant").Inc()
-		s.metrics.requests.WithLabelValues("lease", "store_error").Inc()
+		s.metrics.lease.storeErrors.Inc()
+		s.metrics.lease.storeError.Inc()
 		return nil, storeError(ctx, err)
 	}
 
@@ -188,15 +203,15 @@ func (s *Service) Lease(ctx context.Context, req *leasev1.LeaseRequest) (*leasev
 			// Policy validation makes this unreachable; if a store still
 			// refuses an item, the agent sees a plain denial.
 			s.cfg.Logger.Error("store rejected a validated item", "key", b.keys[i], "err", g.Err)
-			s.metrics.items.WithLabelValues("invalid").Inc()
+			s.metrics.invalidItem.Inc()
 			lg.Granted = 0
 		case g.Granted == 0:
 			lg.RetryAfter = durationpb.New(g.RetryAfter)
-			s.metrics.items.WithLabelValues("denied").Inc()
+			s.metrics.denied.Inc()
 		case g.Granted < items[i].GetWant():
-			s.metrics.items.WithLabelValues("partial").Inc()
+			s.metrics.partial.Inc()
 		default:
-			s.metrics.items.WithLabelValues("granted").Inc()
+			s.metrics.granted.Inc()
 		}
 		granted += lg.Granted
 		resp.Grants[i] = lg
@@ -205,7 +220,7 @@ func (s *Service) Lease(ctx context.Context, req *leasev1.LeaseRequest) (*leasev
 		}
 	}
 	s.metrics.tokensGranted.Add(float64(granted))
-	s.metrics.requests.WithLabelValues("lease", "ok").Inc()
+	s.metrics.lease.ok.Inc()
 	return resp, nil
 }
 
@@ -213,7 +228,7 @@ func (s *Service) Lease(ctx context.Context, req *leasev1.LeaseRequest) (*leasev
 func (s *Service) Return(ctx context.Context, req *leasev1.ReturnRequest) (*leasev1.ReturnResponse, error) {
 	items := req.GetItems()
 	if err := s.checkBatch(req.GetAgent(), len(items)); err != nil {
-		s.metrics.requests.WithLabelValues("return", "invalid").Inc()
+		s.metrics.ret.invalid.Inc()
 		return nil, err
 	}
 	pol := s.Policy()
@@ -226,10 +241,10 @@ func (s *Service) Return(ctx context.Context, req *leasev1.ReturnRequest) (*leas
 			err = invalid("items[%d].tokens: %d, must be > 0", i, it.GetTokens())
 		}
 		if err != nil {
-			s.metrics.requests.WithLabelValues("return", "invalid").Inc()
+			s.metrics.ret.invalid.Inc()
 			return nil, err
 		}
-		b.buf = storeKey(b.buf, r.Name, it.GetKey())
+		b.buf = policy.AppendStoreKey(b.buf[:0], r.Name, it.GetKey())
 		key := string(b.buf)
 		b.rets = append(b.rets, lease.ReturnRequest{Key: key, Tokens: it.GetTokens(), Limit: s.limitFor(key, r)})
 		total += it.GetTokens()
@@ -239,14 +254,14 @@ func (s *Service) Return(ctx context.Context, req *leasev1.ReturnRequest) (*leas
 	start := time.Now()
 	err := s.cfg.Store.Return(sctx, b.rets)
 	cancel()
-	s.metrics.storeLatency.WithLabelValues("return").Observe(time.Since(start).Seconds())
+	s.metrics.ret.latency.Observe(time.Since(start).Seconds())
 	if err != nil {
-		s.metrics.storeErrors.WithLabelValues("return").Inc()
-		s.metrics.requests.WithLabelValues("return", "store_error").Inc()
+		s.metrics.ret.storeErrors.Inc()
+		s.metrics.ret.storeError.Inc()
 		return nil, storeError(ctx, err)
 	}
 	s.metrics.tokensReturned.Add(float64(total))
-	s.metrics.requests.WithLabelValues("return", "ok").Inc()
+	s.metrics.ret.ok.Inc()
 	return &leasev1.ReturnResponse{}, nil
 }
 

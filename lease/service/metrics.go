@@ -4,6 +4,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
+// metrics are the service's Prometheus metrics. The labelled series a call
+// touches are looked up once, here, not per call: the simulator runs every
+// agent's calls through the service.
 type metrics struct {
 	requests       *prometheus.CounterVec   // by rpc and outcome
 	items          *prometheus.CounterVec   // lease items by outcome
@@ -11,6 +14,19 @@ type metrics struct {
 	tokensReturned prometheus.Counter       // tokens credited back
 	storeLatency   *prometheus.HistogramVec // store call latency by op
 	storeErrors    *prometheus.CounterVec   // store call failures by op
+
+	lease, ret  rpcMetrics
+	granted     prometheus.Counter // items by outcome
+	partial     prometheus.Counter
+	denied      prometheus.Counter
+	invalidItem prometheus.Counter
+}
+
+// rpcMetrics are one rpc's series.
+type rpcMetrics struct {
+	ok, invalid, storeError prometheus.Counter
+	latency                 prometheus.Observer
+	storeErrors             prometheus.Counter
 }
 
 // newMetrics registers the service's metrics on reg; a nil reg keeps them
@@ -43,6 +59,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Allocator store calls that failed, by op.",
 		}, []string{"op"}),
 	}
+	m.lease = m.rpc("lease", "grant")
+	m.ret = m.rpc("return", "return")
+	m.granted = m.items.WithLabelValues("granted")
+	m.partial = m.items.WithLabelValues("partial")
+	m.denied = m.items.WithLabelValues("denied")
+	m.invalidItem = m.items.WithLabelValues("invalid")
 	if reg == nil {
 		return m, nil
 	}
@@ -52,4 +74,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}
 	}
 	return m, nil
+}
+
+func (m *metrics) rpc(name, op string) rpcMetrics {
+	return rpcMetrics{
+		ok:          m.requests.WithLabelValues(name, "ok"),
+		invalid:     m.requests.WithLabelValues(name, "invalid"),
+		storeError:  m.requests.WithLabelValues(name, "store_error"),
+		latency:     m.storeLatency.WithLabelValues(op),
+		storeErrors: m.storeErrors.WithLabelValues(op),
+	}
 }

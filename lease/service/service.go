@@ -18,6 +18,7 @@ import (
 	"github.com/ration-dev/ration/lease"
 	leasev1 "github.com/ration-dev/ration/lease/v1"
 	"github.com/ration-dev/ration/policy"
+	"github.com/ration-dev/ration/region"
 )
 
 // Store is the region's allocator as the service uses it: lease.MemoryStore
@@ -49,8 +50,8 @@ type Config struct {
 	Policy *policy.Set
 	// InitialShare is the share, in ppm, that this region holds of a
 	// scope: global key before the exchange has moved any share (default
-	// lease.PPM: a single region holds the whole quota). scope: region keys
-	// always hold lease.PPM.
+	// region.PPM: a single region holds the whole quota). scope: region keys
+	// always hold region.PPM.
 	InitialShare int64
 	// InitialShareFor, when set, overrides InitialShare per key (the
 	// exchange knows each key's initial split).
@@ -85,7 +86,7 @@ type Config struct {
 
 func (c *Config) ensureDefaults() {
 	if c.InitialShare == 0 {
-		c.InitialShare = lease.PPM
+		c.InitialShare = region.PPM
 	}
 	if c.LeaseTTL == 0 {
 		c.LeaseTTL = 100 * time.Millisecond
@@ -119,8 +120,8 @@ func (c *Config) validate() error {
 		return errors.New("service: Config.Region is required")
 	case c.Store == nil:
 		return errors.New("service: Config.Store is required")
-	case c.InitialShare < 0 || c.InitialShare > lease.PPM:
-		return fmt.Errorf("service: Config.InitialShare %d outside [0, %d]", c.InitialShare, lease.PPM)
+	case c.InitialShare < 0 || c.InitialShare > region.PPM:
+		return fmt.Errorf("service: Config.InitialShare %d outside [0, %d]", c.InitialShare, region.PPM)
 	case c.LeaseTTL < 0, c.StoreTimeout < 0, c.AgentWindow < 0:
 		return errors.New("service: durations must not be negative")
 	case c.MaxItems < 0, c.MaxKeyLen < 0, c.MaxAgents < 0:
@@ -209,12 +210,4 @@ func (s *Service) Close() {
 	default:
 		close(s.closed)
 	}
-}
-
-// storeKey is the allocator key of one rule's key. Rule names cannot contain
-// '/', so the joined form is unambiguous.
-func storeKey(buf []byte, rule, key string) []byte {
-	buf = append(buf[:0], rule...)
-	buf = append(buf, '/')
-	return append(buf, key...)
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/ration-dev/ration/lease"
 	leasev1 "github.com/ration-dev/ration/lease/v1"
 	"github.com/ration-dev/ration/policy"
+	"github.com/ration-dev/ration/region"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -303,7 +304,7 @@ func (o *observed) Observe(key string, r *policy.Rule, demand, granted int64) {
 
 func TestObserverSeesGlobalKeysOnly(t *testing.T) {
 	o := &observed{seen: map[string][2]int64{}}
-	f := start(t, Config{Observer: o, InitialShare: lease.PPM / 2})
+	f := start(t, Config{Observer: o, InitialShare: region.PPM / 2})
 	resp := f.lease(t,
 		&leasev1.LeaseItem{Rule: "per-tenant", Key: "tenant=acme", Want: 300, Demand: 40, Admitted: 30},
 		&leasev1.LeaseItem{Rule: "per-ip", Key: "ip=1", Want: 1, Demand: 1, Admitted: 1},

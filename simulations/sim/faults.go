@@ -110,18 +110,16 @@ func (w *world) failover(r *regiond, f *Fault, t int64) {
 		k := &w.keys[ki]
 		cur, old := w.share(r, r.store, k.storeKey), w.share(r, snap, k.storeKey)
 		s := max(cur, old)
-		excess := k.burst * float64(s) / lease1
+		excess := k.burst * float64(s) / region.PPM
 		w.m.addFault(ki, t-int64(f.LostWrites), t+w.refillSpan(k, s), excess)
 		if old > cur {
 			km := &w.m.keys[ki]
-			km.faults = append(km.faults, faultSpan{from: t, to: back, rate: k.rate * float64(old-cur) / lease1})
+			km.faults = append(km.faults, faultSpan{from: t, to: back, rate: k.rate * float64(old-cur) / region.PPM})
 		}
 	}
 	r.store.Restore(snap)
 	r.snap = nil
 }
-
-const lease1 = 1_000_000 // lease.PPM as a float divisor
 
 // refillSpan is how long tokens a failover gave back can stay in a
 // bucket before it would have been full anyway, plus the leases they may
@@ -129,7 +127,7 @@ const lease1 = 1_000_000 // lease.PPM as a float divisor
 func (w *world) refillSpan(k *simKey, sharePPM int64) int64 {
 	span := k.burst / k.rate
 	if sharePPM > 0 {
-		span = max(span, float64(k.cost)/(k.rate*float64(sharePPM)/lease1))
+		span = max(span, float64(k.cost)/(k.rate*float64(sharePPM)/region.PPM))
 	}
 	return int64(span*float64(time.Second)) + 2*int64(w.sc.LeaseTTL)
 }
@@ -157,20 +155,14 @@ func (w *world) ratesAt(t int64) {
 }
 
 // restart brings region r's regiond back as a new process: a new exchange
-// state restored from the one it last persisted (after Commit, before
-// publishing, as the exchanger does), which learns the store's incarnation
+// that takes over from the state it last persisted (after Commit, before
+// publishing, as the exchanger does) and learns the store's incarnation
 // afresh.
 func (w *world) restart(r *regiond) {
 	if w.alg != Escrow {
 		return
 	}
-	st, err := region.New(r.rcfg)
-	if err == nil && r.persisted != nil {
-		err = st.Restore(*r.persisted)
+	if err := w.newNode(r); err != nil {
+		w.fail(fmt.Errorf("sim: restarting: %w", err))
 	}
-	if err != nil {
-		w.fail(fmt.Errorf("sim: region %s: restarting: %w", r.name, err))
-		return
-	}
-	r.st = st
 }

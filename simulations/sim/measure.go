@@ -259,7 +259,7 @@ func (m *meter) closeSample(t int64) {
 func (w *world) appliedShare(r int) int64 {
 	switch w.alg {
 	case Ideal:
-		return lease1 / int64(len(w.rs))
+		return region.PPM / int64(len(w.rs))
 	case Static:
 		return w.rs[r].initial
 	}
@@ -274,7 +274,7 @@ func (w *world) phases() []phase {
 	sc := w.sc
 	k := &w.keys[0]
 	frac := w.pick.weight(0)
-	floor := w.rs[0].st.Config().FloorPPM
+	floor := w.rs[0].node.Config().FloorPPM
 	weights := make([]int64, len(w.rs))
 	for i, r := range w.rs {
 		weights[i] = r.initial
@@ -290,9 +290,9 @@ func (w *world) phases() []phase {
 		}
 		need := make([]float64, len(w.rs))
 		for ri, name := range sc.Regions {
-			need[ri] = d.Rates[name] * frac * float64(k.cost) / k.rate * lease1
+			need[ri] = d.Rates[name] * frac * float64(k.cost) / k.rate * region.PPM
 		}
-		out = append(out, phase{start: int64(d.At + d.Ramp), end: int64(end), target: region.Targets(lease1, need, floor, weights)})
+		out = append(out, phase{start: int64(d.At + d.Ramp), end: int64(end), target: region.Targets(region.PPM, need, floor, weights)})
 	}
 	return out
 }
@@ -332,9 +332,9 @@ func (w *world) boundBase(k *simKey) float64 {
 	for _, r := range w.rs {
 		least := r.initial
 		if w.alg == Escrow {
-			least = min(least, r.st.Config().FloorPPM)
+			least = min(least, r.node.Config().FloorPPM)
 		}
-		if k.burst*float64(least)/lease1 < float64(k.cost) {
+		if k.burst*float64(least)/region.PPM < float64(k.cost) {
 			b += float64(k.cost)
 		}
 	}

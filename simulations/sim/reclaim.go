@@ -33,7 +33,7 @@ func (w *world) noteReclaims(cs []region.ShareChange, t int64) {
 	}
 	for _, c := range cs {
 		ki, ok := w.reclaimKeys[c.Key]
-		if !ok || w.reclaimOpen[ki] || w.shareSum(ki) <= lease1 {
+		if !ok || w.reclaimOpen[ki] || w.shareSum(ki) <= region.PPM {
 			continue
 		}
 		w.openReclaim(ki, t)
@@ -41,8 +41,8 @@ func (w *world) noteReclaims(cs []region.ShareChange, t int64) {
 }
 
 func (w *world) openReclaim(ki int, t int64) {
-	e := lease1 - int64(len(w.rs))*w.rs[0].st.Config().FloorPPM
-	frac := float64(max(e, 0)) / lease1
+	e := region.PPM - int64(len(w.rs))*w.rs[0].node.Config().FloorPPM
+	frac := float64(max(e, 0)) / region.PPM
 	k := &w.keys[ki]
 	o := openTerm{fault: -1, region: -1, healed: true, tail: 2 * int64(w.sc.LeaseTTL)}
 	w.addTerm(&o, ki, faultSpan{
@@ -52,7 +52,7 @@ func (w *world) openReclaim(ki int, t int64) {
 		rate:   frac * k.rate,
 	}, false)
 	o.over = func() bool {
-		if w.shareSum(ki) > lease1 {
+		if w.shareSum(ki) > region.PPM {
 			return false
 		}
 		delete(w.reclaimOpen, ki)

@@ -4,6 +4,8 @@ import (
 	"flag"
 	"fmt"
 	"testing"
+
+	"github.com/ration-dev/ration/region"
 )
 
 var reclaimSeed = flag.Uint64("reclaim.seed", 0, "seed of TestReclaimStaysWithinTheBound (0: random)")
@@ -52,11 +54,11 @@ func TestReclaimStaysWithinTheBound(t *testing.T) {
 		}
 		return worst
 	}
-	if got := maxSum(without); got > lease1 {
-		t.Errorf("fail-static: shares summed to %d ppm, want ≤ %d", got, lease1)
+	if got := maxSum(without); got > region.PPM {
+		t.Errorf("fail-static: shares summed to %d ppm, want ≤ %d", got, region.PPM)
 	}
-	if got := maxSum(with); got <= lease1*5/4 {
-		t.Errorf("with reclaim: shares summed to at most %d ppm, want the reclaims to take them well above %d", got, lease1)
+	if got := maxSum(with); got <= region.PPM*5/4 {
+		t.Errorf("with reclaim: shares summed to at most %d ppm, want the reclaims to take them well above %d", got, region.PPM)
 	}
 	if with.Summary.Admitted <= without.Summary.Admitted {
 		t.Errorf("with reclaim admitted %d tokens, without %d: want more", with.Summary.Admitted, without.Summary.Admitted)

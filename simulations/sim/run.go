@@ -1,13 +1,10 @@
 package sim
 
 import (
-	"errors"
 	"fmt"
 	"time"
 
-	"github.com/ration-dev/ration/lease"
 	"github.com/ration-dev/ration/lease/agent"
-	"github.com/ration-dev/ration/region"
 )
 
 // Options tune one run.
@@ -17,9 +14,6 @@ type Options struct {
 	// Progress, when set, is called with the simulated time done, about
 	// every 1% of the run and at its end.
 	Progress func(done, total time.Duration)
-	// ViaService sends agents' calls through lease/service's handlers
-	// instead of calling the store the way they do (same results, slower).
-	ViaService bool
 }
 
 // Result is what a run measured.
@@ -45,7 +39,7 @@ func Run(sc *Scenario, opt Options) (*Result, error) {
 		return nil, fmt.Errorf("sim: unknown algorithm %q (want escrow, static or ideal)", opt.Algorithm)
 	}
 	start := time.Now()
-	w, err := newWorld(sc, opt.Algorithm, opt.ViaService)
+	w, err := newWorld(sc, opt.Algorithm)
 	if err != nil {
 		return nil, err
 	}
@@ -284,136 +278,13 @@ func (w *world) send(a *agentSim, c *agent.Call, t int64) {
 // at the current time.
 func (w *world) exec(e *event) {
 	r := e.ag.r
-	var out event
-	out = event{at: e.replyAt, kind: evDone, ag: e.ag, call: e.call}
-	switch {
-	case w.via && e.call.Lease != nil:
+	out := event{at: e.replyAt, kind: evDone, ag: e.ag, call: e.call}
+	if e.call.Lease != nil {
 		out.resp, out.err = r.svc.Lease(w.ctx, e.call.Lease)
-	case w.via:
+	} else {
 		_, out.err = r.svc.Return(w.ctx, e.call.Return)
-	case e.call.Lease != nil:
-		out.resp = w.leaseDirect(r, e.call.Lease)
-	default:
-		out.err = w.returnDirect(r, e.call.Return)
 	}
 	if e.replyAt >= 0 {
 		w.ev.push(out)
-	}
-}
-
-// epoch starts region r's exchange epoch at t as regiond's exchanger does:
-// the tallies are closed and published, and the moves are decided a quarter
-// period later (exchange.Config.DecideAfter's default), when every region's
-// tallies have arrived.
-func (w *world) epoch(r *regiond, t int64) {
-	w.ev.push(event{at: t + int64(w.sc.SyncPeriod), kind: evEpoch, region: r.idx})
-	if r.down > 0 {
-		return // the regiond is down: no exchange
-	}
-	tally := r.st.Tally(w.base.Add(dur(t + r.skew)))
-	w.publish(r, &tally, t)
-	w.ev.push(event{at: t + int64(w.sc.SyncPeriod)/4, kind: evDecide, region: r.idx})
-}
-
-// decide ends region r's epoch at t: check the store's incarnation, plan,
-// lower, commit, publish, raise, retire.
-func (w *world) decide(r *regiond, t int64) {
-	if r.down > 0 {
-		return
-	}
-	now := w.base.Add(dur(t))
-	// As the exchanger does: a store that may have lost writes (a failover)
-	// gets every share written again before anything is given.
-	if inc, err := r.store.Incarnation(w.ctx); err == nil {
-		r.st.SawStore(inc)
-	}
-	plan := r.st.Epoch(w.base.Add(dur(t + r.skew)))
-	if len(plan.Lower) > 0 {
-		if err := r.store.SetSharesAt(now, w.updates(r, plan.Lower)); err != nil {
-			w.fail(fmt.Errorf("sim: region %s: lowering shares: %w", r.name, err))
-			plan.Lower = nil
-		}
-		w.shareWrites += int64(len(plan.Lower))
-		// A rewrite (after a restart or a failover) may put back share
-		// that a reclaim took and the restored state has not heard of.
-		w.noteReclaims(plan.Lower, t)
-	}
-	if err := r.st.Commit(plan); err != nil {
-		w.commitErrors++
-		return
-	}
-	if w.restarts {
-		snap := r.st.Snapshot() // persisted before publishing, as the exchanger does
-		r.persisted = &snap
-	}
-	rep := r.st.Report()
-	w.publish(r, &rep, t)
-	if len(plan.Raise) > 0 {
-		if err := r.store.SetSharesAt(now, w.updates(r, plan.Raise)); err != nil {
-			w.fail(fmt.Errorf("sim: region %s: raising shares: %w", r.name, err))
-		}
-		w.shareWrites += int64(len(plan.Raise))
-		w.noteReclaims(plan.Raise, t)
-	}
-	if len(plan.Retire) > 0 {
-		if err := r.store.DeleteShares(w.ctx, plan.Retire); err != nil {
-			w.fail(fmt.Errorf("sim: region %s: retiring shares: %w", r.name, err))
-		}
-		w.shareWrites += int64(len(plan.Retire))
-	}
-}
-
-func (w *world) updates(r *regiond, cs []region.ShareChange) []lease.ShareUpdate {
-	ups := make([]lease.ShareUpdate, len(cs))
-	for i, c := range cs {
-		ups[i] = lease.ShareUpdate{Key: c.Key, SharePPM: c.SharePPM, Limit: w.limitOf(r, c.Key)}
-	}
-	return ups
-}
-
-// publish sends a report to every other region over the modelled NATS.
-func (w *world) publish(r *regiond, rep *region.Report, t int64) {
-	bytes, msgs := reportWire(rep)
-	w.natsMsgs += int64(msgs)
-	w.natsBytes += int64(bytes)
-	nw := &w.sc.Network
-	for _, to := range w.rs {
-		if to == r {
-			continue
-		}
-		if r.partitioned > 0 || to.partitioned > 0 {
-			continue
-		}
-		if nw.Loss > 0 && w.net.Float64() < nw.Loss {
-			continue
-		}
-		d := int64(nw.Delay)
-		if j := int64(nw.Jitter); j > 0 {
-			d += w.net.Int64N(2*j+1) - j
-		}
-		w.ev.push(event{at: t + max(d, 0), kind: evReport, region: to.idx, from: r.idx, report: rep})
-	}
-}
-
-func (w *world) deliver(e *event) {
-	to, from := w.rs[e.region], w.rs[e.from]
-	if to.partitioned > 0 || from.partitioned > 0 || to.down > 0 {
-		return // the partition began while it was on its way, or to is down
-	}
-	err := to.st.Receive(w.base.Add(dur(e.at+to.skew)), *e.report)
-	switch {
-	case err == nil:
-		// Gifts are in use as they arrive (region.State.Apply).
-		if cs := to.st.Apply(); len(cs) > 0 {
-			if err := to.store.SetSharesAt(w.base.Add(dur(e.at)), w.updates(to, cs)); err != nil {
-				w.fail(fmt.Errorf("sim: region %s: applying gifts: %w", to.name, err))
-			}
-			w.shareWrites += int64(len(cs))
-			w.noteReclaims(cs, e.at)
-		}
-	case errors.Is(err, region.ErrStale):
-		w.recvStale++
-	default:
-		w.recvErrors++
 	}
 }

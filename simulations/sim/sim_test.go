@@ -88,22 +88,6 @@ func TestGolden(t *testing.T) {
 	}
 }
 
-// TestDirectPathMatchesService checks that calling the store the way
-// lease/service does gives exactly what the real service handlers give.
-func TestDirectPathMatchesService(t *testing.T) {
-	sc := load(t, "testdata/golden.yaml")
-	for _, alg := range []Algorithm{Escrow, Static} {
-		s1, c1, _ := outputs(t, sc, Options{Algorithm: alg})
-		s2, c2, _ := outputs(t, sc, Options{Algorithm: alg, ViaService: true})
-		if diff := cmp.Diff(string(s2), string(s1)); diff != "" {
-			t.Errorf("%s: summary through lease/service vs direct (-service +direct):\n%s", alg, diff)
-		}
-		if !bytes.Equal(c1, c2) {
-			t.Errorf("%s: series differ between the service and the direct path", alg)
-		}
-	}
-}
-
 // TestCommittedScenariosParse keeps every committed scenario valid.
 func TestCommittedScenariosParse(t *testing.T) {
 	files, err := filepath.Glob("../scenarios/*.yaml")

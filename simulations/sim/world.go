@@ -9,8 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"google.golang.org/protobuf/types/known/durationpb"
-
 	"github.com/ration-dev/ration/lease"
 	"github.com/ration-dev/ration/lease/agent"
 	"github.com/ration-dev/ration/lease/service"
@@ -54,7 +52,7 @@ type regiond struct {
 	name    string
 	store   *lease.MemoryStore
 	svc     *service.Service
-	st      *region.State
+	node    *region.Node // its exchange: a new one when the regiond restarts
 	initial int64
 	skew    int64 // its clock is ahead of true time by skew
 	// partitioned counts the partitions in force that cut it off, and
@@ -68,12 +66,6 @@ type regiond struct {
 	agents    []*agentSim // alive
 	serial    int
 	snap      *lease.MemoryStore // the state a failover falls back to
-
-	// The direct lease path's scratch and agent count.
-	grants []lease.GrantRequest
-	out    []lease.Grant
-	rules  []*policy.Rule
-	seen   agentSet
 }
 
 // agentSim is one agent of a region.
@@ -85,22 +77,19 @@ type agentSim struct {
 	dirty    bool // in world.dirty
 }
 
-// observer hands lease/service's tallies of global keys to the exchange,
-// as regiond's exchanger does.
-// observer passes lease/service's tallies to the region's exchange state
-// (the one in force: a restarted regiond has a new one).
+// observer passes lease/service's tallies of global keys to the region's
+// exchange (the one in force: a restarted regiond has a new one), as
+// regiond's exchanger does.
 type observer struct{ r *regiond }
 
 func (o observer) Observe(key string, _ *policy.Rule, demand, granted int64) {
-	o.r.st.Observe(key, demand, granted)
+	o.r.node.Observe(key, demand, granted)
 }
 
 // world is one run.
 type world struct {
 	sc    *Scenario
 	alg   Algorithm
-	via   bool // calls go through lease/service's handlers
-	ttlpb *durationpb.Duration
 	base  time.Time
 	now   int64 // ns since base
 	set   *policy.Set
@@ -134,7 +123,7 @@ type world struct {
 	reclaimOpen map[int]bool
 
 	natsMsgs, natsBytes, shareWrites, idealOps int64
-	recvStale, recvErrors, commitErrors        int64
+	recvStale, recvErrors                      int64
 	firstErr                                   error
 }
 
@@ -155,9 +144,9 @@ type callCtx struct {
 
 func (c callCtx) Deadline() (time.Time, bool) { return c.deadline, true }
 
-func newWorld(sc *Scenario, alg Algorithm, viaService bool) (*world, error) {
+func newWorld(sc *Scenario, alg Algorithm) (*world, error) {
 	w := &world{
-		sc: sc, alg: alg, via: viaService, ttlpb: durationpb.New(sc.LeaseTTL), base: epoch0, ctx: callCtx{context.Background(), time.Now().Add(storeTimeout / 2)},
+		sc: sc, alg: alg, base: epoch0, ctx: callCtx{context.Background(), time.Now().Add(storeTimeout / 2)},
 		arr: rand.New(rand.NewPCG(sc.Seed, 0x61727269)),
 		net: rand.New(rand.NewPCG(sc.Seed, 0x6e6574)),
 	}
@@ -173,11 +162,12 @@ func newWorld(sc *Scenario, alg Algorithm, viaService bool) (*world, error) {
 	w.agCfg = agent.Config{LeasePeriod: sc.LeasePeriod, LeaseTTL: sc.LeaseTTL, Logger: slog.New(slog.DiscardHandler)}
 	clock := func() time.Time { return w.base.Add(dur(w.now)) }
 	for i, name := range sc.Regions {
-		st, err := region.New(region.Config{Self: name, Regions: sc.Regions, Period: sc.SyncPeriod, Policy: w.keyPolicy})
-		if err != nil {
-			return nil, fmt.Errorf("sim: region %s: %w", name, err)
+		r := &regiond{idx: i, name: name, rcfg: region.Config{Self: name, Regions: sc.Regions, Period: sc.SyncPeriod,
+			Policy: func(key string) region.KeyPolicy { return w.set.RuleOf(key).KeyPolicy() }}}
+		if err := w.newNode(r); err != nil {
+			return nil, err
 		}
-		r := &regiond{idx: i, name: name, st: st, initial: st.Initial(name), rcfg: st.Config()}
+		r.initial = r.node.Initial(name)
 		if sc.Network.ClockSkew > 0 {
 			r.skew = w.net.Int64N(2*int64(sc.Network.ClockSkew)+1) - int64(sc.Network.ClockSkew)
 		}
@@ -194,6 +184,7 @@ func newWorld(sc *Scenario, alg Algorithm, viaService bool) (*world, error) {
 		if alg == Escrow {
 			cfg.Observer = observer{r}
 		}
+		var err error
 		if r.svc, err = service.New(cfg); err != nil {
 			return nil, fmt.Errorf("sim: region %s: %w", name, err)
 		}
@@ -203,8 +194,7 @@ func newWorld(sc *Scenario, alg Algorithm, viaService bool) (*world, error) {
 		w.ideal = lease.NewMemoryStore(lease.MemoryConfig{Clock: clock, Shards: 1})
 		w.idealReq = make([]lease.GrantRequest, len(w.keys))
 		for i, k := range w.keys {
-			w.idealReq[i] = lease.GrantRequest{Key: k.storeKey, Want: k.cost,
-				Limit: lease.Limit{Rate: k.rate, Burst: k.burst, Cost: k.cost, InitialShare: lease.PPM}}
+			w.idealReq[i] = lease.GrantRequest{Key: k.storeKey, Want: k.cost, Limit: service.Limit(k.rule, region.PPM)}
 		}
 		w.idealOut = make([]lease.Grant, 1)
 	} else {
@@ -278,7 +268,7 @@ func (w *world) buildPolicy() error {
 			ds := []policy.Descriptor{{Key: "rule", Value: kr.name}, {Key: g.Name, Value: value}}
 			w.keys = append(w.keys, simKey{
 				group: gi, rule: r, ds: ds,
-				storeKey: region.GlobalKey(r.Name, string(r.AppendKey(nil, ds))),
+				storeKey: policy.StoreKey(r.Name, string(r.AppendKey(nil, ds))),
 				rate:     r.Rate(), burst: float64(r.Burst), cost: r.Cost,
 			})
 			weights = append(weights, g.Weight/sumW*ps[i])
@@ -311,31 +301,6 @@ func groupSpread(g KeyGroup) []float64 {
 		ps[i] /= sum
 	}
 	return ps
-}
-
-// keyPolicy is region.Config.Policy: the rule of a global key.
-func (w *world) keyPolicy(key string) region.KeyPolicy {
-	name, _, _ := strings.Cut(key, "/")
-	r := w.set.Rule(name)
-	if r == nil {
-		return region.KeyPolicy{}
-	}
-	return region.KeyPolicy{Rate: r.Rate(), ReclaimAfter: r.PartitionReclaimAfter, Cost: float64(r.Cost)}
-}
-
-// limitOf is the store's Limit of a global key in region r, as lease/service
-// and the exchanger compute it.
-func (w *world) limitOf(r *regiond, key string) lease.Limit {
-	name, _, _ := strings.Cut(key, "/")
-	rule := w.set.Rule(name)
-	if rule == nil {
-		return lease.Limit{Rate: 1, Burst: 1, Cost: 1, InitialShare: r.initial}
-	}
-	share := r.initial
-	if rule.Scope == policy.ScopeRegion {
-		share = lease.PPM
-	}
-	return lease.Limit{Rate: rule.Rate(), Burst: float64(rule.Burst), Cost: rule.Cost, InitialShare: share, StartEmpty: rule.StartEmpty}
 }
 
 func (w *world) addAgent(r *regiond) error {

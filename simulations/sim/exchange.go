@@ -1,0 +1,142 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/ration-dev/ration/lease"
+	"github.com/ration-dev/ration/lease/service"
+	"github.com/ration-dev/ration/region"
+)
+
+// Each region runs the production exchange protocol (region.Node); the
+// simulator is its Effects, as sync/exchange is in regiond: the region's
+// memory store, the state it persists, and the modelled NATS. Effects act
+// at the simulated time of the event being handled.
+
+// regionFx carries out region r's exchange effects.
+type regionFx struct {
+	w *world
+	r *regiond
+}
+
+// newNode starts region r's exchange: a new regiond process, which holds its
+// region's election (one replica a region) and takes over from the state
+// last persisted, if any.
+func (w *world) newNode(r *regiond) error {
+	n, err := region.NewNode(r.rcfg, regionFx{w, r})
+	if err != nil {
+		return fmt.Errorf("sim: region %s: %w", r.name, err)
+	}
+	if ch := n.Hold(w.ctx, region.HoldTaken); ch.Err != nil {
+		return fmt.Errorf("sim: region %s: %w", r.name, ch.Err)
+	}
+	r.node = n
+	return nil
+}
+
+func (fx regionFx) WriteShares(_ context.Context, cs []region.ShareChange) []region.ShareChange {
+	w, r := fx.w, fx.r
+	ups := make([]lease.ShareUpdate, len(cs))
+	for i, c := range cs {
+		ups[i] = lease.ShareUpdate{Key: c.Key, SharePPM: c.SharePPM, Limit: service.Limit(w.set.RuleOf(c.Key), r.initial)}
+	}
+	if err := r.store.SetSharesAt(w.base.Add(dur(w.now)), ups); err != nil {
+		w.fail(fmt.Errorf("sim: region %s: writing shares: %w", r.name, err))
+		return nil
+	}
+	w.shareWrites += int64(len(cs))
+	// A rewrite (after a restart or a failover) may put back share that a
+	// reclaim took and the restored state has not heard of.
+	w.noteReclaims(cs, w.now)
+	return cs
+}
+
+func (fx regionFx) DeleteShares(_ context.Context, keys []string) {
+	w, r := fx.w, fx.r
+	if err := r.store.DeleteShares(w.ctx, keys); err != nil {
+		w.fail(fmt.Errorf("sim: region %s: retiring shares: %w", r.name, err))
+	}
+	w.shareWrites += int64(len(keys))
+}
+
+func (fx regionFx) Incarnation(ctx context.Context) (string, error) {
+	return fx.r.store.Incarnation(ctx)
+}
+
+// Persist keeps the state a restarted regiond comes back with; a scenario
+// without restarts never reads it.
+func (fx regionFx) Persist(_ context.Context, snap *region.Snapshot) error {
+	if fx.w.restarts {
+		fx.r.persisted = snap
+	}
+	return nil
+}
+
+func (fx regionFx) Load(context.Context) (*region.Snapshot, error) { return fx.r.persisted, nil }
+
+func (fx regionFx) Publish(_ context.Context, rep *region.Report) { fx.w.publish(fx.r, rep, fx.w.now) }
+
+// epoch starts region r's exchange epoch at t as regiond's exchanger does:
+// the tallies are closed and published, and the moves are decided a quarter
+// period later (exchange.Config.DecideAfter's default), when every region's
+// tallies have arrived.
+func (w *world) epoch(r *regiond, t int64) {
+	w.ev.push(event{at: t + int64(w.sc.SyncPeriod), kind: evEpoch, region: r.idx})
+	if r.down > 0 {
+		return // the regiond is down: no exchange
+	}
+	r.node.Tally(w.ctx, w.base.Add(dur(t+r.skew)))
+	w.ev.push(event{at: t + int64(w.sc.SyncPeriod)/4, kind: evDecide, region: r.idx})
+}
+
+// decide ends region r's epoch at t (region.Node.Decide).
+func (w *world) decide(r *regiond, t int64) {
+	if r.down > 0 {
+		return
+	}
+	if d := r.node.Decide(w.ctx, w.base.Add(dur(t+r.skew))); d.Err != nil {
+		w.fail(fmt.Errorf("sim: region %s: %w", r.name, d.Err))
+	}
+}
+
+// publish sends a report to every other region over the modelled NATS.
+func (w *world) publish(r *regiond, rep *region.Report, t int64) {
+	bytes, msgs := reportWire(rep)
+	w.natsMsgs += int64(msgs)
+	w.natsBytes += int64(bytes)
+	nw := &w.sc.Network
+	for _, to := range w.rs {
+		if to == r {
+			continue
+		}
+		if r.partitioned > 0 || to.partitioned > 0 {
+			continue
+		}
+		if nw.Loss > 0 && w.net.Float64() < nw.Loss {
+			continue
+		}
+		d := int64(nw.Delay)
+		if j := int64(nw.Jitter); j > 0 {
+			d += w.net.Int64N(2*j+1) - j
+		}
+		w.ev.push(event{at: t + max(d, 0), kind: evReport, region: to.idx, from: r.idx, report: rep})
+	}
+}
+
+// deliver hands a report to its region (region.Node.Receive).
+func (w *world) deliver(e *event) {
+	to, from := w.rs[e.region], w.rs[e.from]
+	if to.partitioned > 0 || from.partitioned > 0 || to.down > 0 {
+		return // the partition began while it was on its way, or to is down
+	}
+	err := to.node.Receive(w.ctx, w.base.Add(dur(e.at+to.skew)), e.report)
+	switch {
+	case err == nil:
+	case errors.Is(err, region.ErrStale):
+		w.recvStale++
+	default:
+		w.recvErrors++
+	}
+}
