@@ -21,6 +21,18 @@ type MemoryConfig struct {
 	Shards int
 }
 
+// withDefaults returns c with every zero (or, for Shards, non-positive)
+// field set to its default: every MemoryConfig is valid.
+func (c MemoryConfig) withDefaults() MemoryConfig {
+	if c.Clock == nil {
+		c.Clock = time.Now
+	}
+	if c.Shards < 1 {
+		c.Shards = 64
+	}
+	return c
+}
+
 // MemoryStore is the allocator contract (DESIGN.md, "Level 1") in Go: the
 // embedded default store and the simulator's. It is safe for concurrent use.
 //
@@ -69,12 +81,7 @@ func (e *memEntry) live(nowUS int64) bool {
 
 // NewMemoryStore returns an empty store.
 func NewMemoryStore(cfg MemoryConfig) *MemoryStore {
-	if cfg.Clock == nil {
-		cfg.Clock = time.Now
-	}
-	if cfg.Shards < 1 {
-		cfg.Shards = 64
-	}
+	cfg = cfg.withDefaults()
 	m := &MemoryStore{clock: cfg.Clock, seed: maphash.MakeSeed(), shards: make([]memShard, cfg.Shards)}
 	for i := range m.shards {
 		m.shards[i].keys = make(map[string]*memEntry)

@@ -22,16 +22,22 @@ type RedisConfig struct {
 	Timeout time.Duration
 }
 
-func (c *RedisConfig) ensureDefaults() {
+// withDefaults returns c with every zero field set to its default.
+func (c RedisConfig) withDefaults() RedisConfig {
 	if c.Prefix == "" {
 		c.Prefix = "ration:"
 	}
 	if c.Timeout == 0 {
 		c.Timeout = 50 * time.Millisecond
 	}
+	return c
 }
 
-func (c *RedisConfig) validate() error {
+// Validate reports whether c, with its defaults filled, is usable by
+// NewRedisStore. The error wraps ErrInvalid.
+func (c RedisConfig) Validate() error { return c.withDefaults().validate() }
+
+func (c RedisConfig) validate() error {
 	if strings.ContainsAny(c.Prefix, "{}") {
 		return fmt.Errorf("%w: redis prefix %q contains a brace", ErrInvalid, c.Prefix)
 	}
@@ -64,7 +70,7 @@ func NewRedisStore(client redis.UniversalClient, cfg RedisConfig) (*RedisStore, 
 	if client == nil {
 		return nil, fmt.Errorf("%w: nil redis client", ErrInvalid)
 	}
-	cfg.ensureDefaults()
+	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}

@@ -22,20 +22,33 @@ type WatcherConfig struct {
 	Logger *slog.Logger
 }
 
-func (c WatcherConfig) withDefaults() (WatcherConfig, error) {
-	if c.Path == "" {
-		return c, errors.New("policy: WatcherConfig.Path is required")
-	}
-	if c.Interval < 0 {
-		return c, fmt.Errorf("policy: WatcherConfig.Interval must be >= 0 (got %s)", c.Interval)
-	}
+// ErrInvalidConfig is wrapped by NewWatcher's and Validate's errors for a
+// WatcherConfig that cannot be used.
+var ErrInvalidConfig = errors.New("policy: invalid watcher config")
+
+// withDefaults returns c with every zero optional field set to its default.
+func (c WatcherConfig) withDefaults() WatcherConfig {
 	if c.Interval == 0 {
 		c.Interval = time.Second
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
-	return c, nil
+	return c
+}
+
+// Validate reports whether c, with its defaults filled, is usable by
+// NewWatcher. The error wraps ErrInvalidConfig.
+func (c WatcherConfig) Validate() error { return c.withDefaults().validate() }
+
+func (c WatcherConfig) validate() error {
+	switch {
+	case c.Path == "":
+		return fmt.Errorf("%w: Path is required", ErrInvalidConfig)
+	case c.Interval < 0:
+		return fmt.Errorf("%w: Interval must be >= 0 (got %s)", ErrInvalidConfig, c.Interval)
+	}
+	return nil
 }
 
 // racyWindow is how long after a file's modification time a read of it may
@@ -78,8 +91,8 @@ type fileState struct {
 // NewWatcher loads cfg.Path once and returns a Watcher holding it. It fails
 // if the first load fails: there is no good set to keep.
 func NewWatcher(cfg WatcherConfig) (*Watcher, error) {
-	cfg, err := cfg.withDefaults()
-	if err != nil {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	w := &Watcher{cfg: cfg, now: time.Now, subs: make(map[*chan struct{}]struct{})}

@@ -80,8 +80,8 @@ func TestNewWatcherErrors(t *testing.T) {
 		cfg  WatcherConfig
 		is   error
 	}{
-		{"no path", WatcherConfig{}, nil},
-		{"negative interval", WatcherConfig{Path: bad, Interval: -time.Second}, nil},
+		{"no path", WatcherConfig{}, ErrInvalidConfig},
+		{"negative interval", WatcherConfig{Path: bad, Interval: -time.Second}, ErrInvalidConfig},
 		{"missing file", WatcherConfig{Path: filepath.Join(dir, "missing.yaml")}, fs.ErrNotExist},
 		{"bad file", WatcherConfig{Path: bad}, ErrInvalid},
 	} {

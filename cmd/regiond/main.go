@@ -37,6 +37,7 @@ import (
 	"time"
 
 	"github.com/ration-dev/ration/internal/regiond"
+	"github.com/ration-dev/ration/lease/service"
 )
 
 func main() {
@@ -61,8 +62,8 @@ func run(args []string) error {
 	fs.DurationVar(&cfg.SyncPeriod, "sync-period", time.Second, "how often regions exchange reports and move shares (the same in every region)")
 	fs.DurationVar(&cfg.DecideAfter, "decide-after", 0, "how long after publishing its tallies a region decides its moves; more than the one-way delay between regions plus clock skew (default sync-period/4)")
 	fs.StringVar(&cfg.Replica, "replica", "", "this replica's name within its region (default: hostname and a random suffix)")
-	fs.DurationVar(&cfg.LeaseTTL, "lease-ttl", 100*time.Millisecond, "lease lifetime τ")
-	fs.DurationVar(&cfg.StoreTimeout, "store-timeout", 50*time.Millisecond, "deadline of each store call")
+	fs.DurationVar(&cfg.LeaseTTL, "lease-ttl", service.DefaultLeaseTTL, "lease lifetime τ")
+	fs.DurationVar(&cfg.StoreTimeout, "store-timeout", service.DefaultStoreTimeout, "deadline of each store call")
 	grace := fs.Duration("grace", 10*time.Second, "how long in-flight calls may take to finish at shutdown")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {

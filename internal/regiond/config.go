@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ration-dev/ration/lease/service"
 	"github.com/ration-dev/ration/region"
 )
 
@@ -88,7 +89,13 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-func (c *Config) ensureDefaults() {
+// ErrInvalidConfig is wrapped by New's and Validate's errors for a Config
+// that cannot be used.
+var ErrInvalidConfig = errors.New("regiond: invalid config")
+
+// withDefaults returns c with every zero optional field set to its default
+// (the Regions slice copied and sorted).
+func (c Config) withDefaults() Config {
 	if c.Region == "" {
 		c.Region = "local"
 	}
@@ -102,10 +109,10 @@ func (c *Config) ensureDefaults() {
 		c.PolicyInterval = time.Second
 	}
 	if c.LeaseTTL == 0 {
-		c.LeaseTTL = 100 * time.Millisecond
+		c.LeaseTTL = service.DefaultLeaseTTL
 	}
 	if c.StoreTimeout == 0 {
-		c.StoreTimeout = 50 * time.Millisecond
+		c.StoreTimeout = service.DefaultStoreTimeout
 	}
 	if c.SweepInterval == 0 {
 		c.SweepInterval = 10 * time.Second
@@ -130,9 +137,14 @@ func (c *Config) ensureDefaults() {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	return c
 }
 
-func (c *Config) validate() error {
+// Validate reports whether c, with its defaults filled, is usable by New.
+// The error wraps ErrInvalidConfig and lists every problem.
+func (c Config) Validate() error { return c.withDefaults().validate() }
+
+func (c Config) validate() error {
 	var errs []error
 	if c.PolicyInterval < 0 || c.LeaseTTL < 0 || c.StoreTimeout < 0 || c.SweepInterval < 0 || c.NATSReconnectWait < 0 {
 		errs = append(errs, errors.New("durations must not be negative"))
@@ -159,7 +171,7 @@ func (c *Config) validate() error {
 		errs = append(errs, fmt.Errorf("regions %v: a region is listed twice", c.Regions))
 	}
 	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("regiond: invalid config: %w", err)
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	return nil
 }
@@ -177,4 +189,4 @@ func validRegion(r string) bool {
 }
 
 // exchanging reports whether the cross-region exchange runs.
-func (c *Config) exchanging() bool { return c.NATSURL != "" || c.NATSEmbedded }
+func (c Config) exchanging() bool { return c.NATSURL != "" || c.NATSEmbedded }

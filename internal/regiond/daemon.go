@@ -64,7 +64,7 @@ type Daemon struct {
 // New builds a daemon from cfg: it connects the store and loads the policy,
 // but binds no socket and starts no goroutine until Start.
 func New(cfg Config) (*Daemon, error) {
-	cfg.ensureDefaults()
+	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -78,7 +78,7 @@ func New(cfg Config) (*Daemon, error) {
 	d := &Daemon{cfg: cfg, log: cfg.Logger.With("region", cfg.Region), initial: region.PPM}
 	if cfg.exchanging() {
 		var err error
-		if d.initial, err = initialShare(&cfg); err != nil {
+		if d.initial, err = initialShare(cfg); err != nil {
 			return nil, fmt.Errorf("regiond: exchange: %w", err)
 		}
 		d.natsMet = newNATSMetrics(cfg.Registry)

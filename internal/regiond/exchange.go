@@ -76,7 +76,7 @@ func newNATSMetrics(reg prometheus.Registerer) *natsMetrics {
 // initialShare is the region's initial share of every global key, as the
 // exchange will compute it; New also validates the exchange's region
 // config with it.
-func initialShare(cfg *Config) (int64, error) {
+func initialShare(cfg Config) (int64, error) {
 	rc := region.Config{Self: cfg.Region, Regions: cfg.Regions, Period: cfg.SyncPeriod}
 	if cfg.ExchangeTune != nil {
 		cfg.ExchangeTune(&rc)

@@ -35,8 +35,17 @@ type Observer interface {
 	Observe(key string, rule *policy.Rule, demand, granted int64)
 }
 
-// ErrClosed is returned by methods called after Close.
-var ErrClosed = errors.New("service: closed")
+// ErrInvalidConfig is wrapped by New's and Validate's errors for a Config
+// that cannot be used.
+var ErrInvalidConfig = errors.New("service: invalid config")
+
+// Defaults of Config.
+const (
+	// DefaultLeaseTTL is τ, the time an agent may spend a lease (LeaseTTL).
+	DefaultLeaseTTL = 100 * time.Millisecond
+	// DefaultStoreTimeout bounds a store call (StoreTimeout).
+	DefaultStoreTimeout = 50 * time.Millisecond
+)
 
 // Config configures a Service. The zero value of every optional field means
 // its default.
@@ -57,10 +66,10 @@ type Config struct {
 	// exchange knows each key's initial split).
 	InitialShareFor func(key string, rule *policy.Rule) int64
 	// LeaseTTL is τ, how long an agent may spend a lease, measured from when
-	// it sent the request (default 100ms).
+	// it sent the request (default DefaultLeaseTTL).
 	LeaseTTL time.Duration
 	// StoreTimeout bounds each store call; when it passes the call fails with
-	// codes.Unavailable (default 50ms).
+	// codes.Unavailable (default DefaultStoreTimeout).
 	StoreTimeout time.Duration
 	// MaxItems is the largest batch one Lease or Return call may carry
 	// (default 1000).
@@ -84,15 +93,16 @@ type Config struct {
 	Clock func() time.Time
 }
 
-func (c *Config) ensureDefaults() {
+// withDefaults returns c with every zero optional field set to its default.
+func (c Config) withDefaults() Config {
 	if c.InitialShare == 0 {
 		c.InitialShare = region.PPM
 	}
 	if c.LeaseTTL == 0 {
-		c.LeaseTTL = 100 * time.Millisecond
+		c.LeaseTTL = DefaultLeaseTTL
 	}
 	if c.StoreTimeout == 0 {
-		c.StoreTimeout = 50 * time.Millisecond
+		c.StoreTimeout = DefaultStoreTimeout
 	}
 	if c.MaxItems == 0 {
 		c.MaxItems = 1000
@@ -112,20 +122,28 @@ func (c *Config) ensureDefaults() {
 	if c.Clock == nil {
 		c.Clock = time.Now
 	}
+	return c
 }
 
-func (c *Config) validate() error {
+// Validate reports whether c, with its defaults filled, is usable by New.
+// The error wraps ErrInvalidConfig.
+func (c Config) Validate() error { return c.withDefaults().validate() }
+
+func (c Config) validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
+	}
 	switch {
 	case c.Region == "":
-		return errors.New("service: Config.Region is required")
+		return bad("Region is required")
 	case c.Store == nil:
-		return errors.New("service: Config.Store is required")
+		return bad("Store is required")
 	case c.InitialShare < 0 || c.InitialShare > region.PPM:
-		return fmt.Errorf("service: Config.InitialShare %d outside [0, %d]", c.InitialShare, region.PPM)
+		return bad("InitialShare %d outside [0, %d]", c.InitialShare, region.PPM)
 	case c.LeaseTTL < 0, c.StoreTimeout < 0, c.AgentWindow < 0:
-		return errors.New("service: durations must not be negative")
+		return bad("durations must not be negative")
 	case c.MaxItems < 0, c.MaxKeyLen < 0, c.MaxAgents < 0:
-		return errors.New("service: limits must not be negative")
+		return bad("limits must not be negative")
 	}
 	return nil
 }
@@ -146,9 +164,10 @@ type Service struct {
 	bufs sync.Pool // *batch
 }
 
-// New returns a Service for cfg.
+// New returns a Service for cfg, filling its defaults on a copy. The error
+// wraps ErrInvalidConfig.
 func New(cfg Config) (*Service, error) {
-	cfg.ensureDefaults()
+	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -201,8 +220,10 @@ func (s *Service) policyAndChange() (*policy.Set, <-chan struct{}) {
 func (s *Service) Agents() int { return s.agents.count(s.cfg.Clock()) }
 
 // Close ends every WatchPolicy stream, so that a graceful stop of the gRPC
-// server does not wait for them forever. Unary calls are unaffected.
-func (s *Service) Close() {
+// server does not wait for them forever; unary calls are unaffected. The
+// service starts no goroutine: its calls run on the gRPC server's. Close
+// returns nil.
+func (s *Service) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	select {
@@ -210,4 +231,5 @@ func (s *Service) Close() {
 	default:
 		close(s.closed)
 	}
+	return nil
 }
