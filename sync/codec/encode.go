@@ -24,7 +24,8 @@ var ErrTooLarge = errors.New("codec: entry larger than a message")
 // first cost as much as the rest of the epoch's encoding.
 func EncodeReport(r *region.Report, id uint64, maxBytes int) ([][]byte, error) {
 	sizes := make([]int, len(r.Keys)) // of each Key message
-	spans, err := split(r, id, maxBytes, sizes, nil)
+	var buf [16]span
+	spans, err := split(r, id, maxBytes, sizes, buf[:0])
 	if err != nil {
 		return nil, err
 	}
