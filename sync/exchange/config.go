@@ -90,7 +90,7 @@ type Config struct {
 	// StoreTimeout bounds each store call. Default Period / 2.
 	StoreTimeout time.Duration
 	// QueueSize is how many received messages wait for the exchange's loop
-	// before new ones are dropped (ReasonOverflow). Default 4096.
+	// before new ones are dropped (codec.ReasonOverflow). Default 4096.
 	QueueSize int
 	// Limits bound what the decoder accepts.
 	Limits codec.Limits
