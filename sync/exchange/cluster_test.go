@@ -19,6 +19,7 @@ import (
 	"github.com/ration-dev/ration/lease"
 	"github.com/ration-dev/ration/policy"
 	"github.com/ration-dev/ration/region"
+	"github.com/ration-dev/ration/sync/codec"
 	"github.com/ration-dev/ration/sync/embedded"
 	"github.com/ration-dev/ration/sync/exchange"
 )
@@ -283,8 +284,8 @@ func (f *fleet) run(killEU func()) {
 	f.waitPeerShare("us", targets(second)["us"]-50_000)
 	f.waitHeard()
 	t.Logf("%d observations of the shares, every one summing to at most %d ppm; %v in all", f.observations, region.PPM, time.Since(begin))
-	_, err := exchange.DecodePart(forged, exchange.Limits{})
-	reason, ok := exchange.ReasonOf(err)
+	_, err := codec.DecodePart(forged, codec.Limits{})
+	reason, ok := codec.ReasonOf(err)
 	if !ok {
 		t.Fatalf("decoding the forgery: got %v, want a drop", err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/ration-dev/ration/lease"
 	"github.com/ration-dev/ration/policy"
 	"github.com/ration-dev/ration/region"
+	"github.com/ration-dev/ration/sync/codec"
 )
 
 // Store is the region's allocator store as the exchange writes it:
@@ -89,10 +90,10 @@ type Config struct {
 	// StoreTimeout bounds each store call. Default Period / 2.
 	StoreTimeout time.Duration
 	// QueueSize is how many received messages wait for the exchange's loop
-	// before new ones are dropped (ReasonOverflow). Default 4096.
+	// before new ones are dropped (codec.ReasonOverflow). Default 4096.
 	QueueSize int
 	// Limits bound what the decoder accepts.
-	Limits Limits
+	Limits codec.Limits
 	// TopKeys is how many of the most active keys get a share gauge per
 	// region (bounded cardinality). Default 20; negative disables.
 	TopKeys int

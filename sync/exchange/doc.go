@@ -2,12 +2,9 @@
 // the edge around the deterministic core in package region (DESIGN.md,
 // "Level 2" and "Replicas of one region").
 //
-// The codec (EncodeReport, DecodePart, Assembler) turns a region.Report
-// into checksummed protobuf messages (sync/v1) no larger than the
-// connection's max_payload, and back, dropping and classifying by Reason
-// anything corrupt, truncated, oversized, duplicated, replayed or
-// inconsistent. EncodeSnapshot and DecodeSnapshot do the same for the
-// region's persisted exchange state.
+// Reports and the persisted exchange state travel in the wire format of
+// package sync/codec, which classifies every message it drops by
+// codec.Reason.
 //
 // An Exchanger is one regiond replica's runtime. Start it with a NATS
 // connection, the region's store and a Coordinator (the store's exchange

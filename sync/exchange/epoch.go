@@ -8,6 +8,7 @@ import (
 
 	"github.com/ration-dev/ration/lease"
 	"github.com/ration-dev/ration/region"
+	"github.com/ration-dev/ration/sync/codec"
 )
 
 // tallyPhase starts an epoch: lease, then the tallies closed and published
@@ -18,7 +19,7 @@ func (x *Exchanger) tallyPhase(ctx context.Context) bool {
 	now := x.cfg.Clock()
 	x.pol = x.cfg.Policy()
 	if n := x.asm.Expire(now); n > 0 {
-		x.met.dropped.WithLabelValues(string(ReasonIncomplete)).Add(float64(n))
+		x.met.dropped.WithLabelValues(string(codec.ReasonIncomplete)).Add(float64(n))
 	}
 	holder, taken := x.acquire(ctx)
 	if taken && x.restored {
@@ -150,7 +151,7 @@ func (x *Exchanger) takeOver(ctx context.Context) bool {
 	}
 	x.prev = nil
 	if blob != nil {
-		snap, err := DecodeSnapshot(blob)
+		snap, err := codec.DecodeSnapshot(blob)
 		if err == nil {
 			err = x.st.Restore(snap)
 		}
@@ -201,7 +202,7 @@ func (x *Exchanger) keepPrev(blob []byte) bool {
 	if blob == nil {
 		return true
 	}
-	snap, err := DecodeSnapshot(blob)
+	snap, err := codec.DecodeSnapshot(blob)
 	return err == nil && snap.Epoch < x.prev.LastEpoch()
 }
 
@@ -216,7 +217,7 @@ func (x *Exchanger) holderEpoch(ctx context.Context, now time.Time) {
 		return
 	}
 	snap := x.st.Snapshot()
-	blob, err := EncodeSnapshot(&snap)
+	blob, err := codec.EncodeSnapshot(&snap)
 	if err == nil {
 		lctx, cancel := x.leaseCtx(ctx, x.cfg.Period)
 		err = x.cfg.Coordinator.SaveExchangeState(lctx, x.cfg.Region, x.cfg.Replica, blob)
@@ -346,7 +347,7 @@ func (x *Exchanger) publish(rep *region.Report) {
 	if limit <= 0 {
 		limit = 1 << 20 // not connected yet: the server default
 	}
-	msgs, err := EncodeReport(rep, rand.Uint64(), limit)
+	msgs, err := codec.EncodeReport(rep, rand.Uint64(), limit)
 	if err != nil {
 		x.met.publishErrors.Inc()
 		x.cfg.Logger.Error("exchange: encoding the report", "err", err)

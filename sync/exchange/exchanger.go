@@ -14,6 +14,7 @@ import (
 
 	"github.com/ration-dev/ration/policy"
 	"github.com/ration-dev/ration/region"
+	"github.com/ration-dev/ration/sync/codec"
 )
 
 // Exchanger runs one replica's side of the cross-region exchange: the edge
@@ -35,7 +36,7 @@ type Exchanger struct {
 	// Owned by the loop goroutine.
 	st         *region.State
 	prev       *region.State // the state last dropped, while no other holder was seen
-	asm        *Assembler
+	asm        *codec.Assembler
 	pol        *policy.Set
 	leaseUntil time.Time     // our lease is safe to write under until then
 	restored   bool          // st holds the persisted state (we are the holder)
@@ -74,7 +75,7 @@ func New(cfg Config) (*Exchanger, error) {
 	x := &Exchanger{
 		cfg:     cfg,
 		subject: cfg.Subject + "." + cfg.Region,
-		asm:     NewAssembler(AssemblerConfig{Timeout: 2 * cfg.Period}),
+		asm:     codec.NewAssembler(codec.AssemblerConfig{Timeout: 2 * cfg.Period}),
 		written: make(map[string]int64),
 		heard:   make(map[string]time.Time),
 		seed:    maphash.MakeSeed(),
@@ -143,7 +144,7 @@ func (x *Exchanger) Start() error {
 		select {
 		case x.inbox <- m.Data:
 		default:
-			x.met.dropped.WithLabelValues(string(ReasonOverflow)).Inc()
+			x.met.dropped.WithLabelValues(string(codec.ReasonOverflow)).Inc()
 		}
 	})
 	if err != nil {
@@ -249,7 +250,7 @@ func (x *Exchanger) untilEpoch() time.Duration {
 func (x *Exchanger) receive(ctx context.Context, msg []byte) {
 	now := x.cfg.Clock()
 	x.met.received.Inc()
-	p, err := DecodePart(msg, x.cfg.Limits)
+	p, err := codec.DecodePart(msg, x.cfg.Limits)
 	if err == nil {
 		var r *region.Report
 		if r, err = x.asm.Add(now, p); err == nil && r != nil {
@@ -262,13 +263,13 @@ func (x *Exchanger) receive(ctx context.Context, msg []byte) {
 	if err == nil {
 		return
 	}
-	reason, ok := ReasonOf(err)
+	reason, ok := codec.ReasonOf(err)
 	if !ok {
 		x.cfg.Logger.Error("exchange: receiving a report", "err", err)
 		return
 	}
 	x.met.dropped.WithLabelValues(string(reason)).Inc()
-	if reason != ReasonStale && reason != ReasonDuplicate {
+	if reason != codec.ReasonStale && reason != codec.ReasonDuplicate {
 		x.cfg.Logger.Debug("exchange: dropped a message", "reason", reason, "err", err)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ration-dev/ration/region"
+	"github.com/ration-dev/ration/sync/codec"
 )
 
 type metrics struct {
@@ -86,7 +87,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Times the store's incarnation changed (it may have lost writes) and every share was written again.",
 		}),
 	}
-	for _, r := range Reasons {
+	for _, r := range codec.Reasons {
 		m.dropped.WithLabelValues(string(r))
 	}
 	for _, d := range []string{"given", "received"} {

@@ -1,4 +1,4 @@
-package exchange
+package codec
 
 import (
 	"fmt"
@@ -56,14 +56,14 @@ func EncodeSnapshot(s *region.Snapshot) ([]byte, error) {
 		msg = appendKeySnapshot(protowire.AppendTag(msg, 7, protowire.BytesType), &s.Keys[i], sizes[i])
 	}
 	if len(msg)-body != size {
-		return nil, fmt.Errorf("exchange: encoding snapshot: %d bytes, sized %d", len(msg)-body, size) // a bug
+		return nil, fmt.Errorf("codec: encoding snapshot: %d bytes, sized %d", len(msg)-body, size) // a bug
 	}
 	return endEnvelope(msg, body), nil
 }
 
 func checkSnapshotUTF8(s *region.Snapshot) error {
 	bad := func(what, v string) error {
-		return fmt.Errorf("exchange: encoding snapshot: %s %q is not valid UTF-8", what, v)
+		return fmt.Errorf("codec: encoding snapshot: %s %q is not valid UTF-8", what, v)
 	}
 	if !utf8.ValidString(s.Region) {
 		return bad("region", s.Region)

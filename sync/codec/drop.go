@@ -1,4 +1,4 @@
-package exchange
+package codec
 
 import (
 	"errors"
@@ -7,9 +7,9 @@ import (
 	"github.com/ration-dev/ration/region"
 )
 
-// Reason says why a received message, part or report was dropped. Every
-// drop is counted by reason (ration_exchange_dropped_total) and never
-// applied.
+// Reason says why a received message, part or report was dropped. The
+// Exchanger counts every drop by reason (ration_exchange_dropped_total)
+// and applies none.
 type Reason string
 
 // Drop reasons.
@@ -56,7 +56,7 @@ var Reasons = []Reason{
 }
 
 // ErrDropped is wrapped by every *DropError: match with errors.Is.
-var ErrDropped = errors.New("exchange: message dropped")
+var ErrDropped = errors.New("codec: message dropped")
 
 // DropError is a message, part or report that was dropped, and why.
 type DropError struct {
@@ -67,7 +67,7 @@ type DropError struct {
 }
 
 func (e *DropError) Error() string {
-	return fmt.Sprintf("exchange: dropped (%s): %s", e.Reason, e.Detail)
+	return fmt.Sprintf("codec: dropped (%s): %s", e.Reason, e.Detail)
 }
 
 // Unwrap returns ErrDropped and the underlying error.

@@ -1,4 +1,4 @@
-package exchange
+package codec
 
 import (
 	"fmt"
@@ -40,30 +40,12 @@ func encodeReportGenerated(r *region.Report, id uint64, maxBytes int) ([][]byte,
 	var cuts []int // index of the first key of each part after the first
 	used := 0
 	for i := range r.Keys {
-		k := &r.Keys[i]
-		keys[i] = syncv1.Key{
-			Key:        k.Key,
-			Generation: k.Generation,
-			Base:       k.Base,
-			Row:        k.Row,
-			Taken:      k.Taken,
-			In:         k.In,
-			InTaken:    k.InTaken,
-			SharePpm:   k.SharePPM,
-			Demand:     k.Demand,
-			Granted:    k.Granted,
-			Settled:    k.Settled,
-		}
-		for _, x := range k.Exits {
-			keys[i].Exits = append(keys[i].Exits, &syncv1.Exit{
-				Generation: x.Generation, Row: x.Row, Taken: x.Taken, In: x.In, InTaken: x.InTaken,
-			})
-		}
+		keyToPB(&keys[i], &r.Keys[i])
 		ptrs[i] = &keys[i]
 		n := proto.Size(&keys[i])
 		n += 1 + protowire.SizeVarint(uint64(n)) // tag and length in Part
 		if n > budget {
-			return nil, fmt.Errorf("%w: key %q needs %d bytes, %d available", ErrTooLarge, k.Key, n, budget)
+			return nil, fmt.Errorf("%w: key %q needs %d bytes, %d available", ErrTooLarge, r.Keys[i].Key, n, budget)
 		}
 		if used+n > budget {
 			cuts = append(cuts, i)
@@ -83,12 +65,34 @@ func encodeReportGenerated(r *region.Report, id uint64, maxBytes int) ([][]byte,
 		hdr.Part, hdr.Keys = uint32(p), ptrs[start:end]
 		body, err := proto.Marshal(hdr)
 		if err != nil {
-			return nil, fmt.Errorf("exchange: encoding part %d: %w", p, err)
+			return nil, fmt.Errorf("codec: encoding part %d: %w", p, err)
 		}
 		out = append(out, appendEnvelope(make([]byte, 0, len(body)+envelopeOverhead), body))
 		start = end
 	}
 	return out, nil
+}
+
+// keyToPB sets pk, a zero Key, to k.
+func keyToPB(pk *syncv1.Key, k *region.KeyReport) {
+	*pk = syncv1.Key{
+		Key:        k.Key,
+		Generation: k.Generation,
+		Base:       k.Base,
+		Row:        k.Row,
+		Taken:      k.Taken,
+		In:         k.In,
+		InTaken:    k.InTaken,
+		SharePpm:   k.SharePPM,
+		Demand:     k.Demand,
+		Granted:    k.Granted,
+		Settled:    k.Settled,
+	}
+	for _, x := range k.Exits {
+		pk.Exits = append(pk.Exits, &syncv1.Exit{
+			Generation: x.Generation, Row: x.Row, Taken: x.Taken, In: x.In, InTaken: x.InTaken,
+		})
+	}
 }
 
 // decodePartGenerated is DecodePart through proto.Unmarshal.
@@ -105,27 +109,8 @@ func decodePartGenerated(msg []byte, lim Limits) (*Part, error) {
 	if err := proto.Unmarshal(body, &pb); err != nil {
 		return nil, drop(ReasonCorrupt, "part: %v", err)
 	}
-	bad := func(format string, args ...any) error { return drop(ReasonInconsistent, format, args...) }
-	switch {
-	case pb.Region == "" || len(pb.Region) > lim.MaxNameBytes:
-		return nil, bad("region name of %d bytes", len(pb.Region))
-	case pb.Replica == "" || len(pb.Replica) > lim.MaxNameBytes:
-		return nil, bad("replica name of %d bytes", len(pb.Replica))
-	case pb.Parts == 0 || pb.Part >= pb.Parts:
-		return nil, bad("part %d of %d", pb.Part, pb.Parts)
-	case int64(pb.Parts) > int64(lim.MaxParts):
-		return nil, drop(ReasonOversized, "%d parts, more than %d", pb.Parts, lim.MaxParts)
-	case int64(pb.KeysTotal) > int64(lim.MaxKeys):
-		return nil, drop(ReasonOversized, "%d keys, more than %d", pb.KeysTotal, lim.MaxKeys)
-	case len(pb.Keys) > int(pb.KeysTotal):
-		return nil, bad("part holds %d keys of a report of %d", len(pb.Keys), pb.KeysTotal)
-	case len(pb.Regions) > maxRegions:
-		return nil, bad("%d regions, more than %d", len(pb.Regions), maxRegions)
-	}
-	for _, r := range pb.Regions {
-		if len(r) > lim.MaxNameBytes {
-			return nil, bad("region name of %d bytes", len(r))
-		}
+	if err := checkPB(&pb, lim); err != nil {
+		return nil, err
 	}
 	p := &Part{
 		Header: region.Report{
@@ -146,37 +131,70 @@ func decodePartGenerated(msg []byte, lim Limits) (*Part, error) {
 		p.Keys = make([]region.KeyReport, len(pb.Keys))
 	}
 	for i, k := range pb.Keys {
-		if len(k.Key) > lim.MaxKeyBytes {
-			return nil, bad("key %d: %d bytes, more than %d", i, len(k.Key), lim.MaxKeyBytes)
-		}
-		if len(k.Exits) > lim.MaxExits {
-			return nil, bad("key %q: %d exit records, more than %d", k.Key, len(k.Exits), lim.MaxExits)
-		}
-		kr := region.KeyReport{
-			Key:        k.Key,
-			Generation: k.Generation,
-			Base:       k.Base,
-			Row:        k.Row,
-			Taken:      k.Taken,
-			In:         k.In,
-			InTaken:    k.InTaken,
-			SharePPM:   k.SharePpm,
-			Demand:     k.Demand,
-			Granted:    k.Granted,
-			Settled:    k.Settled,
-		}
-		if len(k.Exits) > 0 {
-			kr.Exits = make([]region.Exit, len(k.Exits))
-			for j, x := range k.Exits {
-				if x == nil {
-					continue
-				}
-				kr.Exits[j] = region.Exit{Generation: x.Generation, Row: x.Row, Taken: x.Taken, In: x.In, InTaken: x.InTaken}
-			}
-		}
-		p.Keys[i] = kr
+		p.Keys[i] = keyFromPB(k)
 	}
 	return p, nil
+}
+
+// checkPB is DecodePart's checks of a decoded part against lim.
+func checkPB(pb *syncv1.Part, lim Limits) error {
+	bad := func(format string, args ...any) error { return drop(ReasonInconsistent, format, args...) }
+	switch {
+	case pb.Region == "" || len(pb.Region) > lim.MaxNameBytes:
+		return bad("region name of %d bytes", len(pb.Region))
+	case pb.Replica == "" || len(pb.Replica) > lim.MaxNameBytes:
+		return bad("replica name of %d bytes", len(pb.Replica))
+	case pb.Parts == 0 || pb.Part >= pb.Parts:
+		return bad("part %d of %d", pb.Part, pb.Parts)
+	case int64(pb.Parts) > int64(lim.MaxParts):
+		return drop(ReasonOversized, "%d parts, more than %d", pb.Parts, lim.MaxParts)
+	case int64(pb.KeysTotal) > int64(lim.MaxKeys):
+		return drop(ReasonOversized, "%d keys, more than %d", pb.KeysTotal, lim.MaxKeys)
+	case len(pb.Keys) > int(pb.KeysTotal):
+		return bad("part holds %d keys of a report of %d", len(pb.Keys), pb.KeysTotal)
+	case len(pb.Regions) > maxRegions:
+		return bad("%d regions, more than %d", len(pb.Regions), maxRegions)
+	}
+	for _, r := range pb.Regions {
+		if len(r) > lim.MaxNameBytes {
+			return bad("region name of %d bytes", len(r))
+		}
+	}
+	for i, k := range pb.Keys {
+		if len(k.Key) > lim.MaxKeyBytes {
+			return bad("key %d: %d bytes, more than %d", i, len(k.Key), lim.MaxKeyBytes)
+		}
+		if len(k.Exits) > lim.MaxExits {
+			return bad("key %q: %d exit records, more than %d", k.Key, len(k.Exits), lim.MaxExits)
+		}
+	}
+	return nil
+}
+
+func keyFromPB(k *syncv1.Key) region.KeyReport {
+	kr := region.KeyReport{
+		Key:        k.Key,
+		Generation: k.Generation,
+		Base:       k.Base,
+		Row:        k.Row,
+		Taken:      k.Taken,
+		In:         k.In,
+		InTaken:    k.InTaken,
+		SharePPM:   k.SharePpm,
+		Demand:     k.Demand,
+		Granted:    k.Granted,
+		Settled:    k.Settled,
+	}
+	if len(k.Exits) > 0 {
+		kr.Exits = make([]region.Exit, len(k.Exits))
+		for j, x := range k.Exits {
+			if x == nil {
+				continue
+			}
+			kr.Exits[j] = region.Exit{Generation: x.Generation, Row: x.Row, Taken: x.Taken, In: x.In, InTaken: x.InTaken}
+		}
+	}
+	return kr
 }
 
 // encodeSnapshotGenerated is EncodeSnapshot through proto.Marshal.
@@ -215,7 +233,7 @@ func encodeSnapshotGenerated(s *region.Snapshot) ([]byte, error) {
 	}
 	body, err := proto.Marshal(pb)
 	if err != nil {
-		return nil, fmt.Errorf("exchange: encoding snapshot: %w", err)
+		return nil, fmt.Errorf("codec: encoding snapshot: %w", err)
 	}
 	return appendEnvelope(make([]byte, 0, len(body)+envelopeOverhead), body), nil
 }

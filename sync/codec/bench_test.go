@@ -1,4 +1,4 @@
-package exchange
+package codec
 
 import (
 	"fmt"
@@ -154,7 +154,7 @@ func (b *benchRegions) epoch(tb testing.TB) {
 // sub-benchmarks run it with this package's codec and with the generated
 // code's.
 //
-//	go test -run '^$' -bench Epoch100k -benchmem -benchtime 3x ./sync/exchange
+//	go test -run '^$' -bench Epoch100k -benchmem -benchtime 3x ./sync/codec
 func BenchmarkEpoch100k(b *testing.B) {
 	for _, c := range codecs {
 		b.Run(c.name, func(b *testing.B) {

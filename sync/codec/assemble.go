@@ -1,4 +1,4 @@
-package exchange
+package codec
 
 import (
 	"slices"
@@ -93,13 +93,8 @@ func NewAssembler(cfg AssemblerConfig) *Assembler {
 // count that does not add up, or a full buffer.
 func (a *Assembler) Add(now time.Time, p *Part) (*region.Report, error) {
 	sk := senderKey{p.Header.Region, p.Header.Replica, p.Header.Exchange}
-	if s := a.senders[sk]; s != nil {
-		switch {
-		case p.Header.Epoch < s.epoch:
-			return nil, drop(ReasonReplayed, "%s/%s epoch %d, have %d", sk.region, sk.replica, p.Header.Epoch, s.epoch)
-		case p.Header.Epoch == s.epoch:
-			return nil, drop(ReasonDuplicate, "%s/%s epoch %d already received", sk.region, sk.replica, p.Header.Epoch)
-		}
+	if err := a.fresh(sk, p.Header.Epoch); err != nil {
+		return nil, err
 	}
 	if p.Count == 1 {
 		if len(p.Keys) != p.KeysTotal {
@@ -110,16 +105,48 @@ func (a *Assembler) Add(now time.Time, p *Part) (*region.Report, error) {
 		a.complete(now, sk, p.ID, r.Epoch)
 		return &r, nil
 	}
-
 	pk := pendingKey{sk, p.ID}
+	pd, err := a.buffer(now, pk, p)
+	if err != nil {
+		return nil, err
+	}
+	if pd.got < pd.count {
+		return nil, nil
+	}
+	a.remove(pk, pd)
+	return a.join(now, pk, pd)
+}
+
+// fresh drops a part of a report that is not newer than the sender's
+// newest complete one.
+func (a *Assembler) fresh(sk senderKey, epoch uint64) error {
+	s := a.senders[sk]
+	switch {
+	case s == nil:
+		return nil
+	case epoch < s.epoch:
+		return drop(ReasonReplayed, "%s/%s epoch %d, have %d", sk.region, sk.replica, epoch, s.epoch)
+	case epoch == s.epoch:
+		return drop(ReasonDuplicate, "%s/%s epoch %d already received", sk.region, sk.replica, epoch)
+	}
+	return nil
+}
+
+// buffer keeps p with the other parts of its report, starting the report
+// if p is its first part to arrive.
+func (a *Assembler) buffer(now time.Time, pk pendingKey, p *Part) (*pending, error) {
 	pd := a.pending[pk]
-	if pd == nil {
-		if a.bytes+p.Size > a.cfg.MaxPendingBytes {
-			a.Expire(now)
-			if a.bytes+p.Size > a.cfg.MaxPendingBytes {
-				return nil, drop(ReasonOverflow, "reassembly buffer holds %d bytes", a.bytes)
-			}
+	if pd != nil {
+		if err := pd.admit(pk, p); err != nil {
+			return nil, err
 		}
+	} else if a.bytes+p.Size > a.cfg.MaxPendingBytes {
+		a.Expire(now) // a new report may take the room of expired ones
+	}
+	if a.bytes+p.Size > a.cfg.MaxPendingBytes {
+		return nil, drop(ReasonOverflow, "reassembly buffer holds %d bytes", a.bytes)
+	}
+	if pd == nil {
 		pd = &pending{
 			hdr:   p.Header,
 			count: p.Count,
@@ -129,34 +156,37 @@ func (a *Assembler) Add(now time.Time, p *Part) (*region.Report, error) {
 			first: now,
 		}
 		a.pending[pk] = pd
-	} else {
-		h := &pd.hdr
-		if p.Count != pd.count || p.KeysTotal != pd.total || p.Header.Epoch != h.Epoch ||
-			p.Header.Exchange != h.Exchange || !p.Header.SentAt.Equal(h.SentAt) || !slices.Equal(p.Header.Regions, h.Regions) {
-			return nil, drop(ReasonInconsistent, "part %d of report %x from %s/%s contradicts its other parts", p.Index, p.ID, sk.region, sk.replica)
-		}
-		if pd.have[p.Index] {
-			return nil, drop(ReasonDuplicate, "part %d of report %x from %s/%s", p.Index, p.ID, sk.region, sk.replica)
-		}
-		if a.bytes+p.Size > a.cfg.MaxPendingBytes {
-			return nil, drop(ReasonOverflow, "reassembly buffer holds %d bytes", a.bytes)
-		}
 	}
 	pd.parts[p.Index], pd.have[p.Index] = p.Keys, true
 	pd.got++
 	pd.bytes += p.Size
 	a.bytes += p.Size
-	if pd.got < pd.count {
-		return nil, nil
-	}
+	return pd, nil
+}
 
-	a.remove(pk, pd)
+// admit drops a part that contradicts the parts already buffered, or
+// repeats one.
+func (pd *pending) admit(pk pendingKey, p *Part) error {
+	h, sk := &pd.hdr, pk.sender
+	if p.Count != pd.count || p.KeysTotal != pd.total || p.Header.Epoch != h.Epoch ||
+		p.Header.Exchange != h.Exchange || !p.Header.SentAt.Equal(h.SentAt) || !slices.Equal(p.Header.Regions, h.Regions) {
+		return drop(ReasonInconsistent, "part %d of report %x from %s/%s contradicts its other parts", p.Index, p.ID, sk.region, sk.replica)
+	}
+	if pd.have[p.Index] {
+		return drop(ReasonDuplicate, "part %d of report %x from %s/%s", p.Index, p.ID, sk.region, sk.replica)
+	}
+	return nil
+}
+
+// join makes the report of a pending one whose parts have all arrived.
+func (a *Assembler) join(now time.Time, pk pendingKey, pd *pending) (*region.Report, error) {
+	sk := pk.sender
 	n := 0
 	for _, ks := range pd.parts {
 		n += len(ks)
 	}
 	if n != pd.total {
-		return nil, drop(ReasonInconsistent, "report %x from %s/%s: %d keys in its parts, %d announced", p.ID, sk.region, sk.replica, n, pd.total)
+		return nil, drop(ReasonInconsistent, "report %x from %s/%s: %d keys in its parts, %d announced", pk.id, sk.region, sk.replica, n, pd.total)
 	}
 	r := pd.hdr
 	if n > 0 {
@@ -165,7 +195,7 @@ func (a *Assembler) Add(now time.Time, p *Part) (*region.Report, error) {
 	for _, ks := range pd.parts {
 		r.Keys = append(r.Keys, ks...)
 	}
-	a.complete(now, sk, p.ID, r.Epoch)
+	a.complete(now, sk, pk.id, r.Epoch)
 	return &r, nil
 }
 

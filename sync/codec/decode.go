@@ -1,0 +1,113 @@
+package codec
+
+import "github.com/ration-dev/ration/region"
+
+// The Part decoder is written by hand over protowire: decoding through the
+// generated code (proto.Unmarshal into *syncv1.Part, then converting to
+// region.KeyReport) allocated a message per key and per exit and a slice per
+// row, which made a 100,000-key epoch GC-bound. This one reads the body
+// twice: a first pass (scan.go) checks the wire format exactly as
+// proto.Unmarshal does and counts what the part holds, without allocating;
+// the second (fill.go) carves every key's slices from one slab per element
+// type. The generated decoder remains the reference: the tests and
+// FuzzDecodeDifferential check that both accept the same bodies and produce
+// the same Part.
+
+// Part is one decoded message: a part of a replica's report.
+type Part struct {
+	// Header holds the report's header fields; Keys is nil.
+	Header region.Report
+	// ID, Index and Count are the report id and this part's place.
+	ID           uint64
+	Index, Count int
+	// KeysTotal is the number of keys in the whole report.
+	KeysTotal int
+	// Keys are this part's keys.
+	Keys []region.KeyReport
+	// Size is the message's size in bytes.
+	Size int
+}
+
+// DecodePart decodes one message, checking it against lim. It never
+// panics; any problem is a *DropError naming the reason. The slices of the
+// result do not alias msg. The slices of its keys are carved from a few
+// shared allocations (fill.go), each with its capacity equal to its
+// length, so that appending to one never writes into another.
+func DecodePart(msg []byte, lim Limits) (*Part, error) {
+	lim = lim.withDefaults()
+	if len(msg) > lim.MaxMessageBytes {
+		return nil, drop(ReasonOversized, "%d bytes, more than %d", len(msg), lim.MaxMessageBytes)
+	}
+	body, err := openEnvelope(msg)
+	if err != nil {
+		return nil, err
+	}
+	p := &Part{Size: len(msg)}
+	if err := decodeBody(body, lim, p); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// decodeBody decodes a Part body into p, checking it against lim (with
+// defaults). Any error is a *DropError.
+func decodeBody(body []byte, lim Limits, p *Part) error {
+	s := partShape{lim: lim}
+	if !s.scan(body) {
+		return corruptPart()
+	}
+	if err := s.check(); err != nil {
+		return err
+	}
+	// Everything is checked: the second pass cannot fail on a body the
+	// first accepted, but is written to drop rather than trust it.
+	s.header(p)
+	return fillPart(body, &s, p)
+}
+
+func corruptPart() error { return drop(ReasonCorrupt, "part: invalid wire-format data") }
+
+// check holds what the first pass found against the Limits, and the header
+// against itself.
+func (s *partShape) check() error {
+	lim := s.lim
+	bad := func(format string, args ...any) error { return drop(ReasonInconsistent, format, args...) }
+	switch {
+	case len(s.region) == 0 || len(s.region) > lim.MaxNameBytes:
+		return bad("region name of %d bytes", len(s.region))
+	case len(s.replica) == 0 || len(s.replica) > lim.MaxNameBytes:
+		return bad("replica name of %d bytes", len(s.replica))
+	case s.parts == 0 || s.part >= s.parts:
+		return bad("part %d of %d", s.part, s.parts)
+	case int64(s.parts) > int64(lim.MaxParts):
+		return drop(ReasonOversized, "%d parts, more than %d", s.parts, lim.MaxParts)
+	case int64(s.keysTotal) > int64(lim.MaxKeys):
+		return drop(ReasonOversized, "%d keys, more than %d", s.keysTotal, lim.MaxKeys)
+	case s.keys > int(s.keysTotal):
+		return bad("part holds %d keys of a report of %d", s.keys, s.keysTotal)
+	case s.regions > maxRegions:
+		return bad("%d regions, more than %d", s.regions, maxRegions)
+	case s.longestRegion > lim.MaxNameBytes:
+		return bad("region name of %d bytes", s.longestRegion)
+	}
+	return s.badKey
+}
+
+// header sets p's header fields from s, and allocates its keys and the
+// room for its regions.
+func (s *partShape) header(p *Part) {
+	p.Header = region.Report{
+		Region:   string(s.region),
+		Replica:  string(s.replica),
+		Epoch:    s.epoch,
+		SentAt:   fromUnixNano(s.sentAt),
+		Exchange: s.exchange,
+	}
+	p.ID, p.Index, p.Count, p.KeysTotal = s.id, int(s.part), int(s.parts), int(s.keysTotal)
+	if s.regions > 0 {
+		p.Header.Regions = make([]string, 0, s.regions)
+	}
+	if s.keys > 0 {
+		p.Keys = make([]region.KeyReport, s.keys)
+	}
+}

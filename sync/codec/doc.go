@@ -1,0 +1,22 @@
+// Package codec is the wire format of the cross-region exchange: it turns
+// a region.Report into checksummed sync/v1 messages no larger than a NATS
+// connection's max_payload, and back. It needs no NATS, so the exchange
+// (sync/exchange) and the simulator share its code and its sizes.
+//
+// A sender encodes each report; Size counts the same messages without
+// encoding them:
+//
+//	msgs, err := codec.EncodeReport(&rep, id, maxPayload)
+//	bytes, n, err := codec.Size(&rep, id, maxPayload)
+//
+// A receiver decodes each message and reassembles the parts:
+//
+//	a := codec.NewAssembler(codec.AssemblerConfig{})
+//	p, err := codec.DecodePart(msg, codec.Limits{})
+//	rep, err := a.Add(now, p) // nil until the report is complete
+//
+// Anything corrupt, truncated, oversized, duplicated, replayed or
+// inconsistent is a *DropError whose Reason (ReasonOf) says why.
+// EncodeSnapshot and DecodeSnapshot do the same for the exchange state a
+// region persists in its store.
+package codec

@@ -1,0 +1,226 @@
+package codec
+
+import (
+	"errors"
+	"fmt"
+	"unicode/utf8"
+
+	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/ration-dev/ration/region"
+)
+
+// ErrTooLarge is returned by EncodeReport and Size when one key's entry
+// alone does not fit in a message of the size asked for.
+var ErrTooLarge = errors.New("codec: entry larger than a message")
+
+// EncodeReport encodes r as one or more messages of at most maxBytes bytes
+// each (the connection's max_payload), all carrying report id id. Keys are
+// split between parts in order; every part repeats the header. A report
+// without keys is one message.
+//
+// The messages are appended with protowire, byte for byte what proto.Marshal
+// of a syncv1.Part makes (the tests check it): building a syncv1.Key per key
+// first cost as much as the rest of the epoch's encoding.
+func EncodeReport(r *region.Report, id uint64, maxBytes int) ([][]byte, error) {
+	sizes := make([]int, len(r.Keys)) // of each Key message
+	var buf [16]span
+	spans, err := split(r, id, maxBytes, sizes, buf[:0])
+	if err != nil {
+		return nil, err
+	}
+	out := make([][]byte, 0, len(spans))
+	for p := range spans {
+		msg, err := encodePart(r, id, spans, p, sizes)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, msg)
+	}
+	return out, nil
+}
+
+// Size returns the total length and the number of the messages that
+// EncodeReport(r, id, maxBytes) returns, or its error, without encoding
+// them: what a report costs on NATS. It splits r with EncodeReport's code,
+// and allocates nothing for a report of up to 16 parts.
+func Size(r *region.Report, id uint64, maxBytes int) (bytes, msgs int, err error) {
+	var buf [16]span
+	spans, err := split(r, id, maxBytes, nil, buf[:0])
+	if err != nil {
+		return 0, 0, err
+	}
+	for p := range spans {
+		bytes += envelopeSize(bodySize(r, id, spans, p))
+	}
+	return bytes, len(spans), nil
+}
+
+// span is one part of a report as split cuts it: the keys from the end of
+// the span before it up to end, whose fields in the Part take keyBytes.
+type span struct {
+	end      int
+	keyBytes int
+}
+
+// split divides r's keys in order between parts of at most maxBytes bytes
+// each, every part repeating the header: the one rule of EncodeReport and
+// Size. It appends the parts to spans, and stores each Key message's size
+// in sizes unless sizes is nil.
+func split(r *region.Report, id uint64, maxBytes int, sizes []int, spans []span) ([]span, error) {
+	if err := checkUTF8(r); err != nil {
+		return nil, err
+	}
+	// The header sized with the largest varints for part, parts and keys.
+	budget := maxBytes - envelopeOverhead - headerSize(r, id, ^uint32(0), ^uint32(0), ^uint32(0))
+	if budget <= 0 {
+		return nil, fmt.Errorf("%w: a %d-byte message cannot hold the report header", ErrTooLarge, maxBytes)
+	}
+	if uint64(len(r.Keys)) > uint64(^uint32(0)) {
+		return nil, fmt.Errorf("%w: %d keys", ErrTooLarge, len(r.Keys))
+	}
+	n := 0 // bytes of the current part's keys
+	for i := range r.Keys {
+		size := keySize(&r.Keys[i])
+		if sizes != nil {
+			sizes[i] = size
+		}
+		k := 1 + protowire.SizeBytes(size) // tag and length in Part
+		if k > budget {
+			return nil, fmt.Errorf("%w: key %q needs %d bytes, %d available", ErrTooLarge, r.Keys[i].Key, k, budget)
+		}
+		if n+k > budget {
+			spans = append(spans, span{end: i, keyBytes: n})
+			n = 0
+		}
+		n += k
+	}
+	return append(spans, span{end: len(r.Keys), keyBytes: n}), nil
+}
+
+// bodySize is the size of the Part body of spans[p].
+func bodySize(r *region.Report, id uint64, spans []span, p int) int {
+	return headerSize(r, id, uint32(p), uint32(len(spans)), uint32(len(r.Keys))) + spans[p].keyBytes
+}
+
+// encodePart encodes the message of spans[p]; sizes are the keys' sizes.
+func encodePart(r *region.Report, id uint64, spans []span, p int, sizes []int) ([]byte, error) {
+	start := 0
+	if p > 0 {
+		start = spans[p-1].end
+	}
+	size := bodySize(r, id, spans, p)
+	msg, body := beginEnvelope(make([]byte, 0, envelopeSize(size)), size)
+	msg = appendHeader(msg, r, id, uint32(p), uint32(len(spans)), uint32(len(r.Keys)))
+	for i := start; i < spans[p].end; i++ {
+		msg = appendKey(msg, &r.Keys[i], sizes[i])
+	}
+	if len(msg)-body != size {
+		return nil, fmt.Errorf("codec: encoding part %d: %d bytes, sized %d", p, len(msg)-body, size) // a bug
+	}
+	return endEnvelope(msg, body), nil
+}
+
+// checkUTF8 rejects what proto.Marshal rejects: a string that is not UTF-8
+// (a receiver would drop the whole part as corrupt).
+func checkUTF8(r *region.Report) error {
+	bad := func(what, s string) error {
+		return fmt.Errorf("codec: encoding the report: %s %q is not valid UTF-8", what, s)
+	}
+	switch {
+	case !utf8.ValidString(r.Region):
+		return bad("region", r.Region)
+	case !utf8.ValidString(r.Replica):
+		return bad("replica", r.Replica)
+	}
+	for _, s := range r.Regions {
+		if !utf8.ValidString(s) {
+			return bad("region", s)
+		}
+	}
+	for i := range r.Keys {
+		if !utf8.ValidString(r.Keys[i].Key) {
+			return bad("key", r.Keys[i].Key)
+		}
+	}
+	return nil
+}
+
+// headerSize is the size of a Part's header fields.
+func headerSize(r *region.Report, id uint64, part, parts, keys uint32) int {
+	n := stringSize(r.Region) + stringSize(r.Replica) + varintSize(r.Epoch) + varintSize(uint64(unixNano(r.SentAt)))
+	if r.Exchange {
+		n += 2
+	}
+	for _, s := range r.Regions {
+		n += 1 + protowire.SizeBytes(len(s)) // repeated: empty strings too
+	}
+	if id != 0 {
+		n += 1 + 8
+	}
+	return n + varintSize(uint64(part)) + varintSize(uint64(parts)) + varintSize(uint64(keys))
+}
+
+func appendHeader(b []byte, r *region.Report, id uint64, part, parts, keys uint32) []byte {
+	b = appendString(b, fPartRegion, r.Region)
+	b = appendString(b, fPartReplica, r.Replica)
+	b = appendVarint(b, fPartEpoch, r.Epoch)
+	b = appendVarint(b, fPartSentAt, uint64(unixNano(r.SentAt)))
+	if r.Exchange {
+		b = appendVarint(b, fPartExchange, 1)
+	}
+	for _, s := range r.Regions {
+		b = protowire.AppendTag(b, fPartRegions, protowire.BytesType)
+		b = protowire.AppendString(b, s)
+	}
+	if id != 0 {
+		b = protowire.AppendTag(b, fPartReportID, protowire.Fixed64Type)
+		b = protowire.AppendFixed64(b, id)
+	}
+	b = appendVarint(b, fPartPart, uint64(part))
+	b = appendVarint(b, fPartParts, uint64(parts))
+	return appendVarint(b, fPartKeysTotal, uint64(keys))
+}
+
+// keySize is the size of k's Key message. Every field number is below 16,
+// so every tag is one byte.
+func keySize(k *region.KeyReport) int {
+	n := stringSize(k.Key) + varintSize(k.Generation) + varintSize(protowire.EncodeZigZag(k.Base)) +
+		packedSize(k.Row) + packedSize(k.Taken) + packedSize(k.In) + packedSize(k.InTaken) +
+		varintSize(uint64(k.SharePPM)) + varintSize(uint64(k.Demand)) + varintSize(uint64(k.Granted)) +
+		packedSize(k.Settled)
+	for i := range k.Exits {
+		n += 1 + protowire.SizeBytes(exitSize(&k.Exits[i]))
+	}
+	return n
+}
+
+func appendKey(b []byte, k *region.KeyReport, size int) []byte {
+	b = protowire.AppendTag(b, fPartKeys, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(size))
+	b = appendString(b, fKeyKey, k.Key)
+	b = appendVarint(b, fKeyGeneration, k.Generation)
+	b = appendVarint(b, fKeyBase, protowire.EncodeZigZag(k.Base))
+	b = appendPacked(b, fKeyRow, k.Row)
+	b = appendPacked(b, fKeyTaken, k.Taken)
+	b = appendPacked(b, fKeyIn, k.In)
+	b = appendPacked(b, fKeyInTaken, k.InTaken)
+	b = appendVarint(b, fKeySharePPM, uint64(k.SharePPM))
+	b = appendVarint(b, fKeyDemand, uint64(k.Demand))
+	b = appendVarint(b, fKeyGranted, uint64(k.Granted))
+	for i := range k.Exits {
+		x := &k.Exits[i]
+		b = protowire.AppendTag(b, fKeyExits, protowire.BytesType)
+		b = protowire.AppendVarint(b, uint64(exitSize(x)))
+		b = appendVarint(b, fExitGeneration, x.Generation)
+		b = appendPacked(b, fExitRow, x.Row)
+		b = appendPacked(b, fExitTaken, x.Taken)
+		b = appendPacked(b, fExitIn, x.In)
+		b = appendPacked(b, fExitInTaken, x.InTaken)
+	}
+	return appendPacked(b, fKeySettled, k.Settled)
+}
+
+func exitSize(x *region.Exit) int {
+	return varintSize(x.Generation) + packedSize(x.Row) + packedSize(x.Taken) + packedSize(x.In) + packedSize(x.InTaken)
+}
