@@ -8,6 +8,7 @@ import (
 	"github.com/ration-dev/ration/lease"
 	"github.com/ration-dev/ration/lease/service"
 	"github.com/ration-dev/ration/region"
+	"github.com/ration-dev/ration/sync/codec"
 )
 
 // Each region runs the production exchange protocol (region.Node); the
@@ -101,9 +102,22 @@ func (w *world) decide(r *regiond, t int64) {
 	}
 }
 
-// publish sends a report to every other region over the modelled NATS.
+// maxPayload is NATS's default max_payload, to which reports are split.
+const maxPayload = 1 << 20
+
+// reportID stands for the random id the exchanger gives each report: the
+// largest, whose varint takes the most bytes, so that runs stay
+// deterministic and never count less than the wire carries.
+const reportID = ^uint64(0)
+
+// publish sends a report to every other region over the modelled NATS,
+// counting what it costs there in the production wire format (sync/codec).
 func (w *world) publish(r *regiond, rep *region.Report, t int64) {
-	bytes, msgs := reportWire(rep)
+	bytes, msgs, err := codec.Size(rep, reportID, maxPayload)
+	if err != nil {
+		w.fail(fmt.Errorf("sim: region %s: encoding a report: %w", r.name, err))
+		return
+	}
 	w.natsMsgs += int64(msgs)
 	w.natsBytes += int64(bytes)
 	nw := &w.sc.Network
