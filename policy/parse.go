@@ -162,7 +162,14 @@ func (p *parser) rule(n *yaml.Node, path string) (*Rule, bool) {
 	}
 	fs := p.Fields(n, path, ruleFields...)
 	r := &Rule{Line: n.Line, Period: time.Second, Cost: 1, Scope: ScopeGlobal, OnError: OnErrorLocal}
+	p.ruleKey(fs, n, path, r)
+	p.ruleTokens(fs, n, path, r)
+	p.ruleModes(fs, path, r)
+	return r, true
+}
 
+// ruleKey decodes a rule's name, match and key.
+func (p *parser) ruleKey(fs yamlfield.Fields, n *yaml.Node, path string, r *Rule) {
 	if f, ok := fs.Get("name"); !ok {
 		p.Errorf(n.Line, path+".name", "is required")
 	} else if s, ok := p.Str(f, path+".name"); ok {
@@ -177,7 +184,10 @@ func (p *parser) rule(n *yaml.Node, path string) (*Rule, bool) {
 	} else {
 		r.Key = p.key(f, path+".key")
 	}
+}
 
+// ruleTokens decodes a rule's limit, period, cost and burst.
+func (p *parser) ruleTokens(fs yamlfield.Fields, n *yaml.Node, path string, r *Rule) {
 	limitOK := false
 	if f, ok := fs.Get("limit"); !ok {
 		p.Errorf(n.Line, path+".limit", "is required")
@@ -210,7 +220,11 @@ func (p *parser) rule(n *yaml.Node, path string) (*Rule, bool) {
 			p.Errorf(f.Key.Line, path+".cost", "must be <= burst, which defaults to limit (%d)", r.Limit)
 		}
 	}
+}
 
+// ruleModes decodes a rule's scope, failure mode, flags and
+// partition_reclaim_after.
+func (p *parser) ruleModes(fs yamlfield.Fields, path string, r *Rule) {
 	if f, ok := fs.Get("scope"); ok {
 		if s, ok := p.Enum(f, path+".scope", string(ScopeGlobal), string(ScopeRegion)); ok {
 			r.Scope = Scope(s)
@@ -240,7 +254,6 @@ func (p *parser) rule(n *yaml.Node, path string) (*Rule, bool) {
 			}
 		}
 	}
-	return r, true
 }
 
 // name checks a rule name: [a-z0-9][a-z0-9._-]*, at most 64 bytes. The
