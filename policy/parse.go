@@ -2,8 +2,6 @@ package policy
 
 import (
 	"bytes"
-	"cmp"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -13,6 +11,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/ration-dev/ration/internal/yamlfield"
 )
 
 // Limits on a document. They keep a mistaken or hostile document from
@@ -83,112 +83,50 @@ func readFile(path string) ([]byte, os.FileInfo, error) {
 // stands for is ambiguous (1.10 is 1.1 to most tools, 0x10 is 16); quote it.
 // Durations are Go duration strings ("1s", "250ms", "1m").
 func Parse(file string, data []byte) (*Set, error) {
-	p := &parser{file: file}
+	p := &parser{yamlfield.Checker[invalid]{File: file, MaxProblems: MaxProblems}}
 	rules := p.document(data)
-	if len(p.errs) > 0 {
-		slices.SortStableFunc(p.errs, func(a, b *FieldError) int { return cmp.Compare(a.Line, b.Line) })
-		if p.dropped > 0 {
-			p.errs = append(p.errs, &FieldError{File: p.file,
-				Msg: fmt.Sprintf("%d more problems not shown (at most %d are reported)", p.dropped, MaxProblems)})
-		}
-		return nil, p.errs
+	if err := p.Err(); err != nil {
+		return nil, err
 	}
 	return newSet(rules, bytes.Clone(data)), nil
 }
 
 type parser struct {
-	file    string
-	errs    Errors
-	dropped int // problems beyond MaxProblems
+	yamlfield.Checker[invalid]
 }
 
-func (p *parser) errorf(line int, field, format string, args ...any) {
-	if len(p.errs) >= MaxProblems {
-		p.dropped++
-		return
-	}
-	p.errs = append(p.errs, &FieldError{File: p.file, Line: line, Field: field, Msg: fmt.Sprintf(format, args...)})
-}
+const emptyDocument = "document is empty; want a mapping with a rules list (an empty list means no limits)"
 
 func (p *parser) document(data []byte) []*Rule {
 	if len(data) > MaxDocumentSize {
-		p.errorf(0, "", "document is larger than %d bytes (4 MiB)", MaxDocumentSize)
+		p.Errorf(0, "", "document is larger than %d bytes (4 MiB)", MaxDocumentSize)
 		return nil
 	}
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	var doc yaml.Node
-	if err := dec.Decode(&doc); err != nil {
-		if errors.Is(err, io.EOF) {
-			p.errorf(0, "", "document is empty; want a mapping with a rules list (an empty list means no limits)")
-		} else {
-			p.syntaxError(err)
-		}
+	root := p.Root(data, yamlfield.Document{Empty: emptyDocument, Single: true, SyntaxLine: true})
+	if root == nil {
 		return nil
 	}
-	// Only empty documents may follow ("---" at the end of a file is common
-	// in generated YAML).
-	for {
-		var extra yaml.Node
-		err := dec.Decode(&extra)
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			p.syntaxError(err)
-			return nil
-		}
-		if len(extra.Content) == 0 {
-			continue
-		}
-		if n := extra.Content[0]; n.Kind != yaml.ScalarNode || n.ShortTag() != "!!null" || n.Value != "" {
-			p.errorf(n.Line, "", "only one YAML document is allowed")
-			return nil
-		}
-	}
-	if len(doc.Content) == 0 {
-		p.errorf(0, "", "document is empty; want a mapping with a rules list (an empty list means no limits)")
-		return nil
-	}
-	root := doc.Content[0]
 	if root.Kind != yaml.MappingNode {
-		p.errorf(root.Line, "", "document must be a mapping with a rules list (got %s)", describe(root))
+		p.Errorf(root.Line, "", "document must be a mapping with a rules list (got %s)", yamlfield.Describe(root))
 		return nil
 	}
-	fs := p.fields(root, "", "rules")
-	f, ok := fs.get("rules")
+	fs := p.Fields(root, "", "rules")
+	f, ok := fs.Get("rules")
 	if !ok {
-		p.errorf(root.Line, "rules", "is required (an empty list means no limits)")
+		p.Errorf(root.Line, "rules", "is required (an empty list means no limits)")
 		return nil
 	}
 	return p.rules(f)
 }
 
-// syntaxError turns a YAML parser error into a FieldError. yaml.v3 reports
-// syntax errors as text ("yaml: line 3: did not find expected key"), so the
-// line is read back out of it; a message without one gets line 0. The line
-// is yaml.v3's: where the construct around the problem began, which can be a
-// line or so before the problem itself.
-func (p *parser) syntaxError(err error) {
-	msg := strings.TrimPrefix(err.Error(), "yaml: ")
-	line := 0
-	if rest, ok := strings.CutPrefix(msg, "line "); ok {
-		if n, tail, ok := strings.Cut(rest, ": "); ok {
-			if l, err := strconv.Atoi(n); err == nil {
-				line, msg = l, tail
-			}
-		}
-	}
-	p.errorf(line, "", "YAML syntax error: %s", msg)
-}
-
-func (p *parser) rules(f field) []*Rule {
-	seq := f.val
+func (p *parser) rules(f yamlfield.Field) []*Rule {
+	seq := f.Val
 	if seq.Kind != yaml.SequenceNode {
-		p.errorf(f.key.Line, "rules", "must be a list (got %s; use [] for no limits)", describe(seq))
+		p.Errorf(f.Key.Line, "rules", "must be a list (got %s; use [] for no limits)", yamlfield.Describe(seq))
 		return nil
 	}
 	if len(seq.Content) > MaxRules {
-		p.errorf(f.key.Line, "rules", "too many rules (%d; the limit is %d)", len(seq.Content), MaxRules)
+		p.Errorf(f.Key.Line, "rules", "too many rules (%d; the limit is %d)", len(seq.Content), MaxRules)
 		return nil
 	}
 	rules := make([]*Rule, 0, len(seq.Content))
@@ -200,7 +138,7 @@ func (p *parser) rules(f field) []*Rule {
 			continue
 		}
 		if first, dup := names[r.Name]; dup && r.Name != "" {
-			p.errorf(r.Line, path+".name", "duplicate rule name %q (first at line %d)", r.Name, first)
+			p.Errorf(r.Line, path+".name", "duplicate rule name %q (first at line %d)", r.Name, first)
 		} else {
 			names[r.Name] = r.Line
 		}
@@ -219,102 +157,115 @@ var ruleFields = []string{
 // recorded, so that later checks (duplicate names) still run.
 func (p *parser) rule(n *yaml.Node, path string) (*Rule, bool) {
 	if n.Kind != yaml.MappingNode {
-		p.errorf(n.Line, path, "must be a mapping (got %s)", describe(n))
+		p.Errorf(n.Line, path, "must be a mapping (got %s)", yamlfield.Describe(n))
 		return nil, false
 	}
-	fs := p.fields(n, path, ruleFields...)
+	fs := p.Fields(n, path, ruleFields...)
 	r := &Rule{Line: n.Line, Period: time.Second, Cost: 1, Scope: ScopeGlobal, OnError: OnErrorLocal}
+	p.ruleKey(fs, n, path, r)
+	p.ruleTokens(fs, n, path, r)
+	p.ruleModes(fs, path, r)
+	return r, true
+}
 
-	if f, ok := fs.get("name"); !ok {
-		p.errorf(n.Line, path+".name", "is required")
-	} else if s, ok := p.str(f, path+".name"); ok {
+// ruleKey decodes a rule's name, match and key.
+func (p *parser) ruleKey(fs yamlfield.Fields, n *yaml.Node, path string, r *Rule) {
+	if f, ok := fs.Get("name"); !ok {
+		p.Errorf(n.Line, path+".name", "is required")
+	} else if s, ok := p.Str(f, path+".name"); ok {
 		p.name(f, path+".name", s)
 		r.Name = s
 	}
-	if f, ok := fs.get("match"); ok {
+	if f, ok := fs.Get("match"); ok {
 		r.Match = p.match(f, path+".match")
 	}
-	if f, ok := fs.get("key"); !ok {
-		p.errorf(n.Line, path+".key", "is required (the descriptors that form the rate-limited key)")
+	if f, ok := fs.Get("key"); !ok {
+		p.Errorf(n.Line, path+".key", "is required (the descriptors that form the rate-limited key)")
 	} else {
 		r.Key = p.key(f, path+".key")
 	}
+}
 
+// ruleTokens decodes a rule's limit, period, cost and burst.
+func (p *parser) ruleTokens(fs yamlfield.Fields, n *yaml.Node, path string, r *Rule) {
 	limitOK := false
-	if f, ok := fs.get("limit"); !ok {
-		p.errorf(n.Line, path+".limit", "is required")
+	if f, ok := fs.Get("limit"); !ok {
+		p.Errorf(n.Line, path+".limit", "is required")
 	} else {
 		r.Limit, limitOK = p.tokens(f, path+".limit")
 	}
-	if f, ok := fs.get("period"); ok {
+	if f, ok := fs.Get("period"); ok {
 		if d, ok := p.duration(f, path+".period"); ok {
 			if d <= 0 {
-				p.errorf(f.key.Line, path+".period", "must be > 0")
+				p.Errorf(f.Key.Line, path+".period", "must be > 0")
 			} else {
 				r.Period = d
 			}
 		}
 	}
 	costOK := true
-	if f, ok := fs.get("cost"); ok {
+	if f, ok := fs.Get("cost"); ok {
 		r.Cost, costOK = p.tokens(f, path+".cost")
 	}
 	burstOK := limitOK
-	if f, ok := fs.get("burst"); ok {
+	if f, ok := fs.Get("burst"); ok {
 		r.Burst, burstOK = p.tokens(f, path+".burst")
 		if burstOK && costOK && r.Burst < r.Cost {
-			p.errorf(f.key.Line, path+".burst", "must be >= cost (%d)", r.Cost)
+			p.Errorf(f.Key.Line, path+".burst", "must be >= cost (%d)", r.Cost)
 		}
 	} else if limitOK {
 		r.Burst = r.Limit
 		if costOK && r.Burst < r.Cost {
-			f, _ := fs.get("cost")
-			p.errorf(f.key.Line, path+".cost", "must be <= burst, which defaults to limit (%d)", r.Limit)
+			f, _ := fs.Get("cost")
+			p.Errorf(f.Key.Line, path+".cost", "must be <= burst, which defaults to limit (%d)", r.Limit)
 		}
 	}
+}
 
-	if f, ok := fs.get("scope"); ok {
-		if s, ok := p.enum(f, path+".scope", string(ScopeGlobal), string(ScopeRegion)); ok {
+// ruleModes decodes a rule's scope, failure mode, flags and
+// partition_reclaim_after.
+func (p *parser) ruleModes(fs yamlfield.Fields, path string, r *Rule) {
+	if f, ok := fs.Get("scope"); ok {
+		if s, ok := p.Enum(f, path+".scope", string(ScopeGlobal), string(ScopeRegion)); ok {
 			r.Scope = Scope(s)
 		}
 	}
-	if f, ok := fs.get("on_error"); ok {
-		if s, ok := p.enum(f, path+".on_error", string(OnErrorLocal), string(OnErrorOpen), string(OnErrorClosed)); ok {
+	if f, ok := fs.Get("on_error"); ok {
+		if s, ok := p.Enum(f, path+".on_error", string(OnErrorLocal), string(OnErrorOpen), string(OnErrorClosed)); ok {
 			r.OnError = FailureMode(s)
 		}
 	}
-	if f, ok := fs.get("shadow"); ok {
-		r.Shadow, _ = p.boolean(f, path+".shadow")
+	if f, ok := fs.Get("shadow"); ok {
+		r.Shadow, _ = p.Bool(f, path+".shadow")
 	}
-	if f, ok := fs.get("start_empty"); ok {
-		r.StartEmpty, _ = p.boolean(f, path+".start_empty")
+	if f, ok := fs.Get("start_empty"); ok {
+		r.StartEmpty, _ = p.Bool(f, path+".start_empty")
 	}
-	if f, ok := fs.get("partition_reclaim_after"); ok {
+	if f, ok := fs.Get("partition_reclaim_after"); ok {
 		field := path + ".partition_reclaim_after"
 		if d, ok := p.duration(f, field); ok {
 			switch {
 			case d < 0:
-				p.errorf(f.key.Line, field, "must be >= 0 (0 turns reclaiming off)")
+				p.Errorf(f.Key.Line, field, "must be >= 0 (0 turns reclaiming off)")
 			case d > 0 && r.Scope == ScopeRegion:
-				p.errorf(f.key.Line, field, "only applies to scope: global (a region-scoped rule shares nothing to reclaim)")
+				p.Errorf(f.Key.Line, field, "only applies to scope: global (a region-scoped rule shares nothing to reclaim)")
 			default:
 				r.PartitionReclaimAfter = d
 			}
 		}
 	}
-	return r, true
 }
 
 // name checks a rule name: [a-z0-9][a-z0-9._-]*, at most 64 bytes. The
 // narrow alphabet keeps names safe in metric labels, log lines and store keys.
-func (p *parser) name(f field, path, s string) {
+func (p *parser) name(f yamlfield.Field, path, s string) {
 	switch {
 	case s == "":
-		p.errorf(f.key.Line, path, "must not be empty")
+		p.Errorf(f.Key.Line, path, "must not be empty")
 	case len(s) > maxNameLen:
-		p.errorf(f.key.Line, path, "must be at most %d characters (got %d)", maxNameLen, len(s))
+		p.Errorf(f.Key.Line, path, "must be at most %d characters (got %d)", maxNameLen, len(s))
 	case !validName(s):
-		p.errorf(f.key.Line, path, "must match [a-z0-9][a-z0-9._-]* (got %q)", s)
+		p.Errorf(f.Key.Line, path, "must match [a-z0-9][a-z0-9._-]* (got %q)", s)
 	}
 }
 
@@ -331,37 +282,37 @@ func validName(s string) bool {
 	return true
 }
 
-func (p *parser) match(f field, path string) []Descriptor {
-	if f.val.Kind != yaml.MappingNode {
-		p.errorf(f.key.Line, path, "must be a mapping of descriptor names to values (got %s)", describe(f.val))
+func (p *parser) match(f yamlfield.Field, path string) []Descriptor {
+	if f.Val.Kind != yaml.MappingNode {
+		p.Errorf(f.Key.Line, path, "must be a mapping of descriptor names to values (got %s)", yamlfield.Describe(f.Val))
 		return nil
 	}
-	fs := p.fields(f.val, path)
+	fs := p.AnyFields(f.Val, path)
 	if len(fs) > MaxDescriptors {
-		p.errorf(f.key.Line, path, "has %d descriptors; the limit is %d", len(fs), MaxDescriptors)
+		p.Errorf(f.Key.Line, path, "has %d descriptors; the limit is %d", len(fs), MaxDescriptors)
 		return nil
 	}
 	out := make([]Descriptor, 0, len(fs))
 	for _, e := range fs {
-		k := e.name
-		field := path + "." + pathElem(k)
-		if !p.descriptorName(e.key.Line, field, k) {
+		k := e.Name
+		field := yamlfield.Join(path, k)
+		if !p.descriptorName(e.Key.Line, field, k) {
 			continue
 		}
-		if e.val.Kind != yaml.ScalarNode || e.val.ShortTag() != "!!str" {
+		if e.Val.Kind != yaml.ScalarNode || e.Val.ShortTag() != "!!str" {
 			hint := ""
-			if e.val.Kind == yaml.ScalarNode && e.val.ShortTag() != "!!null" {
-				hint = fmt.Sprintf("; quote it to match the text: %q", e.val.Value)
+			if e.Val.Kind == yaml.ScalarNode && e.Val.ShortTag() != "!!null" {
+				hint = fmt.Sprintf("; quote it to match the text: %q", e.Val.Value)
 			}
-			p.errorf(e.key.Line, field, "must be a string (got %s)%s", describe(e.val), hint)
+			p.Errorf(e.Key.Line, field, "must be a string (got %s)%s", yamlfield.Describe(e.Val), hint)
 			continue
 		}
-		v := e.val.Value
+		v := e.Val.Value
 		switch {
 		case v == "":
-			p.errorf(e.key.Line, field, "must not be empty (use %q for any value)", Wildcard)
+			p.Errorf(e.Key.Line, field, "must not be empty (use %q for any value)", Wildcard)
 		case len(v) > maxMatchValueLen:
-			p.errorf(e.key.Line, field, "must be at most %d bytes (got %d)", maxMatchValueLen, len(v))
+			p.Errorf(e.Key.Line, field, "must be at most %d bytes (got %d)", maxMatchValueLen, len(v))
 		default:
 			out = append(out, Descriptor{Key: k, Value: v})
 		}
@@ -370,32 +321,32 @@ func (p *parser) match(f field, path string) []Descriptor {
 	return out
 }
 
-func (p *parser) key(f field, path string) []string {
-	seq := f.val
+func (p *parser) key(f yamlfield.Field, path string) []string {
+	seq := f.Val
 	if seq.Kind != yaml.SequenceNode {
-		p.errorf(f.key.Line, path, "must be a list of descriptor names (got %s)", describe(seq))
+		p.Errorf(f.Key.Line, path, "must be a list of descriptor names (got %s)", yamlfield.Describe(seq))
 		return nil
 	}
 	switch {
 	case len(seq.Content) == 0:
-		p.errorf(f.key.Line, path, "must not be empty")
+		p.Errorf(f.Key.Line, path, "must not be empty")
 		return nil
 	case len(seq.Content) > MaxDescriptors:
-		p.errorf(f.key.Line, path, "has %d descriptors; the limit is %d", len(seq.Content), MaxDescriptors)
+		p.Errorf(f.Key.Line, path, "has %d descriptors; the limit is %d", len(seq.Content), MaxDescriptors)
 		return nil
 	}
 	out := make([]string, 0, len(seq.Content))
 	for i, n := range seq.Content {
 		field := path + "[" + strconv.Itoa(i) + "]"
 		if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!str" {
-			p.errorf(n.Line, field, "must be a descriptor name (got %s)", describe(n))
+			p.Errorf(n.Line, field, "must be a descriptor name (got %s)", yamlfield.Describe(n))
 			continue
 		}
 		if !p.descriptorName(n.Line, field, n.Value) {
 			continue
 		}
 		if j := slices.Index(out, n.Value); j >= 0 {
-			p.errorf(n.Line, field, "duplicate descriptor name %q", n.Value)
+			p.Errorf(n.Line, field, "duplicate descriptor name %q", n.Value)
 			continue
 		}
 		out = append(out, n.Value)
@@ -409,11 +360,11 @@ func (p *parser) key(f field, path string) []string {
 func (p *parser) descriptorName(line int, field, s string) bool {
 	switch {
 	case s == "":
-		p.errorf(line, field, "descriptor name must not be empty")
+		p.Errorf(line, field, "descriptor name must not be empty")
 	case len(s) > maxDescriptorNameLen:
-		p.errorf(line, field, "descriptor name must be at most %d characters (got %d)", maxDescriptorNameLen, len(s))
+		p.Errorf(line, field, "descriptor name must be at most %d characters (got %d)", maxDescriptorNameLen, len(s))
 	case !validDescriptorName(s):
-		p.errorf(line, field, "descriptor name must match [A-Za-z0-9_.:/-]+ (got %q)", s)
+		p.Errorf(line, field, "descriptor name must match [A-Za-z0-9_.:/-]+ (got %q)", s)
 	default:
 		return true
 	}

@@ -20,6 +20,7 @@ func TestParseErrors(t *testing.T) {
 		{"bad duration", strings.Replace(goodHead, "duration: 10s", "duration: 10", 1), `s.yaml:2: duration: must be a Go duration such as "1s" or "500ms" (got integer 10)`},
 		{"unknown region in rates", goodHead + "  - { at: 1s, rates: { mars: 1 } }\n", "s.yaml:8: demand[1].rates.mars: unknown field (known: eu, us)"},
 		{"demand out of order", goodHead + "  - { at: 0s, rates: { us: 2 } }\n", "s.yaml:8: demand[1].at: must be after the previous step's (0s)"},
+		{"demand step not a mapping", goodHead + "  - 5\n  - { at: 0s, rates: { us: 2 } }\n", "s.yaml:9: demand[2].at: must be after the previous step's (0s)"},
 		{"fault region", goodHead + "faults:\n  - { at: 1s, partition: mars, for: 1s }\n", `s.yaml:9: faults[0].partition: unknown region "mars" (regions: eu, us)`},
 		{"two fault kinds", goodHead + "faults:\n  - { at: 1s, partition: us, redis_failover: us, for: 1s }\n", "s.yaml:9: faults[0]: needs exactly one of"},
 		{"fraction", goodHead + "faults:\n  - { at: 1s, crash_agents: 2, region: us }\n", "s.yaml:9: faults[0].crash_agents: must be a fraction in (0, 1]"},
@@ -27,6 +28,7 @@ func TestParseErrors(t *testing.T) {
 		{"loss", goodHead + "network: { loss: 1.5 }\n", "s.yaml:8: network.loss: must be in [0, 1)"},
 		{"fault after end", goodHead + "faults:\n  - { at: 20s, partition: us, for: 1s }\n", "s.yaml:9: faults[0].at: must be before the end (10s)"},
 		{"syntax", "name: [x\n", "s.yaml: YAML syntax error"},
+		{"duplicate field", goodHead + "name: y\n", "s.yaml:8: name: duplicate key (first at line 1)"},
 		{"unreachable needs for", goodHead + "faults:\n  - { at: 1s, unreachable: us }\n", "s.yaml:9: faults[0].for: is required for unreachable"},
 		{"restart needs for", goodHead + "faults:\n  - { at: 1s, restart: us }\n", "s.yaml:9: faults[0].for: is required for restart"},
 		{"unreachable region", goodHead + "faults:\n  - { at: 1s, unreachable: mars, for: 1s }\n", `s.yaml:9: faults[0].unreachable: unknown region "mars"`},
@@ -42,6 +44,9 @@ func TestParseErrors(t *testing.T) {
 			}
 			if !errors.Is(err, ErrInvalid) {
 				t.Errorf("got error %v, want one wrapping ErrInvalid", err)
+			}
+			if fe := (*FieldError)(nil); !errors.As(err, &fe) || fe.File != "s.yaml" || !errors.Is(fe, ErrInvalid) {
+				t.Errorf("errors.As(%v, *FieldError): got %#v, want the first problem, wrapping ErrInvalid", err, fe)
 			}
 			if !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("got error\n%v\nwant it to contain\n%s", err, tc.want)

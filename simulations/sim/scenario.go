@@ -12,9 +12,9 @@ package sim
 
 import (
 	"errors"
-	"strconv"
-	"strings"
 	"time"
+
+	"github.com/ration-dev/ration/internal/yamlfield"
 )
 
 // Scenario is a validated simulation scenario. Durations are virtual time.
@@ -138,43 +138,17 @@ type Fault struct {
 var ErrInvalid = errors.New("sim: invalid scenario")
 
 // FieldError is one problem in a scenario file: "file:line: field: msg".
-type FieldError struct {
-	File  string
-	Line  int
-	Field string
-	Msg   string
-}
-
-func (e *FieldError) Error() string {
-	var b strings.Builder
-	b.WriteString(e.File)
-	if e.Line > 0 {
-		b.WriteString(":" + strconv.Itoa(e.Line))
-	}
-	b.WriteString(": ")
-	if e.Field != "" {
-		b.WriteString(e.Field + ": ")
-	}
-	b.WriteString(e.Msg)
-	return b.String()
-}
-
 // Unwrap returns ErrInvalid.
-func (e *FieldError) Unwrap() error { return ErrInvalid }
+type FieldError = yamlfield.Error[invalidScenario]
 
-// Errors is every problem found in a scenario, in line order.
-type Errors []*FieldError
+// Errors is every problem found in a scenario, in line order. Is reports
+// ErrInvalid; errors.As(err, &fe) with fe a *FieldError finds the first.
+type Errors = yamlfield.Errors[invalidScenario]
 
-func (es Errors) Error() string {
-	s := make([]string, len(es))
-	for i, e := range es {
-		s[i] = e.Error()
-	}
-	return strings.Join(s, "\n")
-}
+// invalidScenario makes FieldError and Errors wrap ErrInvalid.
+type invalidScenario struct{}
 
-// Is reports ErrInvalid.
-func (es Errors) Is(target error) bool { return target == ErrInvalid }
+func (invalidScenario) Sentinel() error { return ErrInvalid }
 
 // Keys returns the total number of keys.
 func (s *Scenario) keyCount() int {
