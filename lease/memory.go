@@ -298,3 +298,27 @@ func (e *memEntry) load(nowUS int64, capacity float64, startEmpty bool) {
 func (e *memEntry) setExpiry(rate, capacity float64) {
 	e.expireAt = expireAtMillis(e.last, rate, capacity)
 }
+
+// DeleteShares is RedisStore.DeleteShares: the keys' buckets fall back to
+// Limit.InitialShare, and an entry left with neither bucket nor share is
+// freed.
+func (m *MemoryStore) DeleteShares(ctx context.Context, keys []string) error {
+	if err := validateAll(keys, validateKey); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	for _, k := range keys {
+		s := m.shard(k)
+		s.mu.Lock()
+		if e, ok := s.keys[k]; ok {
+			e.hasShare, e.share = false, 0
+			if !e.hasBucket {
+				delete(s.keys, k)
+			}
+		}
+		s.mu.Unlock()
+	}
+	return nil
+}

@@ -80,6 +80,13 @@ func NewRedisStore(client redis.UniversalClient, cfg RedisConfig) (*RedisStore, 
 	return &RedisStore{client: client, cfg: cfg}, nil
 }
 
+// Client is the Redis client the store runs on: sync/exchange keeps the
+// region's holder election and exchange state beside the buckets with it.
+func (s *RedisStore) Client() redis.UniversalClient { return s.client }
+
+// Config is the store's configuration, defaults filled.
+func (s *RedisStore) Config() RedisConfig { return s.cfg }
+
 func contextTimeoutEnabled(c redis.UniversalClient) bool {
 	switch c := c.(type) {
 	case *redis.Client:
@@ -298,4 +305,28 @@ func transientReply(msg string) bool {
 		}
 	}
 	return false
+}
+
+// DeleteShares removes the applied shares of keys: their buckets fall back
+// to Limit.InitialShare (the exchange retires a key at rest this way, where
+// the initial share is at most the applied one). Stored tokens above the
+// lower capacity are clipped at the bucket's next use. An ErrUnavailable
+// failure may leave some keys deleted; retrying is harmless.
+func (s *RedisStore) DeleteShares(ctx context.Context, keys []string) error {
+	if err := validateAll(keys, validateKey); err != nil {
+		return err
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	defer cancel()
+	pipe := s.client.Pipeline()
+	for _, k := range keys {
+		pipe.Del(ctx, s.shareKey(k))
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return s.fail("delete shares", err)
+	}
+	return nil
 }

@@ -12,7 +12,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/ration-dev/ration/lease"
 	"github.com/ration-dev/ration/policy"
 	"github.com/ration-dev/ration/region"
 	"github.com/ration-dev/ration/sync/embedded"
@@ -144,9 +143,9 @@ func (d *Daemon) startExchange() (err error) {
 	if d.nc.IsConnected() {
 		m.connected.Set(1)
 	}
-	var coord exchange.Coordinator = d.redis
-	if d.redis == nil {
-		coord = lease.NewMemoryExchange(nil) // one process, one replica
+	var coord exchange.Coordinator = exchange.NewMemoryCoordinator(nil) // one process, one replica
+	if d.redis != nil {
+		coord = exchange.NewRedisCoordinator(d.redis)
 	}
 	x, err := exchange.New(exchange.Config{
 		Region:      cfg.Region,
@@ -179,7 +178,7 @@ func (d *Daemon) stopExchange(ctx context.Context) error {
 	var errs []error
 	d.obs.x.Store(nil)
 	if d.x != nil {
-		if err := d.x.Close(ctx); err != nil {
+		if err := d.x.Shutdown(ctx); err != nil {
 			errs = append(errs, err)
 		}
 		d.x = nil

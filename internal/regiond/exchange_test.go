@@ -341,7 +341,7 @@ func TestExchangeHolderDies(t *testing.T) {
 	l.sendTo("eu", other)
 	dep.nodes["eu"] = []*Daemon{other} // read eu's share through the survivor
 	before := dep.shares()
-	holder.Exchanger().Abort()
+	_ = holder.Exchanger().Close()
 	t.Logf("killed %s holding %v", holder.cfg.Replica, before)
 
 	_, took := dep.observe("the other replica takes over", 10*time.Second, func(sh map[string]int64) bool {

@@ -159,7 +159,7 @@ func startFleet(t *testing.T, urls map[string][]string) *fleet {
 			Period:      fleetPeriod,
 			Conn:        s.nc,
 			Store:       s.store,
-			Coordinator: lease.NewMemoryExchange(nil),
+			Coordinator: exchange.NewMemoryCoordinator(nil),
 			Policy:      func() *policy.Set { return pol },
 			Registerer:  s.reg,
 			Logger:      slog.New(slog.NewTextHandler(io.Discard, nil)),
@@ -171,7 +171,7 @@ func startFleet(t *testing.T, urls map[string][]string) *fleet {
 			t.Fatalf("%s: %v", r, err)
 		}
 		t.Cleanup(func() {
-			if err := s.x.Close(context.Background()); err != nil {
+			if err := s.x.Shutdown(context.Background()); err != nil {
 				t.Errorf("%s: Close: %v", r, err)
 			}
 		})

@@ -29,13 +29,19 @@ type Store interface {
 }
 
 // Coordinator elects the one replica of a region that runs its exchange
-// and keeps the region's exchange state: lease.RedisStore for replicas that
-// share a Redis, lease.MemoryExchange for one process.
+// (the holder) and keeps the region's persisted exchange state:
+// RedisCoordinator for replicas that share a Redis, MemoryCoordinator for
+// one process.
 type Coordinator interface {
-	AcquireExchange(ctx context.Context, region, holder string, ttl time.Duration) (lease.ExchangeHold, error)
-	ReleaseExchange(ctx context.Context, region, holder string) error
-	SaveExchangeState(ctx context.Context, region, holder string, state []byte) error
-	LoadExchangeState(ctx context.Context, region string) ([]byte, error)
+	// Acquire takes reg's hold for holder for ttl, or renews it.
+	Acquire(ctx context.Context, reg, holder string, ttl time.Duration) (region.Hold, error)
+	// Release gives the hold up if holder has it.
+	Release(ctx context.Context, reg, holder string) error
+	// Save stores the state while holder holds the election; otherwise its
+	// error wraps region.ErrNotHolder.
+	Save(ctx context.Context, reg, holder string, state []byte) error
+	// Load returns the stored state, nil when there is none.
+	Load(ctx context.Context, reg string) ([]byte, error)
 }
 
 // ErrInvalidConfig reports a Config that New cannot use.
@@ -76,11 +82,11 @@ type Config struct {
 	// Coordinator elects the exchanging replica and keeps the region's
 	// exchange state. Required.
 	Coordinator Coordinator
-	// LeaseTTL is how long the exchange lease lasts after each renewal (it
+	// HoldTTL is how long the region's hold lasts after each renewal (it
 	// is renewed every epoch): the longest a region goes without moving
 	// shares after its exchanging replica dies. Default 3 × Period; at
 	// least 2 × Period.
-	LeaseTTL time.Duration
+	HoldTTL time.Duration
 	// Policy returns the policy in force: each key's rule gives the rate,
 	// burst, cost and partition_reclaim_after the exchange needs. Required.
 	Policy func() *policy.Set
@@ -124,8 +130,8 @@ func (c Config) withDefaults() Config {
 	if c.Subject == "" {
 		c.Subject = "ration.sync"
 	}
-	if c.LeaseTTL == 0 {
-		c.LeaseTTL = 3 * c.Period
+	if c.HoldTTL == 0 {
+		c.HoldTTL = 3 * c.Period
 	}
 	if c.WriteBatch == 0 {
 		c.WriteBatch = 500
@@ -152,6 +158,10 @@ func subjectToken(s string) bool {
 	return s != "" && !strings.ContainsAny(s, ".*> \t\r\n")
 }
 
+// Validate reports whether c, with its defaults filled, is usable by New.
+// The error wraps ErrInvalidConfig.
+func (c Config) Validate() error { return c.withDefaults().validate() }
+
 func (c Config) validate() error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
@@ -175,8 +185,8 @@ func (c Config) validate() error {
 		return bad("Period %v is below 1ms", c.Period)
 	case c.DecideAfter < 0 || 2*c.DecideAfter >= c.Period:
 		return bad("DecideAfter %v is not in [0, Period/2)", c.DecideAfter)
-	case c.LeaseTTL < 2*c.Period:
-		return bad("LeaseTTL %v is below 2 × Period", c.LeaseTTL)
+	case c.HoldTTL < 2*c.Period:
+		return bad("HoldTTL %v is below 2 × Period", c.HoldTTL)
 	case c.WriteBatch < 1, c.QueueSize < 1:
 		return bad("WriteBatch and QueueSize must be positive")
 	case c.StoreTimeout <= 0:

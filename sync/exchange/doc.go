@@ -1,30 +1,25 @@
-// Package exchange carries the cross-region exchange of ration over NATS:
-// the edge around the deterministic core in package region (DESIGN.md,
-// "Level 2" and "Replicas of one region").
+// Package exchange runs the cross-region exchange of ration over NATS: the
+// edge around region.Node, which holds the protocol (docs/DESIGN.md,
+// "Level 2" and "The exchange protocol, as built"). Reports and the
+// persisted state travel in the wire format of sync/codec.
 //
-// Reports and the persisted exchange state travel in the wire format of
-// package sync/codec, which classifies every message it drops by
-// codec.Reason.
-//
-// An Exchanger is one regiond replica's runtime. Start it with a NATS
-// connection, the region's store and a Coordinator (the store's exchange
-// lease), hook Observe and InitialShare into lease/service, and Close it:
+// An Exchanger is one regiond replica's runtime. Give it a NATS connection,
+// the region's store and a Coordinator (the holder election and persisted
+// state: NewRedisCoordinator on the region's Redis, NewMemoryCoordinator in
+// one process), hook Observe and InitialShare into lease/service, Start it
+// and Shutdown it:
 //
 //	x, err := exchange.New(exchange.Config{
 //		Region: "eu", Replica: "eu-1", Regions: []string{"us", "eu", "ap"},
-//		Conn: nc, Store: redisStore, Coordinator: redisStore, Policy: svc.Policy,
+//		Conn: nc, Store: redisStore, Coordinator: exchange.NewRedisCoordinator(redisStore),
+//		Policy: svc.Policy,
 //	})
 //	...
 //	if err := x.Start(); err != nil { ... }
-//	defer x.Close(ctx)
+//	defer x.Shutdown(ctx)
 //
-// Each sync period the replica that holds its region's exchange lease runs
-// the epoch: it lowers shares in the store, commits the gifts, persists the
-// state (fenced by the lease), publishes the report on
-// "ration.sync.<region>" and raises the shares it received. The other
-// replicas publish their demand tallies, which every region sums. A replica
-// that takes the lease over restores the persisted state first, so nothing
-// is lost or given twice. Every write of the holder is sent with a deadline
-// before its lease could lapse, so a paused or partitioned holder never
-// writes after another has taken over.
+// Each sync period every replica renews or takes its region's hold; the
+// holder runs the epoch and the others publish their demand tallies. Every
+// write of the holder has a deadline before its hold could lapse, so a
+// paused or partitioned holder never writes after another has taken over.
 package exchange

@@ -5,45 +5,43 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/ration-dev/ration/lease"
+	"github.com/ration-dev/ration/lease/service"
 	"github.com/ration-dev/ration/policy"
 	"github.com/ration-dev/ration/region"
 	"github.com/ration-dev/ration/sync/codec"
 )
 
-// Exchanger runs one replica's side of the cross-region exchange: the edge
-// around region.State (DESIGN.md, "Level 2"). Each sync period it takes or
-// renews its region's exchange lease; the holder runs the epoch (lower
-// shares in the store, commit, persist the state, publish, raise), the
-// other replicas publish their tallies only. Reports received from NATS are
-// decoded, reassembled and merged by the holder.
+// Exchanger runs one replica's side of the cross-region exchange: the
+// protocol of region.Node over NATS and the region's store. Each sync period
+// it takes or renews its region's hold; the holder runs the epoch (the Node
+// lowers shares in the store, commits, persists the state, publishes,
+// raises), the other replicas publish their tallies only. Reports received
+// from NATS are decoded, reassembled and handed to the Node.
 //
-// One goroutine, started by Start and waited for by Close, owns the
-// region.State; Observe and InitialShare may be called from any goroutine.
+// One goroutine, started by Start and waited for by Shutdown or Close, owns
+// the Node; Observe and InitialShare may be called from any goroutine.
 type Exchanger struct {
 	cfg     Config
-	rcfg    region.Config
 	initial int64
 	subject string
 	met     *metrics
 
 	// Owned by the loop goroutine.
-	st         *region.State
-	prev       *region.State // the state last dropped, while no other holder was seen
-	asm        *codec.Assembler
-	pol        *policy.Set
-	leaseUntil time.Time     // our lease is safe to write under until then
-	restored   bool          // st holds the persisted state (we are the holder)
-	busy       time.Duration // time spent in the phases of the current epoch
-	written    map[string]int64
-	top        topKeys
-	heard      map[string]time.Time // per region: last complete report
+	node      *region.Node
+	asm       *codec.Assembler
+	pol       *policy.Set
+	holdUntil time.Time     // our hold is safe to write under until then
+	busy      time.Duration // time spent in the phases of the current epoch
+	written   map[string]int64
+	top       topKeys
+	heard     map[string]time.Time // per region: last complete report
 
 	leader atomic.Bool
 	epochs atomic.Uint64
@@ -55,7 +53,7 @@ type Exchanger struct {
 	sub     *nats.Subscription
 	cancel  context.CancelFunc
 	done    chan struct{}
-	release bool // Close releases the lease
+	release bool // Shutdown releases the hold
 	once    sync.Once
 }
 
@@ -82,22 +80,22 @@ func New(cfg Config) (*Exchanger, error) {
 		inbox:   make(chan []byte, cfg.QueueSize),
 		done:    make(chan struct{}),
 	}
-	x.rcfg = region.Config{
+	rcfg := region.Config{
 		Self:    cfg.Region,
 		Replica: cfg.Replica,
 		Regions: cfg.Regions,
 		Period:  cfg.Period,
-		Policy:  x.keyPolicy,
+		Policy:  func(key string) region.KeyPolicy { return x.pol.RuleOf(key).KeyPolicy() },
 	}
 	if cfg.Tune != nil {
-		cfg.Tune(&x.rcfg)
+		cfg.Tune(&rcfg)
 	}
-	st, err := region.New(x.rcfg)
+	n, err := region.NewNode(rcfg, effects{x})
 	if err != nil {
 		return nil, err
 	}
-	x.st = st
-	x.initial = st.Initial(cfg.Region)
+	x.node = n
+	x.initial = n.Initial(cfg.Region)
 	for i := range x.tallies {
 		x.tallies[i].m = make(map[string]*[2]int64)
 	}
@@ -112,8 +110,8 @@ func New(cfg Config) (*Exchanger, error) {
 func (x *Exchanger) InitialShare(key string, rule *policy.Rule) int64 { return x.initial }
 
 // Observe records a global key's demand and grants for the current epoch:
-// lease/service's Config.Observer. key is the store key (region.GlobalKey
-// of the rule and the descriptor key). Cheap and safe for concurrent use.
+// lease/service's Config.Observer. key is the store key (policy.StoreKey of
+// the rule and the descriptor key). Cheap and safe for concurrent use.
 func (x *Exchanger) Observe(key string, rule *policy.Rule, demand, granted int64) {
 	if demand <= 0 && granted <= 0 {
 		return
@@ -138,7 +136,7 @@ func (x *Exchanger) Leader() bool { return x.leader.Load() }
 func (x *Exchanger) Epochs() uint64 { return x.epochs.Load() }
 
 // Start subscribes to every region's reports and starts the loop. It
-// returns once subscribed; the loop runs until Close.
+// returns once subscribed; the loop runs until Shutdown or Close.
 func (x *Exchanger) Start() error {
 	sub, err := x.cfg.Conn.Subscribe(x.cfg.Subject+".*", func(m *nats.Msg) {
 		select {
@@ -163,19 +161,19 @@ func (x *Exchanger) Start() error {
 	return nil
 }
 
-// Close stops the loop, waits for it, unsubscribes and gives the exchange
-// lease up if this replica holds it, so that another replica takes over at
-// once. ctx bounds the release.
-func (x *Exchanger) Close(ctx context.Context) error {
+// Shutdown stops the loop, waits for it, unsubscribes and gives the hold up
+// if this replica holds it, so that another replica takes over at once.
+// ctx bounds the release.
+func (x *Exchanger) Shutdown(ctx context.Context) error {
 	x.release = true
 	return x.stop(ctx)
 }
 
-// Abort stops like a crash: the loop ends and the subscription goes, but
-// the lease stays held until it lapses (LeaseTTL), as if the process had
-// died. For failure tests.
-func (x *Exchanger) Abort() {
-	_ = x.stop(context.Background())
+// Close stops at once, as a crash would: the loop ends and the
+// subscription goes, but the hold stays until it lapses (HoldTTL), so
+// another replica takes over only then.
+func (x *Exchanger) Close() error {
+	return x.stop(context.Background())
 }
 
 func (x *Exchanger) stop(ctx context.Context) error {
@@ -192,8 +190,8 @@ func (x *Exchanger) stop(ctx context.Context) error {
 		x.cancel()
 		<-x.done
 		if x.release && x.leader.Load() {
-			if rerr := x.cfg.Coordinator.ReleaseExchange(ctx, x.cfg.Region, x.cfg.Replica); rerr != nil {
-				err = errors.Join(err, fmt.Errorf("exchange: releasing the lease: %w", rerr))
+			if rerr := x.cfg.Coordinator.Release(ctx, x.cfg.Region, x.cfg.Replica); rerr != nil {
+				err = errors.Join(err, fmt.Errorf("exchange: releasing the hold: %w", rerr))
 			}
 			x.leader.Store(false)
 			x.met.leader.Set(0)
@@ -246,7 +244,7 @@ func (x *Exchanger) untilEpoch() time.Duration {
 	return next.Sub(now)
 }
 
-// receive decodes, reassembles and (on the holder) merges one message.
+// receive decodes, reassembles and hands one message to the Node.
 func (x *Exchanger) receive(ctx context.Context, msg []byte) {
 	now := x.cfg.Clock()
 	x.met.received.Inc()
@@ -254,10 +252,7 @@ func (x *Exchanger) receive(ctx context.Context, msg []byte) {
 	if err == nil {
 		var r *region.Report
 		if r, err = x.asm.Add(now, p); err == nil && r != nil {
-			err = x.merge(now, r)
-			if err == nil && x.restored && r.Exchange {
-				x.applyReceived(ctx)
-			}
+			err = x.merge(ctx, now, r)
 		}
 	}
 	if err == nil {
@@ -274,8 +269,9 @@ func (x *Exchanger) receive(ctx context.Context, msg []byte) {
 	}
 }
 
-// merge handles a complete report.
-func (x *Exchanger) merge(now time.Time, r *region.Report) error {
+// merge handles a complete report: the Node merges it on the holder and
+// writes the shares its gifts raised.
+func (x *Exchanger) merge(ctx context.Context, now time.Time, r *region.Report) error {
 	if r.Region == x.cfg.Region && r.Replica == x.cfg.Replica {
 		return nil // our own echo
 	}
@@ -283,33 +279,15 @@ func (x *Exchanger) merge(now time.Time, r *region.Report) error {
 	if r.Region != x.cfg.Region {
 		x.top.peerReport(r, x.cfg.TopKeys)
 	}
-	if !x.restored {
-		// Only the holder merges; the others publish tallies. The holder
-		// to come learns everything again from the next reports.
-		return nil
-	}
-	return x.st.Receive(now, *r)
+	return x.node.Receive(ctx, now, r)
 }
 
-// keyPolicy is region.Config.Policy: it reads the policy the epoch took.
-func (x *Exchanger) keyPolicy(key string) region.KeyPolicy {
-	r := x.rule(key)
-	if r == nil {
-		return region.KeyPolicy{}
-	}
-	return region.KeyPolicy{Rate: r.Rate(), ReclaimAfter: r.PartitionReclaimAfter, Cost: float64(r.Cost)}
+// limit is the allocator's limit of a key in the policy the epoch took.
+func (x *Exchanger) limit(key string) lease.Limit {
+	return service.Limit(x.pol.RuleOf(key), x.initial)
 }
 
-// rule returns the rule of a global key in the policy the epoch took.
-func (x *Exchanger) rule(key string) *policy.Rule {
-	name, _, ok := strings.Cut(key, "/")
-	if !ok || x.pol == nil {
-		return nil
-	}
-	return x.pol.Rule(name)
-}
-
-// drainTallies hands the tallies observed since the last epoch to st.
+// drainTallies hands the tallies observed since the last epoch to the Node.
 func (x *Exchanger) drainTallies() {
 	for i := range x.tallies {
 		s := &x.tallies[i]
@@ -318,7 +296,7 @@ func (x *Exchanger) drainTallies() {
 		s.m = make(map[string]*[2]int64, len(m))
 		s.mu.Unlock()
 		for k, t := range m {
-			x.st.Observe(k, t[0], t[1])
+			x.node.Observe(k, t[0], t[1])
 		}
 	}
 }

@@ -57,7 +57,7 @@ type replica struct {
 type testRegion struct {
 	name     string
 	store    *lease.MemoryStore
-	coord    *lease.MemoryExchange
+	coord    *MemoryCoordinator
 	replicas []*replica
 }
 
@@ -77,7 +77,7 @@ func newCluster(t *testing.T, period time.Duration, regions ...string) *cluster 
 	}
 	c := &cluster{t: t, url: startNATS(t), regions: regions, period: period, pol: pol, byName: map[string]*testRegion{}}
 	for _, r := range regions {
-		c.byName[r] = &testRegion{name: r, store: lease.NewMemoryStore(lease.MemoryConfig{}), coord: lease.NewMemoryExchange(nil)}
+		c.byName[r] = &testRegion{name: r, store: lease.NewMemoryStore(lease.MemoryConfig{}), coord: NewMemoryCoordinator(nil)}
 	}
 	return c
 }
@@ -105,7 +105,7 @@ func (c *cluster) start(r, name string) *replica {
 	if err := x.Start(); err != nil {
 		c.t.Fatal(err)
 	}
-	c.t.Cleanup(func() { _ = x.Close(context.Background()) })
+	c.t.Cleanup(func() { _ = x.Shutdown(context.Background()) })
 	rp := &replica{x: x, reg: reg}
 	tr.replicas = append(tr.replicas, rp)
 	return rp
@@ -306,7 +306,7 @@ func TestTakeOver(t *testing.T) {
 		t.Fatalf("got leaders %v and %v, want exactly one", eu[0].x.Leader(), eu[1].x.Leader())
 	}
 	before := c.share("eu", testKey)
-	holder.x.Abort()
+	_ = holder.x.Close()
 	mu.Lock()
 	dead = holder
 	mu.Unlock()

@@ -51,7 +51,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"role"}),
 		leader: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "ration_exchange_leader",
-			Help: "1 while this replica holds its region's exchange lease and runs the exchange.",
+			Help: "1 while this replica holds its region's election and runs the exchange.",
 		}),
 		epochSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "ration_exchange_epoch_duration_seconds",
@@ -168,7 +168,7 @@ func (x *Exchanger) updateTopKeys() {
 	t := &x.top
 	x.met.share.Reset()
 	n := x.cfg.TopKeys
-	if n <= 0 || !x.restored {
+	if n <= 0 || !x.node.Holding() {
 		t.shown = nil
 		return
 	}
@@ -192,7 +192,7 @@ func (x *Exchanger) updateTopKeys() {
 	t.shown = make(map[string]struct{}, len(keys))
 	for _, k := range keys {
 		t.shown[k] = struct{}{}
-		x.met.share.WithLabelValues(k, x.cfg.Region).Set(float64(x.st.Share(k)))
+		x.met.share.WithLabelValues(k, x.cfg.Region).Set(float64(x.node.Share(k)))
 		for r, es := range t.peers {
 			if v, ok := t.shares[r][k]; ok {
 				x.met.share.WithLabelValues(k, r).Set(float64(v))
