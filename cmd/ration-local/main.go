@@ -95,7 +95,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	defer nats.Shutdown()
+	defer nats.Close()
 
 	pol := fmt.Sprintf("rules:\n  - name: demo\n    key: [tenant]\n    limit: %d\n    period: 1s\n    burst: %d\n", o.limit, o.limit)
 	daemons := map[string]*regiond.Daemon{}

@@ -346,15 +346,3 @@ func (d *Daemon) shutdown(ctx context.Context) error {
 	}
 	return errors.Join(errs...)
 }
-
-// Run starts the daemon and serves until ctx is done, then shuts down,
-// giving in-flight calls up to grace to finish.
-func (d *Daemon) Run(ctx context.Context, grace time.Duration) error {
-	if err := d.Start(ctx); err != nil {
-		return err
-	}
-	<-ctx.Done()
-	sctx, cancel := context.WithTimeout(context.Background(), grace)
-	defer cancel()
-	return d.Shutdown(sctx)
-}

@@ -188,7 +188,7 @@ func (d *Daemon) stopExchange(ctx context.Context) error {
 		d.nc = nil
 	}
 	if d.nats != nil {
-		d.nats.Shutdown()
+		d.nats.Close()
 		d.nats = nil
 	}
 	return errors.Join(errs...)

@@ -30,7 +30,7 @@ func startNATS(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(s.Shutdown)
+	t.Cleanup(func() { _ = s.Close() })
 	return s.ClientURL()
 }
 

@@ -97,7 +97,7 @@ func StartCluster(cfg ClusterConfig) (*Cluster, error) {
 		return nil, err
 	}
 	if err := waitFor(cfg.JoinTimeout, c.joined); err != nil {
-		c.Shutdown()
+		c.Close()
 		return nil, fmt.Errorf("cluster %q: routes %v: %w", c.name, c.routes(), err)
 	}
 	return c, nil
@@ -120,7 +120,7 @@ func startCluster(cfg ClusterConfig, host string, port int, gw []*server.RemoteG
 		}
 		s, err := startServer(opts, cfg.Server.ReadyTimeout)
 		if err != nil {
-			c.Shutdown()
+			c.Close()
 			return nil, fmt.Errorf("cluster %q: server %d: %w", cfg.Name, i, err)
 		}
 		c.servers = append(c.servers, s)
@@ -167,12 +167,14 @@ func (c *Cluster) ClientURLs() []string {
 	return urls
 }
 
-// Shutdown shuts every server down, including any already shut down (which
-// is a no-op), and returns once all their goroutines have stopped.
-func (c *Cluster) Shutdown() {
+// Close shuts every server down, including any already shut down (which
+// is a no-op), and returns once all their goroutines have stopped. It
+// returns nil.
+func (c *Cluster) Close() error {
 	for _, s := range c.servers {
-		s.Shutdown()
+		s.Close()
 	}
+	return nil
 }
 
 // waitFor polls cond until it holds, for at most timeout; the error wraps

@@ -125,12 +125,13 @@ func (s *Server) ClientURL() string { return s.ns.ClientURL() }
 // server's generated ID.
 func (s *Server) Name() string { return s.ns.Name() }
 
-// Shutdown stops the server, closes its clients' connections and waits
-// until every goroutine of the server has stopped. Calling it again does
-// nothing.
-func (s *Server) Shutdown() {
+// Close stops the server, closes its clients' connections and waits until
+// every goroutine of the server has stopped. Calling it again does nothing.
+// It returns nil.
+func (s *Server) Close() error {
 	s.ns.Shutdown()
 	s.ns.WaitForShutdown()
+	return nil
 }
 
 // Running reports whether the server has not been shut down.

@@ -34,7 +34,7 @@ func TestStartInvalid(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			s, err := Start(tc.cfg)
 			if err == nil {
-				s.Shutdown()
+				s.Close()
 				t.Fatalf("Start(%+v) succeeded, want an error", tc.cfg)
 			}
 			if !errors.Is(err, ErrInvalidConfig) {
@@ -58,7 +58,7 @@ func TestClusterInvalid(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := StartCluster(tc.cfg)
 			if err == nil {
-				c.Shutdown()
+				c.Close()
 				t.Fatalf("StartCluster(%+v) succeeded, want an error", tc.cfg)
 			}
 			if !errors.Is(err, ErrInvalidConfig) {
@@ -79,7 +79,7 @@ func TestClusterInvalid(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			sc, err := StartSupercluster(tc.cfg)
 			if err == nil {
-				sc.Shutdown()
+				sc.Close()
 				t.Fatalf("StartSupercluster(%+v) succeeded, want an error", tc.cfg)
 			}
 			if !errors.Is(err, ErrInvalidConfig) {
@@ -96,7 +96,7 @@ func TestStartDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Shutdown()
+	defer s.Close()
 	if u := s.ClientURL(); !strings.HasPrefix(u, "nats://127.0.0.1:") {
 		t.Errorf("got client URL %q, want nats://127.0.0.1:<port>", u)
 	}
@@ -114,7 +114,7 @@ func TestStartDefaults(t *testing.T) {
 }
 
 // TestCluster shows a three-server cluster forming and carrying messages
-// between clients of different servers, and Shutdown stopping them all.
+// between clients of different servers, and Close stopping them all.
 func TestCluster(t *testing.T) {
 	start := time.Now()
 	c, err := StartCluster(ClusterConfig{Name: "eu"})
@@ -122,7 +122,7 @@ func TestCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("3-server cluster joined in %v", time.Since(start))
-	defer c.Shutdown()
+	defer c.Close()
 	srv := c.Servers()
 	if len(srv) != 3 {
 		t.Fatalf("got %d servers, want 3", len(srv))
@@ -141,10 +141,10 @@ func TestCluster(t *testing.T) {
 		sub := connect(t, urls[(i+1)%len(urls)])
 		reach(t, pub, sub, "ration.sync.us")
 	}
-	c.Shutdown()
+	c.Close()
 	for i, s := range srv {
 		if s.Running() {
-			t.Errorf("server %d still running after Shutdown", i)
+			t.Errorf("server %d still running after Close", i)
 		}
 	}
 }
@@ -157,7 +157,7 @@ func TestClusterFailover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Shutdown()
+	defer c.Close()
 	urls := c.ClientURLs()
 	reconnected := make(chan string, 1)
 	pub, err := nats.Connect(strings.Join(urls, ","), nats.DontRandomize(), nats.MaxReconnects(-1),
@@ -178,7 +178,7 @@ func TestClusterFailover(t *testing.T) {
 	sub := connect(t, urls[2])
 	reach(t, pub, sub, "a")
 
-	c.Servers()[0].Shutdown()
+	c.Servers()[0].Close()
 	select {
 	case u := <-reconnected:
 		if u == urls[0] {
@@ -200,7 +200,7 @@ func TestSupercluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("supercluster of 2+2+1 servers joined in %v", time.Since(start))
-	defer sc.Shutdown()
+	defer sc.Close()
 	cs := sc.Clusters()
 	var names []string
 	for _, c := range cs {

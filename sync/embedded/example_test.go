@@ -23,7 +23,7 @@ func ExampleStartCluster() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer c.Shutdown()
+	defer c.Close()
 
 	nc, err := nats.Connect(strings.Join(c.ClientURLs(), ","), nats.UserInfo("eu", "eu-secret"), nats.MaxReconnects(-1))
 	if err != nil {

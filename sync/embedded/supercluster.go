@@ -69,12 +69,12 @@ func StartSupercluster(cfg SuperclusterConfig) (*Supercluster, error) {
 		c, err := startCluster(cc, hosts[i], ports[i], remotes)
 		if err == nil {
 			if err = waitFor(cc.JoinTimeout, c.joined); err != nil {
-				c.Shutdown()
+				c.Close()
 				err = fmt.Errorf("cluster %q: routes %v: %w", c.name, c.routes(), err)
 			}
 		}
 		if err != nil {
-			sc.Shutdown()
+			sc.Close()
 			return nil, err
 		}
 		sc.clusters = append(sc.clusters, c)
@@ -85,7 +85,7 @@ func StartSupercluster(cfg SuperclusterConfig) (*Supercluster, error) {
 		remotes = append(append([]*server.RemoteGatewayOpts(nil), remotes...), rg)
 	}
 	if err := waitFor(cfg.JoinTimeout, sc.joined); err != nil {
-		sc.Shutdown()
+		sc.Close()
 		return nil, fmt.Errorf("gateways: %w", err)
 	}
 	return sc, nil
@@ -121,10 +121,11 @@ func (sc *Supercluster) joined() bool {
 // Clusters returns the clusters in the order of SuperclusterConfig.Clusters.
 func (sc *Supercluster) Clusters() []*Cluster { return append([]*Cluster(nil), sc.clusters...) }
 
-// Shutdown shuts every server of every cluster down and returns once all
-// their goroutines have stopped.
-func (sc *Supercluster) Shutdown() {
+// Close shuts every server of every cluster down and returns once all
+// their goroutines have stopped. It returns nil.
+func (sc *Supercluster) Close() error {
 	for _, c := range sc.clusters {
-		c.Shutdown()
+		c.Close()
 	}
+	return nil
 }

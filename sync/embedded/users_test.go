@@ -35,24 +35,24 @@ func TestRegionUser(t *testing.T) {
 func TestRegionScoping(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
-		start func(t *testing.T) (urls map[string]string, shutdown func())
+		start func(t *testing.T) (urls map[string]string, closer func() error)
 	}{
-		{"server", func(t *testing.T) (map[string]string, func()) {
+		{"server", func(t *testing.T) (map[string]string, func() error) {
 			s, err := Start(Config{Users: regionUsers()})
 			if err != nil {
 				t.Fatal(err)
 			}
-			return map[string]string{"us": s.ClientURL(), "eu": s.ClientURL(), "ap": s.ClientURL()}, s.Shutdown
+			return map[string]string{"us": s.ClientURL(), "eu": s.ClientURL(), "ap": s.ClientURL()}, s.Close
 		}},
-		{"cluster", func(t *testing.T) (map[string]string, func()) {
+		{"cluster", func(t *testing.T) (map[string]string, func() error) {
 			c, err := StartCluster(ClusterConfig{Server: Config{Users: regionUsers()}})
 			if err != nil {
 				t.Fatal(err)
 			}
 			u := c.ClientURLs()
-			return map[string]string{"us": u[0], "eu": u[1], "ap": u[2]}, c.Shutdown
+			return map[string]string{"us": u[0], "eu": u[1], "ap": u[2]}, c.Close
 		}},
-		{"supercluster", func(t *testing.T) (map[string]string, func()) {
+		{"supercluster", func(t *testing.T) (map[string]string, func() error) {
 			var ccs []ClusterConfig
 			for _, r := range regions {
 				ccs = append(ccs, ClusterConfig{Name: r, Size: 2, Server: Config{Users: regionUsers()}})
@@ -65,12 +65,12 @@ func TestRegionScoping(t *testing.T) {
 			for _, c := range sc.Clusters() {
 				urls[c.Name()] = c.ClientURLs()[1]
 			}
-			return urls, sc.Shutdown
+			return urls, sc.Close
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			urls, shutdown := tc.start(t)
-			defer shutdown()
+			urls, closer := tc.start(t)
+			defer closer()
 			checkScoping(t, urls)
 		})
 	}
@@ -166,7 +166,7 @@ func TestUserPermissionsNil(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Shutdown()
+	defer s.Close()
 	all := connect(t, s.ClientURL(), nats.UserInfo("all", "p"))
 	reach(t, all, all, "any.subject")
 

@@ -56,7 +56,7 @@ func TestExchangeOverCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(c.Shutdown)
+	t.Cleanup(func() { _ = c.Close() })
 	t.Logf("cluster of 3 up in %v", time.Since(start))
 	u := c.ClientURLs()
 	// Each region's own server first, then the others to fail over to.
@@ -65,7 +65,7 @@ func TestExchangeOverCluster(t *testing.T) {
 		"eu": {u[1], u[2], u[0]},
 		"ap": {u[2], u[0], u[1]},
 	})
-	f.run(func() { c.Servers()[1].Shutdown() })
+	f.run(func() { c.Servers()[1].Close() })
 }
 
 // TestExchangeOverSupercluster runs us, eu and ap each on its own
@@ -81,7 +81,7 @@ func TestExchangeOverSupercluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(sc.Shutdown)
+	t.Cleanup(func() { _ = sc.Close() })
 	t.Logf("supercluster of 3×2 up in %v", time.Since(start))
 	urls := map[string][]string{}
 	clusters := map[string]*embedded.Cluster{}
@@ -91,7 +91,7 @@ func TestExchangeOverSupercluster(t *testing.T) {
 		clusters[c.Name()] = c
 	}
 	f := startFleet(t, urls)
-	f.run(func() { clusters["eu"].Servers()[1].Shutdown() })
+	f.run(func() { clusters["eu"].Servers()[1].Close() })
 }
 
 // site is one region: one Exchanger on a memory store, with its own NATS
