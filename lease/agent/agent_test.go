@@ -9,16 +9,17 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ration-dev/ration/lease/agent/internal/leaseserver"
 	"github.com/ration-dev/ration/lease/service"
 	leasev1 "github.com/ration-dev/ration/lease/v1"
 )
 
-// startSemanticRegion is a region whose leases last a minute: the tests
+// startSemanticServer is a lease server whose leases last a minute: the tests
 // that use it are about decisions, not expiry, and must not lose tokens to
 // expiry when a race-enabled run on a busy machine is slow.
-func startSemanticRegion(t testing.TB, doc string, store service.Store) *region {
+func startSemanticServer(t testing.TB, doc string, store service.Store) *leaseserver.Server {
 	t.Helper()
-	return startRegionWith(t, doc, store, service.Config{LeaseTTL: time.Minute})
+	return startLeaseServerWith(t, doc, store, service.Config{LeaseTTL: time.Minute})
 }
 
 // testConfig gives round trips a generous deadline, so that a slow
@@ -37,7 +38,7 @@ rules:
 `
 
 func TestAllowGrantsUpToTheLimitThenDenies(t *testing.T) {
-	r := startSemanticRegion(t, slowPolicy, nil)
+	r := startSemanticServer(t, slowPolicy, nil)
 	a := newAgent(t, r, testConfig())
 	ctx := context.Background()
 	allowed := 0
@@ -67,7 +68,7 @@ func TestAllowGrantsUpToTheLimitThenDenies(t *testing.T) {
 }
 
 func TestDenyCacheAnswersWithoutRoundTrips(t *testing.T) {
-	r := startSemanticRegion(t, slowPolicy, nil)
+	r := startSemanticServer(t, slowPolicy, nil)
 	a := newAgent(t, r, testConfig())
 	ctx := context.Background()
 	for i := 0; i < 10; i++ {
@@ -92,7 +93,7 @@ func TestDenyCacheAnswersWithoutRoundTrips(t *testing.T) {
 }
 
 func TestAllRulesMustPassAndDenialsSpendNothing(t *testing.T) {
-	r := startSemanticRegion(t, `
+	r := startSemanticServer(t, `
 rules:
   - name: tenant
     key: [tenant]
@@ -137,7 +138,7 @@ rules:
 }
 
 func TestTightestRuleSetsTheDecision(t *testing.T) {
-	r := startSemanticRegion(t, `
+	r := startSemanticServer(t, `
 rules:
   - name: loose
     key: [tenant]
@@ -159,7 +160,7 @@ rules:
 }
 
 func TestShadowRulesNeverDeny(t *testing.T) {
-	r := startSemanticRegion(t, `
+	r := startSemanticServer(t, `
 rules:
   - name: trial
     key: [tenant]
@@ -184,7 +185,7 @@ rules:
 }
 
 func TestCostAndHits(t *testing.T) {
-	r := startSemanticRegion(t, `
+	r := startSemanticServer(t, `
 rules:
   - name: expensive
     key: [tenant]
@@ -217,7 +218,7 @@ rules:
 }
 
 func TestWaitBlocksUntilAllowed(t *testing.T) {
-	r := startSemanticRegion(t, `
+	r := startSemanticServer(t, `
 rules:
   - name: fast
     key: [tenant]
@@ -235,7 +236,7 @@ rules:
 	}
 	short, cancel2 := context.WithTimeout(context.Background(), time.Millisecond)
 	defer cancel2()
-	r2 := startSemanticRegion(t, slowPolicy, nil)
+	r2 := startSemanticServer(t, slowPolicy, nil)
 	b := newAgent(t, r2, testConfig())
 	for i := 0; i < 10; i++ {
 		b.Allow(ctx, ds("tenant", "acme"), 1)
@@ -246,7 +247,7 @@ rules:
 }
 
 func TestCloseReturnsUnusedTokens(t *testing.T) {
-	r := startSemanticRegion(t, `
+	r := startSemanticServer(t, `
 rules:
   - name: pool
     key: [tenant]
@@ -294,7 +295,7 @@ rules:
 func TestIdleKeysAreReturnedAndEvicted(t *testing.T) {
 	// Leases of 500ms leave the refresher ample time to see, before they
 	// expire, that the key went quiet, even in a slow race-enabled run.
-	r := startRegionWith(t, `
+	r := startLeaseServerWith(t, `
 rules:
   - name: pool
     key: [tenant]
@@ -326,7 +327,7 @@ rules:
 }
 
 func TestMetricsRegistered(t *testing.T) {
-	r := startSemanticRegion(t, slowPolicy, nil)
+	r := startSemanticServer(t, slowPolicy, nil)
 	reg := prometheus.NewRegistry()
 	cfg := testConfig()
 	cfg.Registerer = reg

@@ -182,19 +182,19 @@ func runFaultScenario(t *testing.T, target string, stop, start func()) {
 // TestFaultLeaseServiceStops: the region's lease service goes away and
 // comes back on the same address.
 func TestFaultLeaseServiceStops(t *testing.T) {
-	r := startRegion(t, faultPolicy, nil)
-	runFaultScenario(t, r.Addr, r.Stop, r.Start)
+	r := startLeaseServer(t, faultPolicy, nil)
+	runFaultScenario(t, r.Addr, r.Crash, r.Restart)
 }
 
 // TestColdKeysWhileDown: keys first seen while the region is unreachable
 // are decided by their failure modes (no lease to spend, an emergency bucket
 // at the rule's own rate) and are still forgotten once idle.
 func TestColdKeysWhileDown(t *testing.T) {
-	r := startRegion(t, faultPolicy, nil)
+	r := startLeaseServer(t, faultPolicy, nil)
 	cfg := testConfig()
 	cfg.RoundTripTimeout, cfg.BreakerFailures, cfg.IdleAfter = 50*time.Millisecond, 1, 300*time.Millisecond
 	a := newAgent(t, r, cfg)
-	r.Stop()
+	r.Crash()
 	ctx := context.Background()
 	var paths []Path
 	for _, key := range []string{"a", "b", "c", "a"} {
