@@ -11,7 +11,6 @@ import (
 
 	"github.com/ration-dev/ration/lease/agent/internal/leaseserver"
 	"github.com/ration-dev/ration/lease/service"
-	leasev1 "github.com/ration-dev/ration/lease/v1"
 )
 
 // startSemanticServer is a lease server whose leases last a minute: the tests
@@ -76,9 +75,14 @@ func TestDenyCacheAnswersWithoutRoundTrips(t *testing.T) {
 			t.Fatalf("request %d denied: %+v", i, d)
 		}
 	}
-	first := a.Allow(ctx, ds("tenant", "acme"), 1)
-	if first.Allowed {
-		t.Fatal("11th request allowed")
+	// A partial grant holds the key off for part of a lease period only
+	// (holdAfter), which a slow run may outlast; the region's refusal of
+	// a whole grant holds it for the bucket's refill time, minutes here.
+	deadline := time.Now().Add(10 * time.Second)
+	for d := a.Allow(ctx, ds("tenant", "acme"), 1); d.RetryAfter < time.Minute; d = a.Allow(ctx, ds("tenant", "acme"), 1) {
+		if d.Allowed || time.Now().After(deadline) {
+			t.Fatalf("after 10 requests got %+v, want a denial holding for minutes", d)
+		}
 	}
 	calls := a.Stats().LeaseCalls
 	for i := 0; i < 100; i++ {
@@ -246,52 +250,6 @@ rules:
 	}
 }
 
-func TestCloseReturnsUnusedTokens(t *testing.T) {
-	r := startSemanticServer(t, `
-rules:
-  - name: pool
-    key: [tenant]
-    limit: 100000
-    period: 1h
-`, nil)
-	a := newAgent(t, r, testConfig())
-	ctx := context.Background()
-	for i := 0; i < 2000; i++ {
-		a.Allow(ctx, ds("tenant", "acme"), 1)
-	}
-	eventually(t, 5*time.Second, "a lease bigger than one request", func() bool {
-		a.Allow(ctx, ds("tenant", "acme"), 1)
-		return uint64(a.Stats().TokensGranted) > a.Stats().Decisions[PathLease][1]+10
-	})
-	if err := a.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := a.Close(); !errors.Is(err, ErrClosed) {
-		t.Errorf("second Close got %v, want ErrClosed", err)
-	}
-	s := a.Stats()
-	spent := s.Decisions[PathLease][1]
-	if s.TokensReturned == 0 {
-		t.Fatalf("Close returned nothing: %+v", s)
-	}
-	if got := int64(spent) + s.TokensReturned + s.TokensDropped; got != s.TokensGranted {
-		t.Errorf("spent %d + returned %d + dropped %d = %d, want granted %d", spent, s.TokensReturned, s.TokensDropped, got, s.TokensGranted)
-	}
-	// The returned tokens are in the region again: its bucket holds all
-	// but what the agent spent or dropped (and a few tokens of refill).
-	resp, err := r.Service.Lease(ctx, &leasev1.LeaseRequest{
-		Agent: &leasev1.Agent{Id: "probe"},
-		Items: []*leasev1.LeaseItem{{Rule: "pool", Key: "tenant=acme", Want: 100000}},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	left := 100000 - int64(spent) - s.TokensDropped
-	if got := resp.Grants[0].Granted; got < left || got > left+50 {
-		t.Errorf("region holds %d tokens after Close, want %d (+ a little refill)", got, left)
-	}
-}
-
 func TestIdleKeysAreReturnedAndEvicted(t *testing.T) {
 	// Leases of 500ms leave the refresher ample time to see, before they
 	// expire, that the key went quiet, even in a slow race-enabled run.
@@ -388,8 +346,14 @@ func TestConfigValidation(t *testing.T) {
 		{"long id", Config{Target: "x", AgentID: string(make([]byte, 300))}},
 	}
 	for _, tt := range tests {
-		if _, err := New(tt.cfg); !errors.Is(err, ErrInvalidConfig) {
-			t.Errorf("%s: got %v, want ErrInvalidConfig", tt.name, err)
+		if err := tt.cfg.Validate(); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("%s: Validate got %v, want ErrInvalidConfig", tt.name, err)
 		}
+		if _, err := New(tt.cfg); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("%s: New got %v, want ErrInvalidConfig", tt.name, err)
+		}
+	}
+	if err := (Config{Target: "x"}).Validate(); err != nil {
+		t.Errorf("Validate of a config with only a Target got %v, want nil (the defaults fill the rest)", err)
 	}
 }

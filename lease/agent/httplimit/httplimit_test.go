@@ -251,4 +251,7 @@ func TestExtractor(t *testing.T) {
 	if _, err := New(Config{}); err != ErrNoAgent {
 		t.Errorf("New without an agent got %v, want ErrNoAgent", err)
 	}
+	if err := (Config{}).Validate(); err != ErrNoAgent {
+		t.Errorf("Validate without an agent got %v, want ErrNoAgent", err)
+	}
 }
