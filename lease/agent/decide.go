@@ -87,22 +87,7 @@ func (c *core) decideLocal(d *Decision, s *scratch, now int64, ds []policy.Descr
 			rr.done, rr.ok, rr.path, rr.retry, rr.f, rr.undo = false, false, PathNone, 0, nil, undoNone
 		}
 	} else {
-		s.memoOK = false
-		s.rules = set.Match(s.rules[:0], ds)
-		s.res = s.res[:0]
-		s.buf = s.buf[:0]
-		for _, r := range s.rules {
-			start := len(s.buf)
-			s.buf = append(s.buf, r.Name...)
-			s.buf = append(s.buf, 0)
-			s.buf = r.AppendKey(s.buf, ds)
-			s.res = append(s.res, ruleResult{rule: r, need: tokens(hits, r.Cost), start: start, end: len(s.buf), nameLen: len(r.Name)})
-		}
-		for i := range s.res {
-			s.res[i].k = c.keys.get(s.buf[s.res[i].start:s.res[i].end])
-		}
-		s.memoSet, s.memoHits, s.memoOK = set, hits, true
-		s.memoDs = append(s.memoDs[:0], ds...)
+		c.match(s, set, ds, hits)
 	}
 	if len(s.res) == 0 {
 		*d = Decision{Allowed: true}
@@ -150,6 +135,27 @@ func (c *core) decideLocal(d *Decision, s *scratch, now int64, ds []policy.Descr
 		c.finishInto(d, s, now)
 	}
 	return slow
+}
+
+// match fills s with the rules of set that match ds, each with its key's
+// id and state (nil for a key not held), and memoises the match.
+func (c *core) match(s *scratch, set *policy.Set, ds []policy.Descriptor, hits int64) {
+	s.memoOK = false
+	s.rules = set.Match(s.rules[:0], ds)
+	s.res = s.res[:0]
+	s.buf = s.buf[:0]
+	for _, r := range s.rules {
+		start := len(s.buf)
+		s.buf = append(s.buf, r.Name...)
+		s.buf = append(s.buf, 0)
+		s.buf = r.AppendKey(s.buf, ds)
+		s.res = append(s.res, ruleResult{rule: r, need: tokens(hits, r.Cost), start: start, end: len(s.buf), nameLen: len(r.Name)})
+	}
+	for i := range s.res {
+		s.res[i].k = c.keys.get(s.buf[s.res[i].start:s.res[i].end])
+	}
+	s.memoSet, s.memoHits, s.memoOK = set, hits, true
+	s.memoDs = append(s.memoDs[:0], ds...)
 }
 
 // leased records that rr's tokens came from a lease: from slot j (or stripe

@@ -24,34 +24,7 @@ func (c *core) finishInto(d *Decision, s *scratch, now int64) {
 		c.allowedInto(d, rr, rr.path, now)
 		return
 	}
-	var deny, shadow, tight *ruleResult
-	tightness := math.Inf(1)
-	path := PathLease
-	for i := range s.res {
-		rr := &s.res[i]
-		if !rr.done {
-			continue
-		}
-		if rr.rule.Shadow {
-			if !rr.ok && shadow == nil {
-				shadow = rr
-			}
-			continue
-		}
-		if !rr.ok {
-			if deny == nil || rr.retry > deny.retry {
-				deny = rr
-			}
-			continue
-		}
-		if rr.path > path {
-			path = rr.path // FALLBACK_LOCAL and FAILED_OPEN outrank LEASE
-		}
-		rem := c.remaining(rr, now)
-		if t := float64(rem) / float64(rr.rule.Limit); t < tightness {
-			tight, tightness = rr, t
-		}
-	}
+	deny, shadow, tight, path := c.rank(s, now)
 	if deny != nil {
 		c.undoAll(s)
 		*d = Decision{
@@ -83,6 +56,38 @@ func (c *core) finishInto(d *Decision, s *scratch, now int64) {
 		return
 	}
 	c.allowedInto(d, tight, path, now)
+}
+
+// rank picks, among the decided rules of s, the enforced rule that denied
+// with the longest wait, the first shadow rule that would have denied, and
+// the tightest enforced rule that allowed (least remaining relative to its
+// limit), with the path that outranks the others of the allowing rules.
+func (c *core) rank(s *scratch, now int64) (deny, shadow, tight *ruleResult, path Path) {
+	tightness := math.Inf(1)
+	path = PathLease
+	for i := range s.res {
+		rr := &s.res[i]
+		switch {
+		case !rr.done:
+		case rr.rule.Shadow:
+			if !rr.ok && shadow == nil {
+				shadow = rr
+			}
+		case !rr.ok:
+			if deny == nil || rr.retry > deny.retry {
+				deny = rr
+			}
+		default:
+			if rr.path > path {
+				path = rr.path // FALLBACK_LOCAL and FAILED_OPEN outrank LEASE
+			}
+			rem := c.remaining(rr, now)
+			if t := float64(rem) / float64(rr.rule.Limit); t < tightness {
+				tight, tightness = rr, t
+			}
+		}
+	}
+	return deny, shadow, tight, path
 }
 
 // allowedInto describes, in d, a request allowed by rule result rr.
