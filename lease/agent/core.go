@@ -25,14 +25,15 @@ import (
 // and one per shared structure elsewhere. The refresher's sequencing
 // (planWakeUp, nextRefresherCall) belongs to one goroutine at a time.
 type core struct {
+	// Read by every decision: first, beside the runtime's hot fields.
+	pol     atomic.Pointer[policy.Set]
+	keys    *keyMap
+	stripes []stripe
+
 	cfg    Config // defaults filled, valid
 	id     *leasev1.Agent
 	params rateParams
 	margin time.Duration // added to the p99 round trip to give the refresh lead
-
-	pol     atomic.Pointer[policy.Set]
-	keys    *keyMap
-	stripes []stripe
 
 	agents atomic.Int64 // agents in the region, from the last response
 	lead   atomic.Int64 // nanos: p99 round trip + margin
