@@ -50,9 +50,10 @@ type Agent struct {
 	// back. Cancelling a call the region already answered would lose its
 	// grant, whose tokens the region has debited (safe, but they would be
 	// neither spent nor returned).
-	abort context.CancelFunc
-	wg    sync.WaitGroup
-	shut  atomic.Bool
+	abort    context.CancelFunc
+	wg       sync.WaitGroup
+	shutOnce sync.Once
+	shut     atomic.Bool // Shutdown has started
 }
 
 // New starts an agent: it connects to the region (lazily, as gRPC does),
@@ -173,9 +174,15 @@ func (a *Agent) Stats() Stats { return a.c.stats() }
 // dropped, and Shutdown returns ctx's error once everything has stopped.
 // It returns ErrClosed after the first call of Shutdown or Close.
 func (a *Agent) Shutdown(ctx context.Context) error {
-	if !a.shut.CompareAndSwap(false, true) {
-		return ErrClosed
-	}
+	err := ErrClosed
+	// A second call waits for the first to finish.
+	a.shutOnce.Do(func() { err = a.shutdown(ctx) })
+	return err
+}
+
+// shutdown is Shutdown's first call.
+func (a *Agent) shutdown(ctx context.Context) error {
+	a.shut.Store(true)
 	a.c.close()
 	close(a.done)
 	a.stop()
