@@ -29,7 +29,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/ration-dev/ration/lease/agent"
-	"github.com/ration-dev/ration/lease/envoyrls"
+	"github.com/ration-dev/ration/lease/agent/envoyrls"
 )
 
 func main() {

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
@@ -18,136 +19,108 @@ import (
 )
 
 // Agent decides requests locally by spending tokens leased from its region.
-// It is safe for concurrent use. Make one with New and stop it with Close.
+// It is safe for concurrent use. Make one with New and stop it with
+// Shutdown or Close.
+//
+// An Agent is the agent's core (its decisions, shared with the simulator's
+// Driver) and a runtime that carries the core's calls over gRPC: a
+// refresher goroutine, a policy watcher, and the clock.
 type Agent struct {
-	cfg  Config
 	base time.Time // agent time zero: now() is nanoseconds since base
 	// monotonic: the clock is the default, so now() reads only the
 	// monotonic clock (time.Since), half the cost of time.Now.
 	monotonic bool
-	client    leasev1.LeaseServiceClient
-	conn      *grpc.ClientConn // owned; nil when Config.Conn was given
-	id        *leasev1.Agent
-	params    rateParams
-	margin    time.Duration // added to the p99 round trip to give the refresh lead
+	scratch   sync.Pool            // *scratch
+	latency   prometheus.Histogram // nil without a registry
 
-	pol       atomic.Pointer[policy.Set]
-	ready     chan struct{}
-	readyOnce sync.Once
+	c core
 
-	keys    *keyMap
-	scratch sync.Pool // *scratch
-	stripes []stripe
+	cfg     Config
+	client  leasev1.LeaseServiceClient
+	conn    *grpc.ClientConn // owned; nil when Config.Conn was given
 	stripeN atomic.Uint32
-
-	agents atomic.Int64 // agents in the region, from the last response
-	lead   atomic.Int64 // nanos: p99 round trip + margin
-	rtt    rttTracker
-
-	bmu      sync.Mutex
-	br       breaker
-	down     atomic.Bool              // the breaker is open
-	probeKey atomic.Pointer[keyState] // a key that needed the region while it was down
-
-	qmu   sync.Mutex
-	queue []*keyState // keys whose balance fell below low water
-	wake  chan struct{}
-
-	smu   sync.Mutex
-	sched schedule
-
-	ctr     counters
 	metrics *metrics
 
-	ctx    context.Context
-	cancel context.CancelFunc
-	// calls parents every Lease and Return call. Close cancels it only after
-	// the refresher has stopped and the unused tokens went back: cancelling
-	// a call the region already answered would lose its grant, whose tokens
-	// the region has debited (safe, but they would be neither spent nor
-	// returned). Each call still has its own deadline.
-	calls       context.Context
-	callsCancel context.CancelFunc
-	wg          sync.WaitGroup
-	closed      atomic.Bool
-	closeOnce   sync.Once
-	closeErr    error
+	ready     chan struct{} // closed when the first policy arrives
+	readyOnce sync.Once
+	done      chan struct{} // closed when Shutdown starts
+	stop      context.CancelFunc
+	// abort cancels the refresher's calls: only when Shutdown's ctx ends
+	// before the refresher has stopped, and once the unused tokens went
+	// back. Cancelling a call the region already answered would lose its
+	// grant, whose tokens the region has debited (safe, but they would be
+	// neither spent nor returned).
+	abort    context.CancelFunc
+	wg       sync.WaitGroup
+	shutOnce sync.Once
+	shut     atomic.Bool // Shutdown has started
 }
 
 // New starts an agent: it connects to the region (lazily, as gRPC does),
-// watches the policy and refreshes leases in the background until Close.
-// Call WaitPolicy before serving: until the first policy arrives no rule
-// matches and every request is allowed.
+// watches the policy and refreshes leases in the background until Shutdown
+// or Close. Call WaitPolicy before serving: until the first policy arrives
+// no rule matches and every request is allowed.
 func New(cfg Config) (*Agent, error) {
 	monotonic := cfg.Clock == nil
-	if err := cfg.ensureDefaults(); err != nil {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	a := newState(cfg, cfg.Clock())
-	a.monotonic = monotonic
-	a.stripes = make([]stripe, 2*runtime.GOMAXPROCS(0))
-	a.scratch.New = func() any {
-		i := int(a.stripeN.Add(1)) % len(a.stripes)
-		return &scratch{
-			rules:     make([]*policy.Rule, 0, 8),
-			res:       make([]ruleResult, 0, 8),
-			buf:       make([]byte, 0, 256),
-			stripe:    &a.stripes[i],
-			stripeIdx: i,
-		}
-	}
-	m, err := newMetrics(cfg.Registerer, a)
+	a := &Agent{cfg: cfg, base: cfg.Clock(), monotonic: monotonic, ready: make(chan struct{}), done: make(chan struct{})}
+	a.c.init(cfg, 2*runtime.GOMAXPROCS(0))
+	a.scratch.New = a.newScratch
+	m, err := newMetrics(cfg.Registerer, a.Stats)
 	if err != nil {
 		return nil, err
 	}
-	a.metrics = m
-	conn := cfg.Conn
-	if conn == nil {
-		opts := append([]grpc.DialOption{
-			grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithConnectParams(grpc.ConnectParams{
-				Backoff:           backoff.Config{BaseDelay: 20 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
-				MinConnectTimeout: time.Second,
-			}),
-		}, cfg.DialOptions...)
-		cc, err := grpc.NewClient(cfg.Target, opts...)
-		if err != nil {
-			m.unregister()
-			return nil, fmt.Errorf("agent: connecting to %q: %w", cfg.Target, err)
-		}
-		a.conn, conn = cc, cc
+	a.metrics, a.latency = m, m.latency
+	conn, err := a.dial()
+	if err != nil {
+		m.unregister()
+		return nil, err
 	}
 	a.client = leasev1.NewLeaseServiceClient(conn)
-	a.ctx, a.cancel = context.WithCancel(context.Background())
-	a.calls, a.callsCancel = context.WithCancel(context.Background())
+	run, stop := context.WithCancel(context.Background())
+	calls, abort := context.WithCancel(context.Background())
+	a.stop, a.abort = stop, abort
 	a.wg.Add(2)
-	go a.refreshLoop()
-	go a.watchPolicy()
+	go a.refreshLoop(run, calls)
+	go a.watchPolicy(run)
 	return a, nil
 }
 
-// newState returns the decision state that New and NewDriver share, before
-// either adds its own: no stripes, scratch pool, metrics, connection or
-// goroutines yet. cfg must have its defaults and be valid; base is the
-// agent's time zero.
-func newState(cfg Config, base time.Time) *Agent {
-	a := &Agent{
-		cfg:    cfg,
-		base:   base,
-		id:     &leasev1.Agent{Id: cfg.AgentID},
-		params: newRateParams(cfg.LeasePeriod),
-		margin: cfg.LeasePeriod / 20,
-		ready:  make(chan struct{}),
-		keys:   newKeyMap(),
-		wake:   make(chan struct{}, 1),
-		br:     breaker{threshold: cfg.BreakerFailures, probeEvery: int64(cfg.ProbeInterval)},
+// dial returns Config.Conn, or a connection to Config.Target that the
+// agent owns.
+func (a *Agent) dial() (grpc.ClientConnInterface, error) {
+	if a.cfg.Conn != nil {
+		return a.cfg.Conn, nil
 	}
-	a.agents.Store(1)
-	a.lead.Store(int64(a.margin))
-	return a
+	opts := append([]grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 20 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+			MinConnectTimeout: time.Second,
+		}),
+	}, a.cfg.DialOptions...)
+	cc, err := grpc.NewClient(a.cfg.Target, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("agent: connecting to %q: %w", a.cfg.Target, err)
+	}
+	a.conn = cc
+	return cc, nil
+}
+
+// newScratch makes a decision's scratch for the pool, tied to the next
+// stripe in turn.
+func (a *Agent) newScratch() any {
+	i := int(a.stripeN.Add(1)) % a.c.numStripes()
+	return &scratch{
+		rules:     make([]*policy.Rule, 0, 8),
+		res:       make([]ruleResult, 0, 8),
+		buf:       make([]byte, 0, 256),
+		stripe:    a.c.stripe(i),
+		stripeIdx: i,
+	}
 }
 
 // now is the agent's time: nanoseconds since New, read from Config.Clock.
@@ -161,14 +134,14 @@ func (a *Agent) now() int64 {
 }
 
 // WaitPolicy blocks until the first policy has arrived from the region, ctx
-// is done, or the agent is closed.
+// is done, or the agent is shut down.
 func (a *Agent) WaitPolicy(ctx context.Context) error {
 	select {
 	case <-a.ready:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
-	case <-a.ctx.Done():
+	case <-a.done:
 		return ErrClosed
 	}
 }
@@ -181,96 +154,72 @@ func (a *Agent) Ready() error {
 		return nil
 	default:
 	}
-	if a.closed.Load() {
+	if a.shut.Load() {
 		return ErrClosed
 	}
 	return errors.New("agent: no policy from the region yet")
 }
 
 // Policy returns the rule set in force (nil before the first one).
-func (a *Agent) Policy() *policy.Set { return a.pol.Load() }
+func (a *Agent) Policy() *policy.Set { return a.c.policy() }
 
-// Close stops every goroutine the agent started and waits for them, returns
-// the unused tokens of every key to the region (best effort, bounded by
-// CloseTimeout), and closes the connection if the agent opened it. Decisions
-// after Close are made as if the region were unreachable. Close returns nil
-// the first time, ErrClosed after.
-func (a *Agent) Close() error {
+// Stats returns the agent's counters.
+func (a *Agent) Stats() Stats { return a.c.stats() }
+
+// Shutdown stops every goroutine the agent started and waits for them,
+// returns the unused tokens of every key to the region, and closes the
+// connection if the agent opened it. Decisions after Shutdown starts are
+// made as if the region were unreachable. If ctx ends first, the
+// refresher's call in flight is abandoned, the tokens not yet returned are
+// dropped, and Shutdown returns ctx's error once everything has stopped.
+// It returns ErrClosed after the first call of Shutdown or Close.
+func (a *Agent) Shutdown(ctx context.Context) error {
 	err := ErrClosed
-	a.closeOnce.Do(func() {
-		a.closed.Store(true)
-		a.down.Store(true)
-		a.cancel()
-		a.wg.Wait()
-		a.returnAll()
-		a.callsCancel()
-		if a.conn != nil {
-			a.conn.Close()
-		}
-		a.metrics.unregister()
-		err = nil
-	})
+	// A second call waits for the first to finish.
+	a.shutOnce.Do(func() { err = a.shutdown(ctx) })
 	return err
 }
 
-// returnAll drains every key and returns the live tokens in batches.
-func (a *Agent) returnAll() {
-	ctx, cancel := context.WithTimeout(context.Background(), a.cfg.CloseTimeout)
-	defer cancel()
-	now := a.now()
-	var batch returnBatch
-	a.keys.each(func(k *keyState) {
-		k.mu.Lock()
-		live, dropped := k.drain(now)
-		k.dropped += dropped
-		k.returned += live
-		k.evicted.Store(true)
-		k.mu.Unlock()
-		a.ctr.dropped.Add(dropped)
-		batch.add(k, live)
-		if len(batch.items) >= maxBatch {
-			a.sendReturns(ctx, &batch)
-		}
-	})
-	a.sendReturns(ctx, &batch)
+// shutdown is Shutdown's first call.
+func (a *Agent) shutdown(ctx context.Context) error {
+	a.shut.Store(true)
+	a.c.close()
+	close(a.done)
+	a.stop()
+	stopAbort := context.AfterFunc(ctx, a.abort)
+	a.wg.Wait()
+	var err error
+	if !stopAbort() {
+		err = ctx.Err() // the refresher's call was abandoned
+	}
+	if rerr := a.returnAll(ctx); err == nil {
+		err = rerr
+	}
+	a.abort()
+	if a.conn != nil {
+		a.conn.Close()
+	}
+	a.metrics.unregister()
+	return err
 }
 
-// Wait is Allow for producers that would rather queue than be rejected: it
-// blocks until the request is allowed, ctx is done (returning the last
-// denial and ctx's error) or the agent is closed (ErrClosed). It waits each
-// denial's RetryAfter, and a growing backoff when a denial gives none.
-func (a *Agent) Wait(ctx context.Context, ds []policy.Descriptor, hits int64) (Decision, error) {
-	backoff := time.Millisecond
-	var t *time.Timer
-	defer func() {
-		if t != nil {
-			t.Stop()
-		}
-	}()
-	for {
-		if a.closed.Load() {
-			return Decision{}, ErrClosed
-		}
-		d := a.Allow(ctx, ds, hits)
-		if d.Allowed {
-			return d, nil
-		}
-		wait := d.RetryAfter
-		if wait <= 0 {
-			wait = backoff
-			backoff = min(2*backoff, a.cfg.LeasePeriod)
-		}
-		if t == nil {
-			t = time.NewTimer(wait)
-		} else {
-			t.Reset(wait)
-		}
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			return d, ctx.Err()
-		case <-a.ctx.Done():
-			return d, ErrClosed
+// Close is Shutdown bounded by Config.CloseTimeout.
+func (a *Agent) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), a.cfg.CloseTimeout)
+	defer cancel()
+	return a.Shutdown(ctx)
+}
+
+// returnAll drains every key and returns the live tokens within ctx. It
+// returns ctx's error when a return failed after ctx ended.
+func (a *Agent) returnAll(ctx context.Context) error {
+	now := a.now()
+	b := a.c.drainAll(now)
+	var err error
+	for call := a.c.returnCall(b, now, a.cfg.CloseTimeout, false); call != nil; call = a.c.returnCall(b, a.now(), a.cfg.CloseTimeout, false) {
+		if a.carry(ctx, call) != nil && ctx.Err() != nil {
+			err = ctx.Err()
 		}
 	}
+	return err
 }

@@ -19,7 +19,7 @@ func TestRefreshesAreBatched(t *testing.T) {
 		// runs this test again without -race (PERFTESTS).
 		t.Skip("timing-dependent: judged only without -race")
 	}
-	r := startRegion(t, `
+	r := startLeaseServer(t, `
 rules:
   - name: per-tenant
     key: [tenant]
@@ -52,7 +52,7 @@ rules:
 // TestColdKeyStampedeJoinsOneRoundTrip: many requests arriving at once on a
 // key the agent has never seen wait for shared round trips, not one each.
 func TestColdKeyStampedeJoinsOneRoundTrip(t *testing.T) {
-	r := startSemanticRegion(t, `
+	r := startSemanticServer(t, `
 rules:
   - name: per-tenant
     key: [tenant]

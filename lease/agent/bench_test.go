@@ -27,7 +27,7 @@ rules:
 // until its leases cover the spend rate.
 func benchAgent(b *testing.B, warm []policy.Descriptor) *Agent {
 	b.Helper()
-	r := startRegion(b, benchPolicy, nil)
+	r := startLeaseServer(b, benchPolicy, nil)
 	// Generous deadlines: a slow round trip on a busy machine must not turn
 	// into failure-mode decisions in a benchmark of the leased path.
 	a := newAgent(b, r, Config{RoundTripTimeout: time.Second, RefreshTimeout: time.Second})
@@ -115,7 +115,7 @@ func BenchmarkAllowManyKeys(b *testing.B) {
 	var buf []byte
 	for i := range descs {
 		buf = append(append(append(buf[:0], rule.Name...), 0), "tenant="+names[i]...)
-		k := a.keys.getOrCreate(buf, func(id string) *keyState { return newKeyState(id, len(rule.Name), now) })
+		k := a.c.keys.getOrCreate(buf, func(id string) *keyState { return newKeyState(id, len(rule.Name), now) })
 		k.slots.install(now, far, 1<<40)
 	}
 	b.Run("ration", func(b *testing.B) {
@@ -149,7 +149,7 @@ func TestAllowIsAllocationFree(t *testing.T) {
 	if raceEnabled {
 		t.Skip("sync.Pool drops items at random under the race detector")
 	}
-	r := startRegion(t, benchPolicy, nil)
+	r := startLeaseServer(t, benchPolicy, nil)
 	a := newAgent(t, r, Config{})
 	d := ds("tenant", "acme")
 	ctx := context.Background()
@@ -158,7 +158,7 @@ func TestAllowIsAllocationFree(t *testing.T) {
 	}
 	// Install a lease that outlasts the measurement, so that no refresh or
 	// round trip is part of it.
-	k := a.keys.get([]byte("bench\x00tenant=acme"))
+	k := a.c.keys.get([]byte("bench\x00tenant=acme"))
 	eventually(t, 5*time.Second, "no round trip in flight", func() bool {
 		k.mu.Lock()
 		defer k.mu.Unlock()

@@ -13,16 +13,19 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+
+	leasev1 "github.com/ration-dev/ration/lease/v1"
 )
 
 // ErrInvalidConfig is wrapped by New's error when the Config is invalid.
 var ErrInvalidConfig = errors.New("agent: invalid config")
 
-// ErrClosed is returned by Wait, WaitPolicy and Close once the agent is closed.
+// ErrClosed is returned by Wait, WaitPolicy, Shutdown and Close once the
+// agent is shut down.
 var ErrClosed = errors.New("agent: closed")
 
-// Config configures an Agent. Zero values mean the documented default; New
-// fills them on a copy and validates the result.
+// Config configures an Agent (and a Driver). Zero values mean the
+// documented default; New fills them on a copy and validates the result.
 type Config struct {
 	// Target is the region's lease API address, as grpc.NewClient takes it
 	// ("regiond.eu.svc:7400", "dns:///..."). Exactly one of Target and Conn
@@ -46,10 +49,11 @@ type Config struct {
 	AgentID string
 
 	// LeasePeriod is T_lease: a lease is sized to cover this much of the
-	// key's recent spend. Default 50ms.
+	// key's recent spend. Default DefaultLeasePeriod (50ms).
 	LeasePeriod time.Duration
 	// LeaseTTL is τ, how long a lease may be spent from when its request was
-	// sent, used when the region's grant carries no ttl. Default 100ms.
+	// sent, used when the region's grant carries no ttl. Default
+	// leasev1.DefaultLeaseTTL (100ms).
 	LeaseTTL time.Duration
 	// RoundTripTimeout bounds the synchronous round trip of a request whose
 	// key holds no tokens (a cold key); when it passes, the rule's failure
@@ -75,7 +79,8 @@ type Config struct {
 	// ProbeInterval is how often an open breaker lets one call through to
 	// see whether the region is back. Default 2 × LeasePeriod.
 	ProbeInterval time.Duration
-	// CloseTimeout bounds the return of unused tokens on Close. Default 500ms.
+	// CloseTimeout bounds Close: stopping the agent and returning its unused
+	// tokens. Default 500ms.
 	CloseTimeout time.Duration
 
 	// Registerer receives the agent's metrics (ration_agent_...); nil
@@ -96,13 +101,17 @@ type Config struct {
 // denied, at a bounded excess (the simulator's bound counts it).
 const DefaultFallbackHeadroom = 2
 
-func (c *Config) ensureDefaults() error {
+// DefaultLeasePeriod is Config.LeasePeriod's default, T_lease: a lease
+// covers this much of its key's recent spend.
+const DefaultLeasePeriod = 50 * time.Millisecond
+
+// withDefaults returns a copy of c with every zero optional field set to its
+// default. A missing AgentID becomes host:pid:random.
+func (c Config) withDefaults() Config {
 	if c.AgentID == "" {
 		host, _ := os.Hostname()
 		var b [4]byte
-		if _, err := rand.Read(b[:]); err != nil {
-			return fmt.Errorf("agent: random agent id: %w", err)
-		}
+		rand.Read(b[:]) // never fails (Go 1.24+)
 		c.AgentID = host + ":" + strconv.Itoa(os.Getpid()) + ":" + hex.EncodeToString(b[:])
 	}
 	def := func(d *time.Duration, v time.Duration) {
@@ -110,8 +119,8 @@ func (c *Config) ensureDefaults() error {
 			*d = v
 		}
 	}
-	def(&c.LeasePeriod, 50*time.Millisecond)
-	def(&c.LeaseTTL, 100*time.Millisecond)
+	def(&c.LeasePeriod, DefaultLeasePeriod)
+	def(&c.LeaseTTL, leasev1.DefaultLeaseTTL)
 	def(&c.RoundTripTimeout, 5*time.Millisecond)
 	def(&c.RefreshTimeout, c.LeasePeriod)
 	def(&c.IdleAfter, 10*time.Second)
@@ -129,12 +138,15 @@ func (c *Config) ensureDefaults() error {
 	if c.Clock == nil {
 		c.Clock = time.Now
 	}
-	return nil
+	return c
 }
 
-// Validate reports whether c, with defaults filled, is usable. The error
-// wraps ErrInvalidConfig.
-func (c *Config) Validate() error {
+// Validate reports whether c, with its defaults filled, is usable by New.
+// The error wraps ErrInvalidConfig.
+func (c Config) Validate() error { return c.withDefaults().validate() }
+
+// validate is Validate of a config whose defaults are filled.
+func (c Config) validate() error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
 	}

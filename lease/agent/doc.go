@@ -7,31 +7,22 @@
 //
 //	a, err := agent.New(agent.Config{Target: "regiond.eu:7400"})
 //	...
-//	defer a.Close()
+//	defer a.Close() // or a.Shutdown(ctx): returns the unused tokens
 //	if err := a.WaitPolicy(ctx); err != nil { ... }
 //	d := a.Allow(ctx, []policy.Descriptor{{Key: "tenant", Value: "acme"}}, 1)
 //	if !d.Allowed { ... 429, or 503 when d.Path is PathFailedClosed ... }
 //
-// How it works (DESIGN.md, "Level 1"): policy arrives on the region's
-// WatchPolicy stream. Each key (a rule plus the descriptor values it keys on)
-// holds tokens the region pre-debited for this agent: a lease, sized from an
-// average of the key's recent demand and spent with one atomic operation per
-// rule. A background refresher renews leases before they run out, batching
-// all keys into one Lease call, and returns the tokens of keys that went
-// idle. A lease expires τ after its request was sent. A key without tokens
-// costs one synchronous round trip bounded by Config.RoundTripTimeout; a key
-// the region has just refused is denied locally until its retry time (the
-// deny cache). When the region cannot be reached, each rule's on_error
-// decides: local (held leases, then an emergency bucket at the region's rate
-// ÷ agents × headroom), open or closed. Recovery is automatic.
+// A key holds tokens the region pre-debited for this agent (a lease); a
+// background refresher renews leases before they run out, batching keys
+// into one call, and returns the tokens of keys that went idle. A key
+// without tokens costs one round trip bounded by Config.RoundTripTimeout;
+// while the region cannot be reached, each rule's on_error decides
+// (DESIGN.md, "Level 1"). A decision on leased keys allocates nothing and
+// takes no lock. Every Decision names the rule and the Path that decided
+// it; Stats and the ration_agent_* metrics count both.
 //
-// A decision on leased keys allocates nothing and takes no lock: the
-// request's match is memoised per P, tokens are spent with one atomic add,
-// and a hot key's leases are split into per-core batches (a stripe cache)
-// so that cores deciding the same key do not contend on one cache line.
-//
-// Every Decision names the rule that decided and the Path that decided it;
-// Stats and the ration_agent_* metrics count both. The subpackages
-// httplimit and grpclimit put an agent in front of net/http handlers and
-// gRPC services.
+// The decisions are an I/O-free core that the Agent drives with goroutines
+// and gRPC, and that Driver drives on a virtual clock for the simulator.
+// The subpackages httplimit, grpclimit and envoyrls put an agent in front
+// of net/http handlers, gRPC services and Envoy.
 package agent

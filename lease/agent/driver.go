@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"math"
@@ -16,13 +15,11 @@ import (
 // It is what the simulator runs thousands of, on a virtual clock, in one
 // goroutine: no goroutine, timer, connection or clock read of its own.
 //
-// A Driver is the same agent as New's: the same key states, leased slots,
-// deny cache, EWMA lease sizing, low-water refreshes, lease expiry from
-// send time, circuit breaker and failure modes. Every rule is decided by
-// the functions Allow and the refresher call (decideLocal, slowAttempt and
-// slowSettle, planRefresh and renewBatch, leaseRequest and leaseDone,
-// returnDone); the Driver has none of its own. What differs is who moves
-// time and carries calls:
+// A Driver is the same agent as New's: the same core (key states, leased
+// slots, deny cache, EWMA lease sizing, low-water refreshes, lease expiry
+// from send time, circuit breaker, failure modes and the refresher's
+// sequence of calls), without the runtime that carries its calls over
+// gRPC. What differs is who moves time and carries calls:
 //
 //   - Decide decides one request at now. A request whose keys hold tokens
 //     is decided at once; one that needs a round trip (a cold key) waits,
@@ -39,39 +36,17 @@ import (
 //
 // A Driver is not safe for concurrent use.
 type Driver struct {
-	a *Agent
-	s *scratch // the next decision's scratch
+	c         core
+	rtTimeout int64    // nanos: how long a request waits for its round trips
+	s         *scratch // the next decision's scratch
 
 	spare []*scratch
 	out   []*Call
 	wait  []*waiter
 	done  []Resolution
 
-	// The refresher: at most one call in flight, further ones queued in
-	// order, as the refresher goroutine makes them one after the other.
-	busy     *Call
-	queue    []refresherStep
 	nextTick int64 // the first tick after the refresher last ran
 	ticked   bool  // a tick came while the refresher was busy
-}
-
-// Call is a Lease or Return call the driver asks its caller to carry to
-// the region. Exactly one of Lease and Return is set.
-type Call struct {
-	Lease  *leasev1.LeaseRequest
-	Return *leasev1.ReturnRequest
-	// Sent is when the call was sent; Timeout how long the agent waits for
-	// its answer. An answer later than Sent + Timeout must be dropped and
-	// the call completed with an error at Sent + Timeout instead.
-	Sent    time.Duration
-	Timeout time.Duration
-
-	sent      int64
-	f         *flight
-	wants     []int64
-	rets      *returnBatch
-	refresher bool
-	completed bool
 }
 
 // Resolution is the Decision of a request that waited for a round trip.
@@ -81,24 +56,12 @@ type Resolution struct {
 	At       time.Duration
 }
 
-// ErrCallTimeout is a convenient error for Complete when a call's answer
-// did not arrive within its Timeout.
-var ErrCallTimeout = errors.New("agent: call timed out")
-
 // waiter is a request in the slow path, waiting for round trips.
 type waiter struct {
 	tag      uint64
 	s        *scratch
 	deadline int64
 	attempt  int
-}
-
-// refresherStep is one call the refresher still has to make: a lease call
-// for keys (in batches of maxBatch), or returns.
-type refresherStep struct {
-	pol  *policy.Set
-	keys []*keyState
-	rets *returnBatch
 }
 
 // NewDriver returns a driver for an agent configured by cfg. Its times are
@@ -115,18 +78,15 @@ func NewDriver(cfg Config, epoch time.Time) (*Driver, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	if err := cfg.ensureDefaults(); err != nil {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	a := newState(cfg, epoch)
+	d := &Driver{rtTimeout: int64(cfg.RoundTripTimeout)}
 	// One stripe: one goroutine decides, and a single stripe keeps keys off
 	// the stripe cache, whose batches only help many cores.
-	a.stripes = make([]stripe, 1)
-	a.metrics = &metrics{a: a}
-	d := &Driver{a: a, nextTick: int64(a.tick())}
+	d.c.init(cfg, 1)
+	d.nextTick = int64(d.c.tick())
 	d.s = d.newScratch()
 	return d, nil
 }
@@ -141,20 +101,15 @@ func (d *Driver) newScratch() *scratch {
 		rules:  make([]*policy.Rule, 0, 4),
 		res:    make([]ruleResult, 0, 4),
 		buf:    make([]byte, 0, 64),
-		stripe: &d.a.stripes[0],
+		stripe: d.c.stripe(0),
 	}
 }
 
 // SetPolicy installs a rule set, as the policy stream would.
-func (d *Driver) SetPolicy(set *policy.Set) {
-	if set != nil && set != d.a.pol.Load() {
-		d.a.pol.Store(set)
-		d.a.ctr.policyUpdates.Add(1)
-	}
-}
+func (d *Driver) SetPolicy(set *policy.Set) { d.c.setPolicy(set) }
 
 // Stats returns the agent's counters.
-func (d *Driver) Stats() Stats { return d.a.Stats() }
+func (d *Driver) Stats() Stats { return d.c.stats() }
 
 // Decide decides a request described by ds at now, as Allow does. It
 // returns the Decision and true, or false when the request waits for a
@@ -163,14 +118,14 @@ func (d *Driver) Decide(now time.Duration, ds []policy.Descriptor, hits int64, t
 	t := int64(now)
 	s := d.s
 	// Written in place into the result, as Allow does.
-	if !d.a.decideLocal(&dec, s, t, ds, hits) {
-		d.a.count(s, t, dec.Path, dec.Allowed)
+	if !d.c.decideLocal(&dec, s, t, ds, hits) {
+		d.c.count(s, dec.Path, dec.Allowed)
 		return dec, true
 	}
 	// The slow path: this scratch now belongs to the waiting request.
 	d.s = d.newScratch()
 	s.memoOK = false
-	w := &waiter{tag: tag, s: s, deadline: t + int64(d.a.cfg.RoundTripTimeout)}
+	w := &waiter{tag: tag, s: s, deadline: t + d.rtTimeout}
 	if d.attempt(w, t) {
 		return d.resolve(w, t), true
 	}
@@ -181,10 +136,10 @@ func (d *Driver) Decide(now time.Duration, ds []policy.Descriptor, hits int64, t
 // attempt starts w's next attempt of the slow path at now, sending the
 // flight it starts, if any. It reports whether w is decided.
 func (d *Driver) attempt(w *waiter, now int64) bool {
-	own, decided := d.a.slowAttempt(w.s, w.attempt, now)
+	own, decided := d.c.slowAttempt(w.s, w.attempt, now)
 	w.attempt++
 	if own != nil {
-		d.out = append(d.out, d.leaseCall(own, now, d.a.cfg.RoundTripTimeout, false))
+		d.out = append(d.out, d.c.roundTrip(own, now))
 	}
 	return decided
 }
@@ -193,23 +148,16 @@ func (d *Driver) attempt(w *waiter, now int64) bool {
 // its deadline has passed, as Allow does after its wait. It reports
 // whether w is decided.
 func (d *Driver) settle(w *waiter, now int64) bool {
-	return d.a.slowSettle(w.s, now, now >= w.deadline) || d.attempt(w, now)
+	return d.c.slowSettle(w.s, now, now >= w.deadline) || d.attempt(w, now)
 }
 
 // ready reports whether every round trip w waits for is done.
-func (w *waiter) ready() bool {
-	for i := range w.s.res {
-		if rr := &w.s.res[i]; !rr.done && rr.f != nil && !flightDone(rr.f) {
-			return false
-		}
-	}
-	return true
-}
+func (w *waiter) ready() bool { return w.s.awaited() == nil }
 
 // resolve turns a decided waiter into its Decision and recycles its scratch.
 func (d *Driver) resolve(w *waiter, now int64) Decision {
-	dec := d.a.finish(w.s, now)
-	d.a.record(w.s, now, dec)
+	dec := d.c.finish(w.s, now)
+	d.c.count(w.s, dec.Path, dec.Allowed)
 	w.s.synced = false
 	w.s.memoOK = false
 	d.spare = append(d.spare, w.s)
@@ -248,13 +196,13 @@ func (d *Driver) Waiting() int { return len(d.wait) }
 // Wants reports whether Poll has work before the next tick: calls to send,
 // keys queued for a refresh, or waiting requests.
 func (d *Driver) Wants() bool {
-	return len(d.out) > 0 || len(d.a.queue) > 0 || len(d.wait) > 0
+	return len(d.out) > 0 || len(d.wait) > 0 || d.c.hasQueued()
 }
 
 // Tick returns the refresher's tick: every NextTick is a whole multiple of
 // it (since the epoch). A simulator that scans its drivers on ticks takes
 // the period from here rather than repeating the agent's rule.
-func (d *Driver) Tick() time.Duration { return d.a.tick() }
+func (d *Driver) Tick() time.Duration { return d.c.tick() }
 
 // NextTick returns the refresher's next tick that has work: the first one
 // at or after the earliest scheduled check (every tick while the region is
@@ -264,23 +212,14 @@ func (d *Driver) Tick() time.Duration { return d.a.tick() }
 func (d *Driver) NextTick() time.Duration { return time.Duration(d.nextWake()) }
 
 func (d *Driver) nextWake() int64 {
-	a := d.a
-	if a.down.Load() {
-		return d.nextTick
-	}
-	a.smu.Lock()
-	due := int64(math.MaxInt64)
-	if len(a.sched) > 0 {
-		due = a.sched[0].due
-	}
-	a.smu.Unlock()
+	due := d.c.nextCheck()
 	if due <= d.nextTick {
 		return d.nextTick
 	}
 	if due > math.MaxInt64/2 {
 		return math.MaxInt64 / 2
 	}
-	tick := int64(a.tick())
+	tick := int64(d.c.tick())
 	return (due + tick - 1) / tick * tick
 }
 
@@ -295,85 +234,19 @@ func (d *Driver) Poll(now time.Duration) []*Call {
 	}
 	if t >= d.nextWake() {
 		d.ticked = true
-		tick := int64(d.a.tick())
+		tick := int64(d.c.tick())
 		d.nextTick = (t/tick + 1) * tick
 	}
-	if d.busy == nil {
-		if len(d.queue) == 0 && (d.ticked || len(d.a.queue) > 0) {
-			d.ticked = false
-			d.refresh(t)
-		}
-		d.nextRefresherCall(t)
+	if !d.c.refresherBusy() && (d.ticked || d.c.hasQueued()) {
+		d.ticked = false
+		d.c.planWakeUp(t)
+	}
+	if call := d.c.nextRefresherCall(t); call != nil {
+		d.out = append(d.out, call)
 	}
 	out := d.out
 	d.out = d.out[:0]
 	return out
-}
-
-// refresh is the refresher's wake-up (Agent.refreshOnce): it plans the
-// calls, which nextRefresherCall then makes one at a time.
-func (d *Driver) refresh(now int64) {
-	a := d.a
-	select {
-	case <-a.wake:
-	default:
-	}
-	rets := &returnBatch{}
-	pol, renew, _ := a.planRefresh(now, nil, rets)
-	if len(renew) > 0 {
-		d.queue = append(d.queue, refresherStep{pol: pol, keys: renew})
-	}
-	if len(rets.items) > 0 {
-		d.queue = append(d.queue, refresherStep{rets: rets})
-	}
-}
-
-// nextRefresherCall makes the refresher's next planned call at now, if any.
-func (d *Driver) nextRefresherCall(now int64) {
-	a := d.a
-	for d.busy == nil && len(d.queue) > 0 {
-		st := &d.queue[0]
-		var c *Call
-		if st.rets != nil {
-			rets := st.rets.next()
-			c = &Call{
-				Return:    &leasev1.ReturnRequest{Agent: a.id, Items: rets.items},
-				Sent:      time.Duration(now),
-				Timeout:   a.cfg.RefreshTimeout,
-				sent:      now,
-				rets:      &rets,
-				refresher: true,
-			}
-			if len(st.rets.items) == 0 {
-				d.popStep()
-			}
-		} else {
-			var f *flight
-			f, st.keys = a.renewBatch(st.pol, st.keys)
-			if len(st.keys) == 0 {
-				d.popStep()
-			}
-			if f != nil {
-				c = d.leaseCall(f, now, a.cfg.RefreshTimeout, true)
-			}
-		}
-		if c != nil {
-			d.busy = c
-			d.out = append(d.out, c)
-		}
-	}
-}
-
-func (d *Driver) popStep() {
-	d.queue[0] = refresherStep{}
-	d.queue = d.queue[1:]
-}
-
-// leaseCall builds the Lease call of flight f sent at now: the first half
-// of Agent.leaseCall (sizing each key's lease and reporting its demand).
-func (d *Driver) leaseCall(f *flight, sent int64, timeout time.Duration, refresher bool) *Call {
-	req, wants := d.a.leaseRequest(f, sent)
-	return &Call{Lease: req, Sent: time.Duration(sent), Timeout: timeout, sent: sent, f: f, wants: wants, refresher: refresher}
 }
 
 // Complete applies the outcome of call c at now, when its answer arrived
@@ -385,25 +258,8 @@ func (d *Driver) Complete(now time.Duration, c *Call, resp *leasev1.LeaseRespons
 	}
 	c.completed = true
 	t := max(int64(now), c.sent)
-	if c.Lease != nil {
-		d.completeLease(c, t, resp, err)
-	} else {
-		d.completeReturn(c, err)
-	}
-	if c.refresher && d.busy == c {
-		d.busy = nil
-	}
+	d.c.complete(c, t, time.Duration(t-c.sent), resp, err)
 	if len(d.wait) > 0 {
 		d.progress(t)
 	}
-}
-
-// completeLease is the second half of Agent.leaseCall.
-func (d *Driver) completeLease(c *Call, now int64, resp *leasev1.LeaseResponse, err error) {
-	d.a.leaseDone(c.f, c.Lease, c.wants, c.sent, now, time.Duration(now-c.sent), resp, err)
-}
-
-// completeReturn is the second half of Agent.sendReturns for one call.
-func (d *Driver) completeReturn(c *Call, err error) {
-	d.a.returnDone(c.rets, err)
 }

@@ -176,11 +176,11 @@ func TestDriverNeedsAgentID(t *testing.T) {
 
 func TestDriverTick(t *testing.T) {
 	for _, tt := range []struct{ period, want time.Duration }{
-		{0, 10 * time.Millisecond}, // the default lease period, 50ms
+		{0, 10 * time.Millisecond}, // DefaultLeasePeriod, 50ms, ÷ 5
 		{20 * time.Millisecond, 4 * time.Millisecond},
 		{2 * time.Millisecond, time.Millisecond}, // never below 1ms
 	} {
-		d, err := NewDriver(Config{AgentID: "a1", LeasePeriod: tt.period, LeaseTTL: 2 * max(tt.period, 50*time.Millisecond)}, time.Unix(0, 0))
+		d, err := NewDriver(Config{AgentID: "a1", LeasePeriod: tt.period, LeaseTTL: 2 * max(tt.period, DefaultLeasePeriod)}, time.Unix(0, 0))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -3,11 +3,11 @@ package agent
 import (
 	"context"
 	"sync"
-
-	"github.com/google/go-cmp/cmp"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/google/go-cmp/cmp"
 )
 
 // faultPolicy has one rule per failure mode, on separate descriptors.
@@ -35,39 +35,91 @@ rules:
 // phased is a tally that load goroutines switch with the test's phases.
 type phased struct{ cur [3]atomic.Pointer[tally] }
 
+// next starts a phase: every load counts into new tallies from now on.
+func (ph *phased) next() [3]*tally {
+	var ts [3]*tally
+	for i := range ts {
+		ts[i] = new(tally)
+		ph.cur[i].Store(ts[i])
+	}
+	return ts
+}
+
+// faultRun is what a fault scenario saw: the tallies of its phases (warm,
+// outage, after the region came back until recovered, and rest after
+// that), per rule, and when the outage began and recovery came.
+type faultRun struct {
+	warm, outage, after, rest [3]*tally
+	stopped, recovered        time.Time
+	st                        Stats
+}
+
+var faultRules = [3]string{"local", "open", "closed"}
+
 // runFaultScenario drives the three rules' keys through a region outage:
 // stop and start are how the outage is made (the lease service, or its
 // store). It checks each failure mode during the outage and recovery after.
 func runFaultScenario(t *testing.T, target string, stop, start func()) {
-	cfg := Config{
+	a := startFaultAgent(t, target)
+	var ph phased
+	run := faultRun{warm: ph.next()}
+	stopLoad := startFaultLoad(a, &ph)
+	defer stopLoad()
+	pause(400 * time.Millisecond)
+	run.outage, run.stopped = ph.next(), time.Now()
+	stop()
+	pause(600 * time.Millisecond)
+	run.after = ph.next()
+	start()
+	// Recovery: every key is decided by its leases again.
+	eventually(t, 15*time.Second, "decisions by lease on every key after the region returned", func() bool {
+		for i := range run.after {
+			if run.after[i].paths[PathLease][1].Load() == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	run.recovered = time.Now()
+	run.rest = ph.next()
+	pause(200 * time.Millisecond)
+	run.st = a.Stats()
+	for i, name := range faultRules {
+		t.Logf("%s: warm %v | outage %v | until recovered %v | after %v", name, run.warm[i], run.outage[i], run.after[i], run.rest[i])
+	}
+	t.Logf("outage %v, recovered %v after the restart; %d fallback activations, breaker opened %d times",
+		600*time.Millisecond, run.recovered.Sub(run.stopped)-600*time.Millisecond, run.st.FallbackActivations, run.st.BreakerOpenings)
+	checkOutage(t, &run)
+	checkRecovery(t, &run)
+}
+
+// startFaultAgent starts an agent on target with short deadlines and
+// probes, closed when the test ends.
+func startFaultAgent(t *testing.T, target string) *Agent {
+	a, err := New(Config{
 		Target: target, Logger: quietLogger(),
 		RoundTripTimeout: 200 * time.Millisecond, RefreshTimeout: 200 * time.Millisecond,
 		ProbeInterval: 50 * time.Millisecond,
-	}
-	a, err := New(cfg)
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer a.Close()
+	t.Cleanup(func() { a.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := a.WaitPolicy(ctx); err != nil {
 		t.Fatal(err)
 	}
+	return a
+}
 
-	var ph phased
-	newPhase := func() [3]*tally {
-		var ts [3]*tally
-		for i := range ts {
-			ts[i] = new(tally)
-			ph.cur[i].Store(ts[i])
-		}
-		return ts
-	}
-	warm := newPhase()
+// startFaultLoad asks the local key for 4,000 requests/s, twice its
+// emergency rate of 1,000/s ÷ 1 agent × headroom 2, and the others for
+// 1,000/s, counting into ph's current tallies. stop ends the load.
+func startFaultLoad(a *Agent, ph *phased) (stop func()) {
 	done := make(chan struct{})
 	var wg sync.WaitGroup
-	load := func(i int, key string, interval time.Duration) {
+	load := func(i int, key string) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -77,7 +129,7 @@ func runFaultScenario(t *testing.T, target string, stop, start func()) {
 			for {
 				d := a.Allow(context.Background(), ds(key, "x"), 1)
 				ph.cur[i].Load().add(d, 1)
-				next = next.Add(interval)
+				next = next.Add(time.Millisecond)
 				timer.Reset(max(time.Until(next), 0))
 				select {
 				case <-done:
@@ -87,94 +139,73 @@ func runFaultScenario(t *testing.T, target string, stop, start func()) {
 			}
 		}()
 	}
-	// The local key is asked for 4,000 requests/s, twice its emergency
-	// rate of 1,000/s ÷ 1 agent × headroom 2; the others 1,000/s.
-	for g := 0; g < 4; g++ {
-		load(0, "a", time.Millisecond)
+	for range 4 {
+		load(0, "a")
 	}
-	load(1, "b", time.Millisecond)
-	load(2, "c", time.Millisecond)
-	defer func() {
+	load(1, "b")
+	load(2, "c")
+	return func() {
 		close(done)
 		wg.Wait()
-	}()
-
-	wait := time.NewTimer(400 * time.Millisecond)
-	<-wait.C
-	outage := newPhase()
-	stopped := time.Now()
-	stop()
-	wait.Reset(600 * time.Millisecond)
-	<-wait.C
-	after := newPhase()
-	start()
-	// Recovery: every key is decided by its leases again.
-	eventually(t, 15*time.Second, "decisions by lease on every key after the region returned", func() bool {
-		for i := range after {
-			if after[i].paths[PathLease][1].Load() == 0 {
-				return false
-			}
-		}
-		return true
-	})
-	recovered := time.Now()
-	rest := newPhase()
-	wait.Reset(200 * time.Millisecond)
-	<-wait.C
-	st := a.Stats()
-
-	names := []string{"local", "open", "closed"}
-	for i := range names {
-		t.Logf("%s: warm %v | outage %v | until recovered %v | after %v", names[i], warm[i], outage[i], after[i], rest[i])
 	}
-	t.Logf("outage %v, recovered %v after the restart; %d fallback activations, breaker opened %d times",
-		600*time.Millisecond, recovered.Sub(stopped)-600*time.Millisecond, st.FallbackActivations, st.BreakerOpenings)
+}
 
-	for i := range warm {
-		if warm[i].paths[PathLease][1].Load() == 0 {
-			t.Errorf("%s: no lease decisions before the outage", names[i])
+// pause lets a phase of the scenario run for d.
+func pause(d time.Duration) { <-time.After(d) }
+
+// checkOutage checks what each failure mode decided while the region was
+// down.
+func checkOutage(t *testing.T, run *faultRun) {
+	for i, name := range faultRules {
+		if run.warm[i].paths[PathLease][1].Load() == 0 {
+			t.Errorf("%s: no lease decisions before the outage", name)
+		}
+		// Held leases may be spent during the outage, but no more than a
+		// key can hold: two leases of at most its capacity ÷ agents.
+		if n := run.outage[i].paths[PathLease][1].Load() + run.after[i].paths[PathLease][1].Load(); n > 200+int64(run.rest[i].requests.Load()) {
+			t.Errorf("%s: %d admitted from leases around the outage", name, n)
 		}
 	}
-	// Held leases may be spent during the outage, but no more than a key
-	// can hold: two leases of at most its capacity ÷ agents.
-	for i := range outage {
-		if n := outage[i].paths[PathLease][1].Load() + after[i].paths[PathLease][1].Load(); n > 200+int64(rest[i].requests.Load()) {
-			t.Errorf("%s: %d admitted from leases around the outage", names[i], n)
-		}
-	}
+	out := run.outage
 	// local: the emergency bucket bounds what it admits.
-	fb := outage[0].paths[PathFallbackLocal][1].Load() + after[0].paths[PathFallbackLocal][1].Load()
-	bound := 2000*recovered.Sub(stopped).Seconds() + 1
+	fb := out[0].paths[PathFallbackLocal][1].Load() + run.after[0].paths[PathFallbackLocal][1].Load()
+	bound := 2000*run.recovered.Sub(run.stopped).Seconds() + 1
 	if fb == 0 || float64(fb) > bound {
 		t.Errorf("local: %d admitted by the emergency bucket, want within (0, %.0f]", fb, bound)
 	}
-	if outage[0].paths[PathFailedOpen][1].Load()+outage[0].paths[PathFailedClosed][0].Load() != 0 {
-		t.Errorf("local: decided by another failure mode: %v", outage[0])
+	if out[0].paths[PathFailedOpen][1].Load()+out[0].paths[PathFailedClosed][0].Load() != 0 {
+		t.Errorf("local: decided by another failure mode: %v", out[0])
 	}
 	// open: everything admitted.
-	if outage[1].paths[PathFailedOpen][1].Load() == 0 || outage[1].admitted.Load() != outage[1].requests.Load() {
-		t.Errorf("open: want every request admitted, FAILED_OPEN once leases ran out: %v", outage[1])
+	if out[1].paths[PathFailedOpen][1].Load() == 0 || out[1].admitted.Load() != out[1].requests.Load() {
+		t.Errorf("open: want every request admitted, FAILED_OPEN once leases ran out: %v", out[1])
 	}
 	// closed: denied once the held lease is gone, and never admitted otherwise.
-	if outage[2].paths[PathFailedClosed][0].Load() == 0 {
-		t.Errorf("closed: no FAILED_CLOSED denials: %v", outage[2])
+	if out[2].paths[PathFailedClosed][0].Load() == 0 {
+		t.Errorf("closed: no FAILED_CLOSED denials: %v", out[2])
 	}
-	if n := outage[2].admitted.Load() - outage[2].paths[PathLease][1].Load(); n != 0 {
+	if n := out[2].admitted.Load() - out[2].paths[PathLease][1].Load(); n != 0 {
 		t.Errorf("closed: %d admitted without a lease", n)
 	}
-	if st.FallbackActivations == 0 || st.BreakerOpenings == 0 {
-		t.Errorf("stats: %d fallback activations, %d breaker openings; want both counted", st.FallbackActivations, st.BreakerOpenings)
+	if run.st.FallbackActivations == 0 || run.st.BreakerOpenings == 0 {
+		t.Errorf("stats: %d fallback activations, %d breaker openings; want both counted", run.st.FallbackActivations, run.st.BreakerOpenings)
 	}
-	for i := range rest {
+}
+
+// checkRecovery checks that every key is decided by lease again once the
+// region is back.
+func checkRecovery(t *testing.T, run *faultRun) {
+	for i, name := range faultRules {
 		// Under the race detector a round trip may still miss its deadline
 		// now and then after recovery; outside it, none may.
-		lease := rest[i].paths[PathLease][0].Load() + rest[i].paths[PathLease][1].Load() + rest[i].paths[PathDenyCache][0].Load()
-		want := rest[i].requests.Load()
+		rest := run.rest[i]
+		lease := rest.paths[PathLease][0].Load() + rest.paths[PathLease][1].Load() + rest.paths[PathDenyCache][0].Load()
+		want := rest.requests.Load()
 		if raceEnabled {
 			want = want * 9 / 10
 		}
-		if lease < want || rest[i].paths[PathLease][1].Load() == 0 {
-			t.Errorf("%s after recovery: %v, want every decision by lease or deny cache", names[i], rest[i])
+		if lease < want || rest.paths[PathLease][1].Load() == 0 {
+			t.Errorf("%s after recovery: %v, want every decision by lease or deny cache", name, rest)
 		}
 	}
 }
@@ -182,19 +213,19 @@ func runFaultScenario(t *testing.T, target string, stop, start func()) {
 // TestFaultLeaseServiceStops: the region's lease service goes away and
 // comes back on the same address.
 func TestFaultLeaseServiceStops(t *testing.T) {
-	r := startRegion(t, faultPolicy, nil)
-	runFaultScenario(t, r.Addr, r.Stop, r.Start)
+	r := startLeaseServer(t, faultPolicy, nil)
+	runFaultScenario(t, r.Addr, r.Crash, r.Restart)
 }
 
 // TestColdKeysWhileDown: keys first seen while the region is unreachable
 // are decided by their failure modes (no lease to spend, an emergency bucket
 // at the rule's own rate) and are still forgotten once idle.
 func TestColdKeysWhileDown(t *testing.T) {
-	r := startRegion(t, faultPolicy, nil)
+	r := startLeaseServer(t, faultPolicy, nil)
 	cfg := testConfig()
 	cfg.RoundTripTimeout, cfg.BreakerFailures, cfg.IdleAfter = 50*time.Millisecond, 1, 300*time.Millisecond
 	a := newAgent(t, r, cfg)
-	r.Stop()
+	r.Crash()
 	ctx := context.Background()
 	var paths []Path
 	for _, key := range []string{"a", "b", "c", "a"} {

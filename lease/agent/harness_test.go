@@ -8,14 +8,14 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/ration-dev/ration/lease/agent/internal/regiontest"
+	"github.com/ration-dev/ration/lease/agent/internal/leaseserver"
 	"github.com/ration-dev/ration/lease/service"
 	"github.com/ration-dev/ration/policy"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func quietLogger() *slog.Logger { return regiontest.Quiet() }
+func quietLogger() *slog.Logger { return leaseserver.Quiet() }
 
 func mustPolicy(t testing.TB, doc string) *policy.Set {
 	t.Helper()
@@ -26,23 +26,22 @@ func mustPolicy(t testing.TB, doc string) *policy.Set {
 	return p
 }
 
-type region = regiontest.Region
-
-// startRegion serves doc from a memory store with the real clock.
-func startRegion(t testing.TB, doc string, store service.Store) *region {
+// startLeaseServer serves doc from store (a memory store when nil) with the
+// real clock.
+func startLeaseServer(t testing.TB, doc string, store service.Store) *leaseserver.Server {
 	t.Helper()
-	return startRegionWith(t, doc, store, service.Config{})
+	return startLeaseServerWith(t, doc, store, service.Config{})
 }
 
-// startRegionWith is startRegion with more of the service's configuration.
-func startRegionWith(t testing.TB, doc string, store service.Store, cfg service.Config) *region {
+// startLeaseServerWith is startLeaseServer with more of the service's configuration.
+func startLeaseServerWith(t testing.TB, doc string, store service.Store, cfg service.Config) *leaseserver.Server {
 	t.Helper()
 	cfg.Store = store
-	return regiontest.Start(t, doc, cfg)
+	return leaseserver.Start(t, doc, cfg)
 }
 
 // newAgent starts an agent against r and waits for its policy.
-func newAgent(t testing.TB, r *region, cfg Config) *Agent {
+func newAgent(t testing.TB, r *leaseserver.Server, cfg Config) *Agent {
 	t.Helper()
 	cfg.Target = r.Addr
 	if cfg.Logger == nil {
@@ -80,3 +79,5 @@ func ds(kv ...string) []policy.Descriptor {
 	}
 	return out
 }
+
+const ms = int64(time.Millisecond)

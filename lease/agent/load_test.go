@@ -221,7 +221,7 @@ rules:
 // each send 1,000 requests/s per key to two keys limited to 1,500/s: demand
 // is twice the limit.
 func TestBoundAndUtilisationUnderOverload(t *testing.T) {
-	r := startRegion(t, loadPolicy, nil)
+	r := startLeaseServer(t, loadPolicy, nil)
 	spec := loadSpec{
 		keys: []string{"acme", "globex"}, agents: 3, goroutines: 4, perAgent: 1000,
 		duration: 2500 * time.Millisecond, window: 1500 * time.Millisecond,
@@ -235,7 +235,7 @@ func TestBoundAndUtilisationUnderOverload(t *testing.T) {
 // each on one key well under its limit; the target is at most 0.02 store
 // operations per admitted request.
 func TestStoreOpsPerAdmittedAtSteadyState(t *testing.T) {
-	r := startRegion(t, `
+	r := startLeaseServer(t, `
 rules:
   - name: per-tenant
     key: [tenant]

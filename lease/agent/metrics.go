@@ -7,19 +7,19 @@ import (
 )
 
 // metrics exports the agent's counters to Prometheus. The counters live in
-// the agent (striped, atomic) and are read at scrape time, so the request
+// the agent's core (striped, atomic) and are read at scrape time, so the request
 // path never touches a Prometheus object except, for one decision in 64, the
 // latency histogram.
 type metrics struct {
 	reg     prometheus.Registerer
-	a       *Agent
+	stats   func() Stats
 	latency prometheus.Histogram // nil without a registry
 
 	decisions, syncDecisions, calls, callErrors, items, tokens, fallbacks, breaker, keys, agents, policies *prometheus.Desc
 }
 
-func newMetrics(reg prometheus.Registerer, a *Agent) (*metrics, error) {
-	m := &metrics{reg: reg, a: a}
+func newMetrics(reg prometheus.Registerer, stats func() Stats) (*metrics, error) {
+	m := &metrics{reg: reg, stats: stats}
 	if reg == nil {
 		return m, nil
 	}
@@ -68,7 +68,7 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect implements prometheus.Collector.
 func (m *metrics) Collect(ch chan<- prometheus.Metric) {
-	s := m.a.Stats()
+	s := m.stats()
 	counter := func(d *prometheus.Desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, labels...)
 	}

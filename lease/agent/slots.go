@@ -20,7 +20,7 @@ import "sync/atomic"
 // The expiries sit on their own cache line, written only when a lease is
 // installed, so reading them costs a hot key's cores nothing.
 //
-// Times are int64 nanoseconds since the agent's start (see Agent.now).
+// Times are int64 nanoseconds of agent time (see core).
 
 const (
 	genBits = 16
@@ -79,20 +79,22 @@ func (s *slots) spend(now, n int64) (int, int64, int64, bool) {
 		if !undoFailed(&s.word[i], &s.lost, w, n) {
 			continue
 		}
-		if cur := s.word[i].Load(); sameGen(cur, w) && balance(cur) == 0 {
-			// The slot is empty: retire it, so that later spends skip it
-			// without touching its word instead of failing there until it
-			// expires. A balance below zero is other spends failing right
-			// now, not emptiness.
+		if s.emptyIn(i, w) {
+			// Retire the slot, so that later spends skip it without
+			// touching its word instead of failing there until it expires.
 			s.retire(i, w, exp[i])
 		}
 	}
 	return 0, 0, 0, false
 }
 
-// retireHook, when set (by tests), runs between a spend finding its slot
-// empty and retiring it: where a writer may install a new lease.
-var retireHook func()
+// emptyIn reports whether slot i holds no token in the generation of w, a
+// spend's word after it failed there. A balance below zero is other spends
+// failing right now, not emptiness.
+func (s *slots) emptyIn(i int, w int64) bool {
+	cur := s.word[i].Load()
+	return sameGen(cur, w) && balance(cur) == 0
+}
 
 // retire marks slot i, found empty in the generation of w, as spent, by
 // setting its expiry exp to 0. The CAS leaves a newer lease with another
@@ -101,9 +103,6 @@ var retireHook func()
 // generation tells, and the expiry goes back. The writer stores its expiry
 // after emptying: if that store is still to come, it wins anyway.
 func (s *slots) retire(i int, w, exp int64) {
-	if retireHook != nil {
-		retireHook()
-	}
 	if s.exp[i].CompareAndSwap(exp, 0) && !sameGen(s.word[i].Load(), w) {
 		s.exp[i].CompareAndSwap(0, exp)
 	}

@@ -69,10 +69,10 @@ rules:
 			}
 			set := mustPolicy(t, doc)
 			d.SetPolicy(set)
-			a, s := d.a, d.newScratch()
+			c, s := &d.c, d.newScratch()
 			r := set.Rule(tt.rule)
 			id := []byte(tt.rule + "\x00tenant=acme")
-			k := a.keys.getOrCreate(id, func(id string) *keyState { return newKeyState(id, len(tt.rule), 0) })
+			k := c.keys.getOrCreate(id, func(id string) *keyState { return newKeyState(id, len(tt.rule), 0) })
 			if tt.lease > 0 {
 				k.slots.install(now, now+100*ms, tt.lease)
 			}
@@ -83,7 +83,7 @@ rules:
 			}
 			s.res = append(s.res, ruleResult{rule: r, k: k, need: 1, f: f})
 
-			decided := a.slowSettle(s, now, tt.expired)
+			decided := c.slowSettle(s, now, tt.expired)
 			rr := &s.res[0]
 			got := outcome{Decided: decided, Done: rr.done, OK: rr.ok, Path: rr.path, Retry: time.Duration(rr.retry)}
 			if diff := cmp.Diff(tt.want, got); diff != "" {

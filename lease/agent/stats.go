@@ -84,28 +84,28 @@ func (s Stats) SyncShare() float64 {
 	return 0
 }
 
-// Stats returns the agent's counters.
-func (a *Agent) Stats() Stats {
+// stats returns the core's counters.
+func (c *core) stats() Stats {
 	var s Stats
-	for i := range a.stripes {
-		st := &a.stripes[i]
+	for i := range c.stripes {
+		st := &c.stripes[i]
 		for p := range st.decisions {
 			s.Decisions[p][0] += st.decisions[p][0].Load()
 			s.Decisions[p][1] += st.decisions[p][1].Load()
 		}
 		s.SyncDecisions += st.synced.Load()
 	}
-	c := &a.ctr
-	s.LeaseCalls, s.LeaseItems, s.ReturnCalls, s.ReturnItems = c.leaseCalls.Load(), c.leaseItems.Load(), c.returnCalls.Load(), c.returnItems.Load()
-	s.RefreshCalls, s.RefreshItems = c.refreshCalls.Load(), c.refreshItems.Load()
-	s.CallErrors = c.callErrors.Load()
-	s.TokensGranted, s.TokensDropped, s.TokensReturned = c.granted.Load(), c.dropped.Load(), c.returned.Load()
-	s.FallbackActivations, s.BreakerOpenings, s.Evictions = c.fallbacks.Load(), c.breakerOpened.Load(), c.evicted.Load()
-	s.PolicyUpdates, s.PolicyErrors = c.policyUpdates.Load(), c.policyErrors.Load()
-	s.BreakerOpen = a.down.Load() && !a.closed.Load()
-	s.Keys = a.keys.len()
-	s.Agents = a.agents.Load()
-	s.RoundTripP99 = a.rtt.get()
-	s.PolicyVersion = a.pol.Load().Version()
+	t := &c.ctr
+	s.LeaseCalls, s.LeaseItems, s.ReturnCalls, s.ReturnItems = t.leaseCalls.Load(), t.leaseItems.Load(), t.returnCalls.Load(), t.returnItems.Load()
+	s.RefreshCalls, s.RefreshItems = t.refreshCalls.Load(), t.refreshItems.Load()
+	s.CallErrors = t.callErrors.Load()
+	s.TokensGranted, s.TokensDropped, s.TokensReturned = t.granted.Load(), t.dropped.Load(), t.returned.Load()
+	s.FallbackActivations, s.BreakerOpenings, s.Evictions = t.fallbacks.Load(), t.breakerOpened.Load(), t.evicted.Load()
+	s.PolicyUpdates, s.PolicyErrors = t.policyUpdates.Load(), t.policyErrors.Load()
+	s.BreakerOpen = c.down.Load() && !c.closed.Load()
+	s.Keys = c.keys.len()
+	s.Agents = c.agents.Load()
+	s.RoundTripP99 = c.rtt.get()
+	s.PolicyVersion = c.pol.Load().Version()
 	return s
 }

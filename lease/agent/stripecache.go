@@ -38,17 +38,17 @@ type stripeCache struct {
 // cache entry when k has a cache, else (or when the entry and a refill
 // fail) from the slots. It returns where the tokens came from (a slot index
 // or cacheSlot + entry) and the word after the spend, for a put-back.
-func (a *Agent) take(k *keyState, idx int, now, n int64) (int, int64, bool) {
-	c := k.cache.Load()
-	if c == nil {
+func (c *core) take(k *keyState, idx int, now, n int64) (int, int64, bool) {
+	sc := k.cache.Load()
+	if sc == nil {
 		i, w, _, ok := k.slots.spend(now, n)
 		return i, w, ok
 	}
 	own := idx
-	if own >= len(c.e) { // stripes index the entries; a division only if not
-		own %= len(c.e)
+	if own >= len(sc.e) { // stripes index the entries; a division only if not
+		own %= len(sc.e)
 	}
-	e := &c.e[own]
+	e := &sc.e[own]
 	if w, ok := k.spendEntry(e, now, n); ok {
 		return cacheSlot + own, w, true
 	}
@@ -59,7 +59,7 @@ func (a *Agent) take(k *keyState, idx int, now, n int64) (int, int64, bool) {
 	if i, w, exp, ok := k.slots.spendAll(now, n+b); ok {
 		// The request's n came from slot i; the batch goes to the entry,
 		// with that slot's expiry.
-		a.refill(k, e, exp, b)
+		c.refill(k, e, exp, b)
 		return i, w, true
 	}
 	if i, w, _, ok := k.slots.spend(now, n); ok {
@@ -68,9 +68,9 @@ func (a *Agent) take(k *keyState, idx int, now, n int64) (int, int64, bool) {
 	// The slots are dry: borrow from the other stripes' entries rather
 	// than leave their tokens stranded while this request goes to the
 	// region.
-	for j := range c.e {
+	for j := range sc.e {
 		if j != own {
-			if w, ok := k.spendEntry(&c.e[j], now, n); ok {
+			if w, ok := k.spendEntry(&sc.e[j], now, n); ok {
 				return cacheSlot + j, w, true
 			}
 		}
@@ -93,10 +93,10 @@ func (k *keyState) spendEntry(e *cacheEntry, now, n int64) (int64, bool) {
 
 // refill replaces entry e's tokens with b tokens expiring at exp. Tokens it
 // finds there (expired ones, or a racing put-back) are dropped.
-func (a *Agent) refill(k *keyState, e *cacheEntry, exp, b int64) {
+func (c *core) refill(k *keyState, e *cacheEntry, exp, b int64) {
 	if left := emptyWord(&e.word, &k.slots.lost); left > 0 {
 		k.slots.lost.Add(left)
-		a.ctr.dropped.Add(left)
+		c.ctr.dropped.Add(left)
 	}
 	e.exp.Store(exp)
 	e.word.Add(b << genBits)

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"errors"
 	"io"
 	"time"
@@ -15,7 +16,7 @@ import (
 // exponential backoff when the stream breaks. A snapshot that does not parse
 // (a newer policy format than this agent knows, say) is logged and the
 // previous policy stays in force.
-func (a *Agent) watchPolicy() {
+func (a *Agent) watchPolicy(run context.Context) {
 	defer a.wg.Done()
 	const minBackoff, maxBackoff = 10 * time.Millisecond, 2 * time.Second
 	backoff := minBackoff
@@ -23,15 +24,15 @@ func (a *Agent) watchPolicy() {
 	defer t.Stop()
 	<-t.C
 	for {
-		if got := a.followPolicy(); got {
+		if got := a.followPolicy(run); got {
 			backoff = minBackoff
 		}
-		if a.ctx.Err() != nil {
+		if run.Err() != nil {
 			return
 		}
 		t.Reset(backoff)
 		select {
-		case <-a.ctx.Done():
+		case <-run.Done():
 			return
 		case <-t.C:
 		}
@@ -39,34 +40,33 @@ func (a *Agent) watchPolicy() {
 	}
 }
 
-// followPolicy reads one WatchPolicy stream until it ends and reports
-// whether it delivered any snapshot.
-func (a *Agent) followPolicy() (got bool) {
-	stream, err := a.client.WatchPolicy(a.ctx, &leasev1.WatchPolicyRequest{Agent: a.id})
+// followPolicy reads one WatchPolicy stream until it ends or run is done,
+// and reports whether it delivered any snapshot.
+func (a *Agent) followPolicy(run context.Context) (got bool) {
+	stream, err := a.client.WatchPolicy(run, &leasev1.WatchPolicyRequest{Agent: a.c.agent()})
 	if err != nil {
 		return false
 	}
 	for {
 		snap, err := stream.Recv()
 		if err != nil {
-			if !errors.Is(err, io.EOF) && a.ctx.Err() == nil {
+			if !errors.Is(err, io.EOF) && run.Err() == nil {
 				a.cfg.Logger.Debug("policy stream ended", "err", err)
 			}
 			return got
 		}
 		got = true
-		if cur := a.pol.Load(); cur != nil && cur.Version() == snap.GetVersion() {
+		if cur := a.c.policy(); cur != nil && cur.Version() == snap.GetVersion() {
 			continue
 		}
 		set, err := policy.Parse("region "+snap.GetRegion()+" policy "+snap.GetVersion(), snap.GetYaml())
 		if err != nil {
-			a.ctr.policyErrors.Add(1)
+			a.c.policyRefused()
 			a.cfg.Logger.Error("policy from the region does not parse; keeping the previous one",
 				"version", snap.GetVersion(), "err", err)
 			continue
 		}
-		a.pol.Store(set)
-		a.ctr.policyUpdates.Add(1)
+		a.c.setPolicy(set)
 		a.cfg.Logger.Info("policy applied", "version", set.Version(), "region", snap.GetRegion(), "rules", len(set.Rules()))
 		a.readyOnce.Do(func() { close(a.ready) })
 	}

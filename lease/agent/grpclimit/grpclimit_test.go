@@ -18,7 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ration-dev/ration/lease/agent"
-	"github.com/ration-dev/ration/lease/agent/internal/regiontest"
+	"github.com/ration-dev/ration/lease/agent/internal/leaseserver"
 	"github.com/ration-dev/ration/lease/service"
 	"github.com/ration-dev/ration/policy"
 )
@@ -41,10 +41,10 @@ rules:
 
 // serve runs the gRPC health service behind the interceptors, deciding with
 // a real agent against r, and returns a client.
-func serve(t *testing.T, r *regiontest.Region) healthpb.HealthClient {
+func serve(t *testing.T, r *leaseserver.Server) healthpb.HealthClient {
 	t.Helper()
 	a, err := agent.New(agent.Config{
-		Target: r.Addr, Logger: regiontest.Quiet(),
+		Target: r.Addr, Logger: leaseserver.Quiet(),
 		RoundTripTimeout: time.Second, ProbeInterval: 20 * time.Millisecond, BreakerFailures: 1,
 	})
 	if err != nil {
@@ -92,7 +92,7 @@ func withKey(key string) context.Context {
 }
 
 func TestUnaryResourceExhaustedWithRetryInfo(t *testing.T) {
-	r := regiontest.Start(t, testPolicy, service.Config{LeaseTTL: time.Minute})
+	r := leaseserver.Start(t, testPolicy, service.Config{LeaseTTL: time.Minute})
 	c := serve(t, r)
 	for i := 0; i < 2; i++ {
 		if _, err := c.Check(withKey("k1"), &healthpb.HealthCheckRequest{}); err != nil {
@@ -133,7 +133,7 @@ func TestUnaryResourceExhaustedWithRetryInfo(t *testing.T) {
 }
 
 func TestStreamDecidedWhenItOpens(t *testing.T) {
-	r := regiontest.Start(t, testPolicy, service.Config{LeaseTTL: time.Minute})
+	r := leaseserver.Start(t, testPolicy, service.Config{LeaseTTL: time.Minute})
 	c := serve(t, r)
 	ctx, cancel := context.WithCancel(withKey("s1"))
 	defer cancel()
@@ -156,9 +156,9 @@ func TestStreamDecidedWhenItOpens(t *testing.T) {
 }
 
 func TestFailClosedIsUnavailable(t *testing.T) {
-	r := regiontest.Start(t, testPolicy, service.Config{})
+	r := leaseserver.Start(t, testPolicy, service.Config{})
 	c := serve(t, r)
-	r.Stop()
+	r.Crash()
 	_, err := c.List(context.Background(), &healthpb.HealthListRequest{})
 	st := status.Convert(err)
 	if st.Code() != codes.Unavailable {

@@ -132,15 +132,31 @@ type Config struct {
 // ErrNoAgent is returned by New without Config.Agent.
 var ErrNoAgent = errors.New("httplimit: Config.Agent is required")
 
+// withDefaults returns a copy of c with every zero optional field set to its
+// default.
+func (c Config) withDefaults() Config {
+	if c.ProblemType == "" {
+		c.ProblemType = "about:blank"
+	}
+	return c
+}
+
+// Validate reports whether c, with its defaults filled, is usable by New:
+// ErrNoAgent without an Agent.
+func (c Config) Validate() error {
+	if c.Agent == nil {
+		return ErrNoAgent
+	}
+	return nil
+}
+
 // New returns middleware that decides every request with cfg.Agent before
 // passing it to the next handler.
 func New(cfg Config) (func(http.Handler) http.Handler, error) {
-	if cfg.Agent == nil {
-		return nil, ErrNoAgent
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
-	if cfg.ProblemType == "" {
-		cfg.ProblemType = "about:blank"
-	}
+	cfg = cfg.withDefaults()
 	return func(next http.Handler) http.Handler {
 		return &handler{cfg: cfg, next: next}
 	}, nil

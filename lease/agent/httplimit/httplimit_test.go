@@ -14,7 +14,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/ration-dev/ration/lease/agent"
-	"github.com/ration-dev/ration/lease/agent/internal/regiontest"
+	"github.com/ration-dev/ration/lease/agent/internal/leaseserver"
 	"github.com/ration-dev/ration/lease/service"
 	"github.com/ration-dev/ration/policy"
 )
@@ -43,10 +43,10 @@ rules:
 
 // newServer serves a mux behind the middleware, deciding with a real agent
 // against a real region.
-func newServer(t *testing.T, r *regiontest.Region) (*httptest.Server, *agent.Agent) {
+func newServer(t *testing.T, r *leaseserver.Server) (*httptest.Server, *agent.Agent) {
 	t.Helper()
 	a, err := agent.New(agent.Config{
-		Target: r.Addr, Logger: regiontest.Quiet(),
+		Target: r.Addr, Logger: leaseserver.Quiet(),
 		RoundTripTimeout: time.Second, ProbeInterval: 20 * time.Millisecond, BreakerFailures: 1,
 	})
 	if err != nil {
@@ -105,7 +105,7 @@ func get(t *testing.T, url string, header ...string) (*http.Response, []byte) {
 }
 
 func TestHeadersAnd429ProblemJSON(t *testing.T) {
-	r := regiontest.Start(t, testPolicy, service.Config{LeaseTTL: time.Minute})
+	r := leaseserver.Start(t, testPolicy, service.Config{LeaseTTL: time.Minute})
 	srv, _ := newServer(t, r)
 
 	resp, body := get(t, srv.URL+"/things", "X-API-Key", "k1")
@@ -179,7 +179,7 @@ func TestHeadersAnd429ProblemJSON(t *testing.T) {
 }
 
 func TestShadowNeverRejects(t *testing.T) {
-	r := regiontest.Start(t, testPolicy, service.Config{LeaseTTL: time.Minute})
+	r := leaseserver.Start(t, testPolicy, service.Config{LeaseTTL: time.Minute})
 	srv, a := newServer(t, r)
 	for i := 0; i < 3; i++ {
 		resp, _ := get(t, srv.URL+"/trial")
@@ -193,9 +193,9 @@ func TestShadowNeverRejects(t *testing.T) {
 }
 
 func TestFailClosedIs503(t *testing.T) {
-	r := regiontest.Start(t, testPolicy, service.Config{})
+	r := leaseserver.Start(t, testPolicy, service.Config{})
 	srv, _ := newServer(t, r)
-	r.Stop()
+	r.Crash()
 	resp, body := get(t, srv.URL+"/guarded")
 	if resp.StatusCode != http.StatusServiceUnavailable {
 		t.Fatalf("fail-closed request got %d, want 503", resp.StatusCode)
@@ -250,5 +250,8 @@ func TestExtractor(t *testing.T) {
 	}
 	if _, err := New(Config{}); err != ErrNoAgent {
 		t.Errorf("New without an agent got %v, want ErrNoAgent", err)
+	}
+	if err := (Config{}).Validate(); err != ErrNoAgent {
+		t.Errorf("Validate without an agent got %v, want ErrNoAgent", err)
 	}
 }

@@ -1,6 +1,7 @@
 package envoyrls
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -31,6 +32,17 @@ func TestCurrentLimitUnits(t *testing.T) {
 		got := currentLimit("r", tc.limit, tc.period)
 		if d := cmp.Diff(tc.want, got, protocmp.Transform()); d != "" {
 			t.Errorf("%d per %v (-want +got):\n%s", tc.limit, tc.period, d)
+		}
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	if err := (Config{}).Validate(); err != nil {
+		t.Errorf("the zero Config got %v, want nil", err)
+	}
+	for _, c := range []Config{{MaxDescriptors: -1}, {MaxEntries: -1}, {MaxHits: -1}} {
+		if err := c.Validate(); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("%+v got %v, want ErrInvalidConfig", c, err)
 		}
 	}
 }

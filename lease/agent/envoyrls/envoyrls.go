@@ -44,6 +44,9 @@ type Decider interface {
 	Allow(ctx context.Context, ds []policy.Descriptor, hits int64) agent.Decision
 }
 
+// ErrInvalidConfig is wrapped by New's error when the Config is invalid.
+var ErrInvalidConfig = errors.New("envoyrls: invalid config")
+
 // Config configures a Server. Zero values mean the defaults.
 type Config struct {
 	// DomainKey is the descriptor key under which the request's domain is
@@ -58,6 +61,33 @@ type Config struct {
 	MaxHits int64
 }
 
+// withDefaults returns a copy of c with every zero field set to its default.
+func (c Config) withDefaults() Config {
+	if c.DomainKey == "" {
+		c.DomainKey = "domain"
+	}
+	if c.MaxDescriptors == 0 {
+		c.MaxDescriptors = 64
+	}
+	if c.MaxEntries == 0 {
+		c.MaxEntries = 32
+	}
+	if c.MaxHits == 0 {
+		c.MaxHits = 1_000_000
+	}
+	return c
+}
+
+// Validate reports whether c, with its defaults filled, is usable by New.
+// The error wraps ErrInvalidConfig.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	if c.MaxDescriptors < 0 || c.MaxEntries < 0 || c.MaxHits < 0 {
+		return fmt.Errorf("%w: limits must not be negative", ErrInvalidConfig)
+	}
+	return nil
+}
+
 // Server implements rlsv3.RateLimitServiceServer. Safe for concurrent use.
 type Server struct {
 	rlsv3.UnimplementedRateLimitServiceServer
@@ -70,22 +100,10 @@ func New(d Decider, cfg Config) (*Server, error) {
 	if d == nil {
 		return nil, errors.New("envoyrls: nil Decider")
 	}
-	if cfg.DomainKey == "" {
-		cfg.DomainKey = "domain"
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
-	if cfg.MaxDescriptors == 0 {
-		cfg.MaxDescriptors = 64
-	}
-	if cfg.MaxEntries == 0 {
-		cfg.MaxEntries = 32
-	}
-	if cfg.MaxHits == 0 {
-		cfg.MaxHits = 1_000_000
-	}
-	if cfg.MaxDescriptors < 0 || cfg.MaxEntries < 0 || cfg.MaxHits < 0 {
-		return nil, errors.New("envoyrls: limits must not be negative")
-	}
-	return &Server{dec: d, cfg: cfg}, nil
+	return &Server{dec: d, cfg: cfg.withDefaults()}, nil
 }
 
 // Register adds the server to a gRPC server.

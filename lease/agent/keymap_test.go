@@ -1,0 +1,66 @@
+package agent
+
+import (
+	"fmt"
+	"math"
+	"testing"
+)
+
+func TestKeyMapEvictAndRecreate(t *testing.T) {
+	km := newKeyMap()
+	mk := func(id string) *keyState { return newKeyState(id, 1, 0) }
+	ids := make([][]byte, 1000)
+	for i := range ids {
+		ids[i] = fmt.Appendf(nil, "r\x00k%d", i)
+		km.getOrCreate(ids[i], mk)
+	}
+	if got := km.len(); got != 1000 {
+		t.Fatalf("len got %d, want 1000", got)
+	}
+	for i := 0; i < 20; i++ { // enough misses to promote every shard
+		for _, id := range ids {
+			if km.get(id) == nil {
+				t.Fatalf("get(%q) = nil", id)
+			}
+		}
+	}
+	k := km.get(ids[7])
+	k.evicted.Store(true)
+	km.remove(k)
+	k2 := km.getOrCreate(ids[7], mk)
+	if k2 == k {
+		t.Fatal("getOrCreate returned the evicted state")
+	}
+	if got := km.getOrCreate(ids[7], mk); got != k2 {
+		t.Error("a second getOrCreate made yet another state")
+	}
+	// The promoted read table still holds the evicted state: get must find
+	// its successor, or a request on a key with a fresh lease goes to the
+	// region (and when, depends on the shard seed).
+	if got := km.get(ids[7]); got != k2 {
+		t.Errorf("get after evict and recreate got %p (evicted %p), want the successor %p", got, k, k2)
+	}
+	if got := km.len(); got != 1000 {
+		t.Errorf("len after evict and recreate got %d, want 1000", got)
+	}
+	n := 0
+	km.each(func(*keyState) { n++ })
+	if n != 1000 {
+		t.Errorf("each visited %d, want 1000", n)
+	}
+}
+
+func TestAllowAllocatesNothingOnLeasedKey(t *testing.T) {
+	km := newKeyMap()
+	id := []byte("r\x00tenant=acme")
+	k := km.getOrCreate(id, func(id string) *keyState { return newKeyState(id, 1, 0) })
+	k.slots.install(0, math.MaxInt64, 1<<40)
+	allocs := testing.AllocsPerRun(1000, func() {
+		if k := km.get(id); k != nil {
+			k.slots.spend(1, 1)
+		}
+	})
+	if allocs != 0 {
+		t.Errorf("lookup and spend allocate %v per run, want 0", allocs)
+	}
+}
