@@ -41,8 +41,9 @@ var ErrInvalidConfig = errors.New("service: invalid config")
 
 // Defaults of Config.
 const (
-	// DefaultLeaseTTL is τ, the time an agent may spend a lease (LeaseTTL).
-	DefaultLeaseTTL = 100 * time.Millisecond
+	// DefaultLeaseTTL is τ, the time an agent may spend a lease (LeaseTTL):
+	// the lease API's default.
+	DefaultLeaseTTL = leasev1.DefaultLeaseTTL
 	// DefaultStoreTimeout bounds a store call (StoreTimeout).
 	DefaultStoreTimeout = 50 * time.Millisecond
 )

@@ -8,6 +8,8 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/ration-dev/ration/internal/yamlfield"
+	"github.com/ration-dev/ration/lease/agent"
+	leasev1 "github.com/ration-dev/ration/lease/v1"
 )
 
 // LoadFile reads and parses a scenario file.
@@ -110,8 +112,8 @@ func (p *parser) document(data []byte) *Scenario {
 		return nil
 	}
 	sc := &Scenario{
-		Step: time.Millisecond, SyncPeriod: time.Second, LeaseTTL: 100 * time.Millisecond,
-		LeasePeriod: 50 * time.Millisecond, AgentsPerRegion: 1,
+		Step: time.Millisecond, SyncPeriod: time.Second, LeaseTTL: leasev1.DefaultLeaseTTL,
+		LeasePeriod: agent.DefaultLeasePeriod, AgentsPerRegion: 1,
 		Network: Network{AgentRTT: time.Millisecond, AgentJitter: 200 * time.Microsecond},
 		Redis:   Redis{Latency: 500 * time.Microsecond},
 	}
