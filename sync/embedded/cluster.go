@@ -60,6 +60,13 @@ func (c ClusterConfig) withDefaults(name string) ClusterConfig {
 	return c
 }
 
+// Validate reports whether c, with its defaults filled, is usable by
+// StartCluster. The error wraps ErrInvalidConfig.
+func (c ClusterConfig) Validate() error {
+	_, _, err := c.withDefaults("ration").validate()
+	return err
+}
+
 func (c ClusterConfig) validate() (string, int, error) {
 	bad := func(format string, args ...any) (string, int, error) {
 		return "", 0, fmt.Errorf("%w: cluster %q: %s", ErrInvalidConfig, c.Name, fmt.Sprintf(format, args...))

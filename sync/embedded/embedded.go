@@ -147,6 +147,13 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
+// Validate reports whether c, with its defaults filled, is usable by Start.
+// The error wraps ErrInvalidConfig.
+func (c Config) Validate() error {
+	_, _, err := c.withDefaults().validate()
+	return err
+}
+
 // validate checks a Config with its defaults filled and returns the listen
 // host and port.
 func (c Config) validate() (string, int, error) {

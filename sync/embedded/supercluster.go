@@ -22,6 +22,51 @@ type SuperclusterConfig struct {
 	JoinTimeout time.Duration
 }
 
+// withDefaults returns c with its defaults filled, the clusters' included.
+func (c SuperclusterConfig) withDefaults() SuperclusterConfig {
+	if c.JoinTimeout == 0 {
+		c.JoinTimeout = 10 * time.Second
+	}
+	ccs := make([]ClusterConfig, len(c.Clusters))
+	for i, cc := range c.Clusters {
+		ccs[i] = cc.withDefaults(fmt.Sprintf("ration-%d", i))
+	}
+	c.Clusters = ccs
+	return c
+}
+
+// Validate reports whether c, with its defaults filled, is usable by
+// StartSupercluster. The error wraps ErrInvalidConfig.
+func (c SuperclusterConfig) Validate() error {
+	_, _, _, err := c.withDefaults().validate()
+	return err
+}
+
+// validate checks a SuperclusterConfig with its defaults filled and returns
+// its clusters with their listen hosts and ports.
+func (c SuperclusterConfig) validate() (ccs []ClusterConfig, hosts []string, ports []int, err error) {
+	if len(c.Clusters) < 2 {
+		return nil, nil, nil, fmt.Errorf("%w: a supercluster needs 2 clusters or more, got %d", ErrInvalidConfig, len(c.Clusters))
+	}
+	if c.JoinTimeout < 0 {
+		return nil, nil, nil, fmt.Errorf("%w: JoinTimeout %v is negative", ErrInvalidConfig, c.JoinTimeout)
+	}
+	hosts, ports = make([]string, len(c.Clusters)), make([]int, len(c.Clusters))
+	names := make(map[string]bool, len(c.Clusters))
+	for i, cc := range c.Clusters {
+		host, port, err := cc.validate()
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		if names[cc.Name] {
+			return nil, nil, nil, fmt.Errorf("%w: cluster name %q used twice", ErrInvalidConfig, cc.Name)
+		}
+		names[cc.Name] = true
+		hosts[i], ports[i] = host, port
+	}
+	return c.Clusters, hosts, ports, nil
+}
+
 // Supercluster is a running set of clusters joined by gateways, as a
 // deployment with one NATS cluster per region runs: a client of any
 // server reaches the subscribers of every cluster.
@@ -35,30 +80,10 @@ type Supercluster struct {
 // gateways to it. On error every server it started has been shut down.
 // The error wraps ErrInvalidConfig or ErrNotReady.
 func StartSupercluster(cfg SuperclusterConfig) (*Supercluster, error) {
-	if cfg.JoinTimeout == 0 {
-		cfg.JoinTimeout = 10 * time.Second
-	}
-	if len(cfg.Clusters) < 2 {
-		return nil, fmt.Errorf("%w: a supercluster needs 2 clusters or more, got %d", ErrInvalidConfig, len(cfg.Clusters))
-	}
-	if cfg.JoinTimeout < 0 {
-		return nil, fmt.Errorf("%w: JoinTimeout %v is negative", ErrInvalidConfig, cfg.JoinTimeout)
-	}
-	ccs := make([]ClusterConfig, len(cfg.Clusters))
-	hosts := make([]string, len(ccs))
-	ports := make([]int, len(ccs))
-	names := make(map[string]bool, len(ccs))
-	for i, cc := range cfg.Clusters {
-		cc = cc.withDefaults(fmt.Sprintf("ration-%d", i))
-		host, port, err := cc.validate()
-		if err != nil {
-			return nil, err
-		}
-		if names[cc.Name] {
-			return nil, fmt.Errorf("%w: cluster name %q used twice", ErrInvalidConfig, cc.Name)
-		}
-		names[cc.Name] = true
-		ccs[i], hosts[i], ports[i] = cc, host, port
+	cfg = cfg.withDefaults()
+	ccs, hosts, ports, err := cfg.validate()
+	if err != nil {
+		return nil, err
 	}
 
 	// Cluster i dials the gateways of clusters 0..i-1; those learn of it
