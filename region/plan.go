@@ -218,4 +218,3 @@ func (s *State) Apply() []ShareChange {
 	s.toApply = s.toApply[:0]
 	return out
 }
-

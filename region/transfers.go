@@ -155,4 +155,3 @@ func (s *State) reclaims(now time.Time, ks *keyState, pol KeyPolicy) []int64 {
 	}
 	return takes
 }
-
