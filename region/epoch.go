@@ -12,22 +12,60 @@ import (
 
 // epochKey runs the epoch for one key; false drops the key.
 func (s *State) epochKey(now time.Time, ks *keyState, p *Plan) bool {
-	n, me, cfg := s.n, s.self, &s.cfg
 	if ks.created.IsZero() {
 		ks.created, ks.lastDemand, ks.lastTransfer = now, now, now
 	}
 
-	// Demand: the EWMA steers by the tallies everyone saw last epoch. A
-	// region we do not hear keeps its smoothed demand (no news is not no
-	// demand); once heard again it restarts from its latest tally, as the
-	// old value says nothing about the epochs missed.
+	// Demand: the EWMA steers by the tallies everyone saw last epoch.
 	s.demands(ks, now)
-	pol := cfg.Policy(ks.key)
+	pol := s.cfg.Policy(ks.key)
+	active := s.smoothDemand(ks, pol)
+	if active {
+		ks.lastDemand = now
+	}
+	if !s.tallied {
+		ks.pub, ks.cur0 = ks.cur0, tally{}
+	}
+	s.dropDoneExits(now, ks)
+	s.forgetAnnouncers(ks)
+
+	// Generation: enter one, or follow a peer to a newer one.
+	if ks.gen == 0 && !active && !s.pendingGifts(ks) {
+		return s.keepTombstone(ks)
+	}
+	s.moveGeneration(now, ks)
+
+	sh := s.own(ks)
+	idle := now.Sub(ks.lastDemand) >= s.cfg.IdleAfter
+	targets := s.targets(now, ks, pol, sh, idle)
+	gifts := s.giftsFor(ks, sh, targets, idle)
+	var takes []int64
+	if ks.applied >= 0 {
+		// A reclaim raises our share, so it is written after Commit, as
+		// a Raise: never while the stored share is unknown and the whole
+		// entry must be a Lower.
+		takes = s.reclaims(now, ks, pol)
+	}
+	if idle && gifts == nil && takes == nil && s.canRetire(now, ks, sh) {
+		s.retire(now, ks, p)
+		return true
+	}
+	s.planStep(ks, sh, gifts, takes, p)
+	return true
+}
+
+// smoothDemand moves every region's smoothed demand for the key toward its
+// latest tally (s.x) and reports whether the key has demand anywhere. A
+// region we do not hear keeps its smoothed demand (no news is not no
+// demand); once heard again it restarts from its latest tally, as the old
+// value says nothing about the epochs missed.
+func (s *State) smoothDemand(ks *keyState, pol KeyPolicy) bool {
+	me, cfg := s.self, &s.cfg
 	active := ks.cur0.demand > 0
 	if s.tallied {
 		active = active || ks.pub.demand > 0
 	}
-	for k := 0; k < n; k++ {
+	for k := 0; k < s.n; k++ {
 		bit := uint64(1) << k
 		switch {
 		case k == me && s.restored:
@@ -49,12 +87,12 @@ func (s *State) epochKey(now time.Time, ks *keyState, p *Plan) bool {
 		}
 		active = active || s.x[k] > 0
 	}
-	if active {
-		ks.lastDemand = now
-	}
-	if !s.tallied {
-		ks.pub, ks.cur0 = ks.cur0, tally{}
-	}
+	return active
+}
+
+// dropDoneExits drops the exit records that need no more announcing
+// (exitDone).
+func (s *State) dropDoneExits(now time.Time, ks *keyState) {
 	live := ks.exits[:0]
 	for _, x := range ks.exits {
 		if !s.exitDone(now, ks, x) {
@@ -63,54 +101,42 @@ func (s *State) epochKey(now time.Time, ks *keyState, p *Plan) bool {
 	}
 	clear(ks.exits[len(live):])
 	ks.exits = live
+}
 
-	// A peer whose latest exchange report leaves the key out announces no
-	// exit record for it: it forgot the key, and needs no acknowledgement.
-	for k := 0; k < n; k++ {
+// forgetAnnouncers decides which peers stop needing our acknowledgement of
+// their exit records: a peer whose latest exchange report leaves the key out
+// announces no exit record for it (it forgot the key).
+func (s *State) forgetAnnouncers(ks *keyState) {
+	for k := 0; k < s.n; k++ {
 		if bit := uint64(1) << k; ks.announcing&bit != 0 && s.exchEpoch[k] != 0 && ks.seen[k] != s.exchEpoch[k] {
 			ks.announcing &^= bit
 		}
 	}
+}
 
-	// Generation: enter one, or follow a peer to a newer one.
-	if ks.gen == 0 {
-		if !active && !s.pendingGifts(ks) {
-			// Keep a tombstone announcing its exit, a key a peer still
-			// exchanges (to join its generation on demand), or one whose
-			// peers' exit records we acknowledge.
-			return len(ks.exits) > 0 || ks.announcing != 0 || s.highestPeerGen(ks) > 0
-		}
-		s.enter(now, ks, s.initial[me])
-	} else if g := s.highestPeerGen(ks); g > ks.gen {
-		// Carry our share over, without the reclaims the victims have not
-		// acknowledged: a generation change ends a reclaim, and what the
-		// victim did not apply stays the victim's.
-		s.leave(now, ks, true)
-		s.enter(now, ks, clamp(s.exitShare(ks), -PPM, PPM))
-	}
+// canRetire reports whether an idle key that moves nothing this epoch may
+// leave its generation for none: nothing moved for Grace, the key is at
+// rest, and every gift and reclaim we made is settled.
+func (s *State) canRetire(now time.Time, ks *keyState, sh int64) bool {
+	return now.Sub(ks.lastTransfer) >= s.cfg.Grace && s.atRest(now, ks, sh) && s.settled(ks)
+}
 
-	sh := s.own(ks)
-	idle := now.Sub(ks.lastDemand) >= cfg.IdleAfter
-	targets := s.targets(now, ks, pol, sh, idle)
-	gifts := s.giftsFor(ks, sh, targets, idle)
-	var takes []int64
-	if ks.applied >= 0 {
-		// A reclaim raises our share, so it is written after Commit, as
-		// a Raise: never while the stored share is unknown and the whole
-		// entry must be a Lower.
-		takes = s.reclaims(now, ks, pol)
-	}
-	if idle && gifts == nil && takes == nil && now.Sub(ks.lastTransfer) >= cfg.Grace && s.atRest(now, ks, sh) && s.settled(ks) {
-		// At rest: leave the generation for none. The store falls back to
-		// the initial share, which is at most what we hold.
-		s.leave(now, ks, false)
-		ks.gen, ks.base, ks.applied = 0, 0, -1
-		p.Retire = append(p.Retire, ks.key)
-		return true
-	}
+// retire leaves the key's generation for none, at rest, and lists it in
+// p.Retire: the store falls back to the initial share, which is at most what
+// we hold.
+func (s *State) retire(now time.Time, ks *keyState, p *Plan) {
+	s.leave(now, ks, false)
+	ks.gen, ks.base, ks.applied = 0, 0, -1
+	p.Retire = append(p.Retire, ks.key)
+}
 
+// planStep decides the key's new applied share from our share sh and this
+// epoch's gifts and reclaims, and adds it to p: a Lower entry when the share
+// goes down or the stored share is unknown, a Raise when it goes up, no step
+// at all when nothing changes.
+func (s *State) planStep(ks *keyState, sh int64, gifts, takes []int64, p *Plan) {
 	ns := sh
-	for k := 0; k < n; k++ {
+	for k := 0; k < s.n; k++ {
 		if gifts != nil {
 			ns -= gifts[k]
 		}
@@ -124,7 +150,7 @@ func (s *State) epochKey(now time.Time, ks *keyState, p *Plan) bool {
 		if intake {
 			copy(ks.inTakenStored, ks.inTaken) // the store already reflects it
 		}
-		return true
+		return
 	}
 	st := step{ks: ks, gen: ks.gen, applied: a, gifts: gifts, takes: takes}
 	if intake {
@@ -140,7 +166,6 @@ func (s *State) epochKey(now time.Time, ks *keyState, p *Plan) bool {
 		p.Raise = append(p.Raise, c)
 	}
 	p.steps = append(p.steps, st)
-	return true
 }
 
 // noiseRequests is the count of requests an epoch at which a region's

@@ -17,6 +17,28 @@ func (s *State) pendingGifts(ks *keyState) bool {
 	return false
 }
 
+// keepTombstone decides whether a key outside any generation and with no
+// demand is kept: a tombstone announcing its exit, a key a peer still
+// exchanges (to join its generation on demand), or one whose peers' exit
+// records we acknowledge.
+func (s *State) keepTombstone(ks *keyState) bool {
+	return len(ks.exits) > 0 || ks.announcing != 0 || s.highestPeerGen(ks) > 0
+}
+
+// moveGeneration puts a key outside any generation in one, and follows a
+// peer that went to a newer generation than the key's.
+func (s *State) moveGeneration(now time.Time, ks *keyState) {
+	if ks.gen == 0 {
+		s.enter(now, ks, s.initial[s.self])
+	} else if g := s.highestPeerGen(ks); g > ks.gen {
+		// Carry our share over, without the reclaims the victims have not
+		// acknowledged: a generation change ends a reclaim, and what the
+		// victim did not apply stays the victim's.
+		s.leave(now, ks, true)
+		s.enter(now, ks, clamp(s.exitShare(ks), -PPM, PPM))
+	}
+}
+
 // enter puts the key in the newest generation a peer is in, or in a new one
 // when we may not enter that (we left it, or one newer), with base share.
 func (s *State) enter(now time.Time, ks *keyState, base int64) {

@@ -12,10 +12,30 @@ import "time"
 // receive nothing yet. Peers not heard are frozen at their current share
 // (fail-static) and the water-filling divides what is left.
 func (s *State) targets(now time.Time, ks *keyState, pol KeyPolicy, sh int64, idle bool) []int64 {
-	n, me, cfg := s.n, s.self, &s.cfg
+	frozen := s.liveRegions(now, ks, sh, idle)
+	if idle {
+		for _, k := range s.live {
+			s.t[k] = s.initial[k]
+		}
+		return s.t
+	}
+	s.needs(ks, pol)
+	lt := s.lt[:len(s.live)]
+	s.tg.fill(lt, PPM-frozen, s.need, s.cfg.FloorPPM, s.weights)
+	for i, k := range s.live {
+		s.t[k] = lt[i]
+	}
+	return s.t
+}
+
+// liveRegions decides which regions are live for the key (s.live, with
+// s.recv for those that can receive gifts) and which are frozen at their
+// current share (their target in s.t), filling s.v with every region's
+// share as we see it; sh is ours. It returns the frozen regions' total.
+func (s *State) liveRegions(now time.Time, ks *keyState, sh int64, idle bool) (frozen int64) {
+	me, cfg := s.self, &s.cfg
 	s.live = s.live[:0]
-	var frozen int64
-	for k := 0; k < n; k++ {
+	for k := 0; k < s.n; k++ {
 		s.recv[k] = false
 		if k == me {
 			s.v[k] = sh
@@ -44,12 +64,15 @@ func (s *State) targets(now time.Time, ks *keyState, pol KeyPolicy, sh int64, id
 			frozen += max(s.v[k], 0)
 		}
 	}
-	if idle {
-		for _, k := range s.live {
-			s.t[k] = s.initial[k]
-		}
-		return s.t
-	}
+	return frozen
+}
+
+// needs decides the need in ppm of every live region (s.need, with the
+// weights of the water-filling in s.weights): the share that serves its
+// smoothed demand at the key's rate, with headroom for noise, or without a
+// rate its part of the demand of all live regions.
+func (s *State) needs(ks *keyState, pol KeyPolicy) {
+	cfg := &s.cfg
 	s.need, s.weights = s.need[:0], s.weights[:0]
 	var sum float64
 	for _, k := range s.live {
@@ -72,12 +95,6 @@ func (s *State) targets(now time.Time, ks *keyState, pol KeyPolicy, sh int64, id
 		s.need = append(s.need, need)
 		s.weights = append(s.weights, s.initial[k])
 	}
-	lt := s.lt[:len(s.live)]
-	s.tg.fill(lt, PPM-frozen, s.need, cfg.FloorPPM, s.weights)
-	for i, k := range s.live {
-		s.t[k] = lt[i]
-	}
-	return s.t
 }
 
 // giftsFor splits our surplus over the live peers below target, in
