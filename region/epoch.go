@@ -54,17 +54,16 @@ func (s *State) epochKey(now time.Time, ks *keyState, p *Plan) bool {
 	return true
 }
 
-// smoothDemand moves every region's smoothed demand for the key toward its
-// latest tally (s.x) and reports whether the key has demand anywhere. A
-// region we do not hear keeps its smoothed demand (no news is not no
-// demand); once heard again it restarts from its latest tally, as the old
-// value says nothing about the epochs missed.
+// smoothDemand moves each region's smoothed demand for the key toward its tally and reports whether any region has demand.
 func (s *State) smoothDemand(ks *keyState, pol KeyPolicy) bool {
 	me, cfg := s.self, &s.cfg
 	active := ks.cur0.demand > 0
 	if s.tallied {
 		active = active || ks.pub.demand > 0
 	}
+	// A region we do not hear keeps its smoothed demand (no news is not no
+	// demand); once heard again it restarts from its latest tally, as the
+	// old value says nothing about the epochs missed.
 	for k := 0; k < s.n; k++ {
 		bit := uint64(1) << k
 		switch {
@@ -90,8 +89,7 @@ func (s *State) smoothDemand(ks *keyState, pol KeyPolicy) bool {
 	return active
 }
 
-// dropDoneExits drops the exit records that need no more announcing
-// (exitDone).
+// dropDoneExits drops the key's exit records that need announcing no longer (exitDone).
 func (s *State) dropDoneExits(now time.Time, ks *keyState) {
 	live := ks.exits[:0]
 	for _, x := range ks.exits {
@@ -103,9 +101,7 @@ func (s *State) dropDoneExits(now time.Time, ks *keyState) {
 	ks.exits = live
 }
 
-// forgetAnnouncers decides which peers stop needing our acknowledgement of
-// their exit records: a peer whose latest exchange report leaves the key out
-// announces no exit record for it (it forgot the key).
+// forgetAnnouncers stops acknowledging peers whose latest exchange report leaves the key out: they forgot it.
 func (s *State) forgetAnnouncers(ks *keyState) {
 	for k := 0; k < s.n; k++ {
 		if bit := uint64(1) << k; ks.announcing&bit != 0 && s.exchEpoch[k] != 0 && ks.seen[k] != s.exchEpoch[k] {
@@ -114,26 +110,21 @@ func (s *State) forgetAnnouncers(ks *keyState) {
 	}
 }
 
-// canRetire reports whether an idle key that moves nothing this epoch may
-// leave its generation for none: nothing moved for Grace, the key is at
-// rest, and every gift and reclaim we made is settled.
+// canRetire decides whether an idle key that moves nothing may retire: quiet for Grace, at rest, and settled.
 func (s *State) canRetire(now time.Time, ks *keyState, sh int64) bool {
 	return now.Sub(ks.lastTransfer) >= s.cfg.Grace && s.atRest(now, ks, sh) && s.settled(ks)
 }
 
-// retire leaves the key's generation for none, at rest, and lists it in
-// p.Retire: the store falls back to the initial share, which is at most what
-// we hold.
+// retire drops the key's generation at rest and lists the key in p.Retire.
 func (s *State) retire(now time.Time, ks *keyState, p *Plan) {
+	// At rest: leave the generation for none. The store falls back to the
+	// initial share, which is at most what we hold.
 	s.leave(now, ks, false)
 	ks.gen, ks.base, ks.applied = 0, 0, -1
 	p.Retire = append(p.Retire, ks.key)
 }
 
-// planStep decides the key's new applied share from our share sh and this
-// epoch's gifts and reclaims, and adds it to p: a Lower entry when the share
-// goes down or the stored share is unknown, a Raise when it goes up, no step
-// at all when nothing changes.
+// planStep decides the key's new applied share and adds it to p, as a Lower or a Raise entry, unless nothing changes.
 func (s *State) planStep(ks *keyState, sh int64, gifts, takes []int64, p *Plan) {
 	ns := sh
 	for k := 0; k < s.n; k++ {
@@ -157,6 +148,8 @@ func (s *State) planStep(ks *keyState, sh int64, gifts, takes []int64, p *Plan) 
 		st.intake = s.rowBuf(ks.inTaken)
 	}
 	c := ShareChange{Key: ks.key, SharePPM: a, step: int32(len(p.steps) + 1)}
+	// A Lower when the share goes down or the stored share is unknown (it is
+	// written before Commit), a Raise when it goes up.
 	switch {
 	case ks.applied < 0 || a < ks.applied:
 		st.entry = 1

@@ -17,16 +17,15 @@ func (s *State) pendingGifts(ks *keyState) bool {
 	return false
 }
 
-// keepTombstone decides whether a key outside any generation and with no
-// demand is kept: a tombstone announcing its exit, a key a peer still
-// exchanges (to join its generation on demand), or one whose peers' exit
-// records we acknowledge.
+// keepTombstone decides whether a key outside any generation and without demand is kept.
 func (s *State) keepTombstone(ks *keyState) bool {
+	// Keep a tombstone announcing its exit, a key a peer still exchanges
+	// (to join its generation on demand), or one whose peers' exit
+	// records we acknowledge.
 	return len(ks.exits) > 0 || ks.announcing != 0 || s.highestPeerGen(ks) > 0
 }
 
-// moveGeneration puts a key outside any generation in one, and follows a
-// peer that went to a newer generation than the key's.
+// moveGeneration enters a generation for a key outside one, or follows a peer to a newer generation.
 func (s *State) moveGeneration(now time.Time, ks *keyState) {
 	if ks.gen == 0 {
 		s.enter(now, ks, s.initial[s.self])

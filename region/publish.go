@@ -38,8 +38,7 @@ func (s *State) Report() Report {
 	return r
 }
 
-// reportSize counts what Report holds: entries, and values in rows of
-// counters and of acknowledgements.
+// reportSize counts what Report holds: entries, and values of counters and of acknowledgements.
 func (s *State) reportSize() (entries, ints, acks int) {
 	n := s.n
 	for _, ks := range s.keys {
@@ -58,8 +57,7 @@ func (s *State) reportSize() (entries, ints, acks int) {
 	return entries, ints, acks
 }
 
-// keyReport returns the entry of a key in our report, its rows carved from
-// b and its acknowledgements from acks.
+// keyReport returns a key's entry in our report, its rows carved from b and acks.
 func (s *State) keyReport(ks *keyState, b *rowSlab, acks *[]uint64) KeyReport {
 	n := s.n
 	e := KeyReport{

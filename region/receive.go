@@ -65,8 +65,7 @@ type inbound struct {
 	myCol    int    // our column in the report, -1 when it has none
 }
 
-// checkSender validates the report's shape and finds the sender's region k;
-// echo is a report of this very replica, which Receive ignores.
+// checkSender validates the report's shape and finds its sender's region k; echo is our own report, which Receive ignores.
 func (s *State) checkSender(r *Report) (k int, echo bool, err error) {
 	if _, err := checkShape(r); err != nil {
 		return 0, false, err
@@ -78,9 +77,7 @@ func (s *State) checkSender(r *Report) (k int, echo bool, err error) {
 	return k, k == s.self && r.Replica == s.cfg.Replica, nil
 }
 
-// checkStale rejects a report not newer than the last of its kind from its
-// replica (at slot, when known), and an exchange report of peer region k
-// not newer than the last one merged from k.
+// checkStale rejects a report not newer than the last of its kind from its replica, or than the last exchange report of region k.
 func (s *State) checkStale(r *Report, k, slot int, known, exchange bool) error {
 	if known {
 		// A replica sends up to two reports an epoch, its tallies and then
@@ -101,9 +98,7 @@ func (s *State) checkStale(r *Report, k, slot int, known, exchange bool) error {
 	return nil
 }
 
-// findKeys fills s.recvKS with the key of each entry of the report (nil: one
-// we do not hold) and rejects the report if a counter of a known generation
-// went down in any of them.
+// findKeys fills s.recvKS with each entry's key (nil: not held) and rejects the report if a counter of a known generation went down.
 func (s *State) findKeys(r *Report, in *inbound) error {
 	s.recvKS = s.recvKS[:0]
 	for i := range r.Keys {
@@ -120,8 +115,7 @@ func (s *State) findKeys(r *Report, in *inbound) error {
 	return nil
 }
 
-// noteReport records the report as the latest of its kind from its replica
-// (at slot), and an exchange report of peer region k as the latest from k.
+// noteReport records the report as its replica's latest of its kind, and an exchange report as region k's latest.
 func (s *State) noteReport(now time.Time, r *Report, k, slot int, exchange bool) {
 	rep := &s.replicas[slot]
 	rep.lastEpoch, rep.lastHeard = max(rep.lastEpoch, r.Epoch), now
@@ -136,9 +130,7 @@ func (s *State) noteReport(now time.Time, r *Report, k, slot int, exchange bool)
 	}
 }
 
-// mergeKey merges one entry of the report into ks (nil: a key we do not
-// hold, created if worth it): the sender replica's tallies, and from a peer
-// region's exchange report its generation, share, row and exit records.
+// mergeKey merges one entry into ks (nil: created if worth it): the replica's tallies and, in a peer's exchange report, its state.
 func (s *State) mergeKey(now time.Time, in *inbound, e *KeyReport, ks *keyState) {
 	if ks == nil {
 		if !s.worthCreating(e, in.exchange) {
@@ -158,9 +150,7 @@ func (s *State) mergeKey(now time.Time, in *inbound, e *KeyReport, ks *keyState)
 	s.mergeExits(now, ks, k, e, in.myCol)
 }
 
-// mergeExits settles against peer k's exit records for the key, takes its
-// acknowledgements of ours, and notes whether it still announces any (and
-// so waits for our acknowledgement).
+// mergeExits settles against peer k's exit records, takes its acknowledgements of ours, and notes whether it announces any.
 func (s *State) mergeExits(now time.Time, ks *keyState, k int, e *KeyReport, myCol int) {
 	if myCol >= 0 {
 		for x := range e.Exits {

@@ -154,9 +154,7 @@ func badReport(r *Report, format string, args ...any) error {
 	return fmt.Errorf("%w: report from %q/%q epoch %d: %s", ErrMalformed, r.Region, r.Replica, r.Epoch, fmt.Sprintf(format, args...))
 }
 
-// checkKeyShape decides whether entry i of r is well formed: tallies and
-// share in range, exchange state only in an exchange report, rows only with
-// a generation. self is the sender's column.
+// checkKeyShape decides whether entry i of r is well formed (self is the sender's column).
 func checkKeyShape(r *Report, i, self int) error {
 	k := &r.Keys[i]
 	n := len(r.Regions)
@@ -188,9 +186,7 @@ func checkKeyShape(r *Report, i, self int) error {
 	return checkExitsShape(r, k)
 }
 
-// checkKeyRows decides whether the rows of an entry in a generation have a
-// column per region of r, in range, and no gift of the sender (at column
-// self) to itself.
+// checkKeyRows decides whether an entry's rows are in range and give nothing to the sender (column self) itself.
 func checkKeyRows(r *Report, k *KeyReport, self int) error {
 	if err := checkRow(r, k, "Row", k.Row, false); err != nil {
 		return err
@@ -209,8 +205,7 @@ func checkKeyRows(r *Report, k *KeyReport, self int) error {
 	return nil
 }
 
-// checkExitsShape decides whether the exit records of an entry are in
-// order, of generations older than the entry's, with rows in range.
+// checkExitsShape decides whether an entry's exit records are in order, older than its generation, and in range.
 func checkExitsShape(r *Report, k *KeyReport) error {
 	for x := range k.Exits {
 		e := &k.Exits[x]
@@ -230,8 +225,7 @@ func checkExitsShape(r *Report, k *KeyReport) error {
 	return nil
 }
 
-// checkRow decides whether row v of entry k has a column per region of r,
-// each in [0, maxCounter]; an optional row may also be empty.
+// checkRow decides whether row v has a column per region of r, each in [0, maxCounter]; an optional one may be empty.
 func checkRow(r *Report, k *KeyReport, what string, v []int64, optional bool) error {
 	if len(v) == 0 && optional {
 		return nil

@@ -45,9 +45,7 @@ func badSnapshot(region, format string, args ...any) error {
 	return fmt.Errorf("%w: snapshot of %q: %s", ErrMalformed, region, fmt.Sprintf(format, args...))
 }
 
-// checkSnapshot decides whether snap can be restored here: it is this
-// region's, its region list is sorted and includes us, and every key in it
-// is well formed.
+// checkSnapshot decides whether snap can be restored here: this region's, with sorted regions including us, and well-formed keys.
 func (s *State) checkSnapshot(snap *Snapshot) error {
 	if snap.Region != s.cfg.Self {
 		return fmt.Errorf("%w: snapshot of %q restored in %q", ErrUnknownRegion, snap.Region, s.cfg.Self)
@@ -78,9 +76,7 @@ func (s *State) checkSnapshot(snap *Snapshot) error {
 	return nil
 }
 
-// checkKeySnapshot decides whether a key of a snapshot of region with m
-// columns is well formed: a key in a generation has all its counters, a
-// retired one at least an exit record, and exit records are well formed.
+// checkKeySnapshot decides whether one key of a snapshot with m columns is well formed.
 func checkKeySnapshot(region string, k *KeySnapshot, m int) error {
 	if len(k.Settled) != m {
 		return badSnapshot(region, "key %q: Settled has %d columns, want %d", k.Key, len(k.Settled), m)
@@ -95,8 +91,7 @@ func checkKeySnapshot(region string, k *KeySnapshot, m int) error {
 	return checkExitSnapshots(region, k, m)
 }
 
-// checkKeyCounters decides whether the counters, smoothed demand and base of
-// a key in a generation are in range.
+// checkKeyCounters decides whether the counters, smoothed demand and base of a key in a generation are in range.
 func checkKeyCounters(region string, k *KeySnapshot, m int) error {
 	for _, v := range []struct {
 		what string
@@ -120,8 +115,7 @@ func checkKeyCounters(region string, k *KeySnapshot, m int) error {
 	return nil
 }
 
-// checkExitSnapshots decides whether a key's exit records are in order, of
-// generations older than the key's, with counters in range.
+// checkExitSnapshots decides whether a key's exit records are in order, older than its generation, and in range.
 func checkExitSnapshots(region string, k *KeySnapshot, m int) error {
 	for e := range k.Exits {
 		x := &k.Exits[e]
@@ -140,8 +134,7 @@ func checkExitSnapshots(region string, k *KeySnapshot, m int) error {
 	return nil
 }
 
-// checkCounters decides whether a row of counters has m columns, each in
-// [0, maxCounter].
+// checkCounters decides whether a row of counters has m columns, each in [0, maxCounter].
 func checkCounters(region, key, what string, v []int64, m int) error {
 	if len(v) != m {
 		return badSnapshot(region, "key %q: %s has %d columns, want %d", key, what, len(v), m)
@@ -154,8 +147,7 @@ func checkCounters(region, key, what string, v []int64, m int) error {
 	return nil
 }
 
-// restoreKey adds the key of a valid snapshot, its columns mapped to our
-// regions by cols (-1: a region no longer configured).
+// restoreKey adds a key of a valid snapshot, its columns mapped by cols (-1: a region no longer configured).
 func (s *State) restoreKey(k *KeySnapshot, cols []int) {
 	ks := s.addKey(k.Key)
 	ks.created, ks.lastDemand, ks.lastTransfer = time.Time{}, time.Time{}, time.Time{}
@@ -173,9 +165,7 @@ func (s *State) restoreKey(k *KeySnapshot, cols []int) {
 	}
 }
 
-// restoreCounters restores the base, rows and smoothed demand of a key in a
-// generation. The counters of a region no longer configured are folded into
-// the base, so that our share stays what it was.
+// restoreCounters restores the base, rows and smoothed demand of a key in a generation.
 func (s *State) restoreCounters(ks *keyState, k *KeySnapshot, cols []int) {
 	ks.base = k.Base
 	row, tk := s.ownRow(ks), s.ownTaken(ks)
@@ -196,8 +186,7 @@ func (s *State) restoreCounters(ks *keyState, k *KeySnapshot, cols []int) {
 	ks.rowGen[s.self], ks.bases[s.self] = k.Generation, ks.base
 }
 
-// restoreExit returns the exit record x of a snapshot for n regions, its
-// columns mapped by cols.
+// restoreExit returns a snapshot's exit record for n regions, its columns mapped by cols.
 func restoreExit(x *ExitSnapshot, cols []int, n int) *exitState {
 	p := &exitState{gen: x.Generation, at: x.At}
 	p.alloc(n)
@@ -210,8 +199,7 @@ func restoreExit(x *ExitSnapshot, cols []int, n int) *exitState {
 	return p
 }
 
-// keepTallies carries the local tallies not yet published over from old, the
-// key set Restore replaced.
+// keepTallies carries the local tallies not yet published over from old, the key set Restore replaced.
 func (s *State) keepTallies(old []*keyState) {
 	for _, o := range old {
 		if o.cur0 == (tally{}) {
@@ -225,8 +213,7 @@ func (s *State) keepTallies(old []*keyState) {
 	}
 }
 
-// restoreHeard raises the epoch and time at which each region was last heard
-// to the snapshot's: older exchange reports stay stale after a restart.
+// restoreHeard raises when each region was last heard to the snapshot's, so that older reports stay stale.
 func (s *State) restoreHeard(snap *Snapshot, cols []int) {
 	for c, j := range cols {
 		if j >= 0 {

@@ -113,8 +113,7 @@ func (s *State) Snapshot() Snapshot {
 	return snap
 }
 
-// persisted reports whether a key goes in the snapshot: it has exchange
-// state, or announces an exit.
+// persisted reports whether a key goes in the snapshot: it has exchange state, or announces an exit.
 func persisted(ks *keyState) bool {
 	return ks.gen != 0 || len(ks.exits) > 0
 }
@@ -123,13 +122,13 @@ func persisted(ks *keyState) bool {
 // counters (in values), and exit records.
 type snapSize struct{ keys, ints, floats, exits int }
 
-// snapshotSize sizes the snapshot of the keys, and returns the highest floor
-// of the keys not persisted: it must be, or a restarted region could enter
-// again a generation it left.
+// snapshotSize sizes the snapshot, and returns the highest floor of the keys left out of it.
 func (s *State) snapshotSize() (sz snapSize, floor uint64) {
 	n := s.n
 	for _, ks := range s.keys {
 		if !persisted(ks) {
+			// Not persisted; its floor must be, or a restarted region
+			// could enter again a generation it left.
 			floor = max(floor, ks.floor)
 			continue
 		}
@@ -152,8 +151,7 @@ type snapBufs struct {
 	exits  []ExitSnapshot
 }
 
-// keySnapshot returns the persistent state of a key, its slices carved from
-// b.
+// keySnapshot returns the persistent state of a key, its slices carved from b.
 func (s *State) keySnapshot(ks *keyState, b *snapBufs) KeySnapshot {
 	n := s.n
 	k := KeySnapshot{Key: ks.key, Generation: ks.gen, GenerationFloor: ks.floor, Settled: b.gens[:n:n]}

@@ -70,8 +70,7 @@ func (t *targeter) fill(out []int64, total int64, need []float64, floorPPM int64
 	t.round(out, total)
 }
 
-// asks sets each region's ask, its need plus floorPPM capped at tot, and
-// returns their sum.
+// asks sets each region's ask, its need plus floorPPM capped at tot, and returns their sum.
 func (t *targeter) asks(need []float64, floorPPM int64, tot float64) float64 {
 	var sumAsk float64
 	for i, v := range need {
@@ -88,8 +87,7 @@ func (t *targeter) asks(need []float64, floorPPM int64, tot float64) float64 {
 	return sumAsk
 }
 
-// spread gives every region its ask and a part of rest in proportion to
-// weights (equal parts when none is positive).
+// spread gives every region its ask plus a part of rest in proportion to weights (equal parts when none is positive).
 func (t *targeter) spread(rest float64, weights []int64) {
 	n := len(t.ask)
 	var sumW float64
@@ -110,9 +108,10 @@ func (t *targeter) spread(rest float64, weights []int64) {
 	}
 }
 
-// waterFill divides tot when the asks exceed it: repeatedly satisfy the asks
-// below the current equal split of what is left; the rest share the level.
+// waterFill divides tot by max-min water-filling, for asks that exceed it.
 func (t *targeter) waterFill(tot float64) {
+	// Repeatedly satisfy the asks below the current equal split of what is
+	// left; the rest share the level.
 	n := len(t.ask)
 	for i := range t.done {
 		t.done[i] = false

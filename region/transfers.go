@@ -28,13 +28,11 @@ func (s *State) targets(now time.Time, ks *keyState, pol KeyPolicy, sh int64, id
 	return s.t
 }
 
-// liveRegions decides which regions are live for the key (s.live, with
-// s.recv for those that can receive gifts) and which are frozen at their
-// current share (their target in s.t), filling s.v with every region's
-// share as we see it; sh is ours. It returns the frozen regions' total.
+// liveRegions decides which regions are live for the key (s.live, s.recv) and freezes the others (s.t); it returns the frozen total.
 func (s *State) liveRegions(now time.Time, ks *keyState, sh int64, idle bool) (frozen int64) {
 	me, cfg := s.self, &s.cfg
 	s.live = s.live[:0]
+	// s.v is every region's share as we see it.
 	for k := 0; k < s.n; k++ {
 		s.recv[k] = false
 		if k == me {
@@ -67,11 +65,10 @@ func (s *State) liveRegions(now time.Time, ks *keyState, sh int64, idle bool) (f
 	return frozen
 }
 
-// needs decides the need in ppm of every live region (s.need, with the
-// weights of the water-filling in s.weights): the share that serves its
-// smoothed demand at the key's rate, with headroom for noise, or without a
-// rate its part of the demand of all live regions.
+// needs decides each live region's need in ppm (s.need) and water-filling weight (s.weights).
 func (s *State) needs(ks *keyState, pol KeyPolicy) {
+	// The share that serves the smoothed demand at the key's rate, or,
+	// without a rate, a part of the live regions' demand.
 	cfg := &s.cfg
 	s.need, s.weights = s.need[:0], s.weights[:0]
 	var sum float64
