@@ -54,7 +54,7 @@ func (s *State) epochKey(now time.Time, ks *keyState, p *Plan) bool {
 	return true
 }
 
-// smoothDemand moves each region's smoothed demand for the key toward its tally and reports whether any region has demand.
+// smoothDemand moves each region's smoothed demand toward its tally; true: the key has demand.
 func (s *State) smoothDemand(ks *keyState, pol KeyPolicy) bool {
 	me, cfg := s.self, &s.cfg
 	active := ks.cur0.demand > 0
@@ -101,7 +101,7 @@ func (s *State) dropDoneExits(now time.Time, ks *keyState) {
 	ks.exits = live
 }
 
-// forgetAnnouncers stops acknowledging peers whose latest exchange report leaves the key out: they forgot it.
+// forgetAnnouncers stops acknowledging peers whose latest report leaves the key out (they forgot it).
 func (s *State) forgetAnnouncers(ks *keyState) {
 	for k := 0; k < s.n; k++ {
 		if bit := uint64(1) << k; ks.announcing&bit != 0 && s.exchEpoch[k] != 0 && ks.seen[k] != s.exchEpoch[k] {
@@ -110,7 +110,7 @@ func (s *State) forgetAnnouncers(ks *keyState) {
 	}
 }
 
-// canRetire decides whether an idle key that moves nothing may retire: quiet for Grace, at rest, and settled.
+// canRetire decides whether an idle key moving nothing may retire: quiet for Grace, at rest, settled.
 func (s *State) canRetire(now time.Time, ks *keyState, sh int64) bool {
 	return now.Sub(ks.lastTransfer) >= s.cfg.Grace && s.atRest(now, ks, sh) && s.settled(ks)
 }
@@ -124,7 +124,7 @@ func (s *State) retire(now time.Time, ks *keyState, p *Plan) {
 	p.Retire = append(p.Retire, ks.key)
 }
 
-// planStep decides the key's new applied share and adds it to p, as a Lower or a Raise entry, unless nothing changes.
+// planStep decides the key's new applied share and adds it to p, unless nothing changes.
 func (s *State) planStep(ks *keyState, sh int64, gifts, takes []int64, p *Plan) {
 	ns := sh
 	for k := 0; k < s.n; k++ {

@@ -65,7 +65,7 @@ type inbound struct {
 	myCol    int    // our column in the report, -1 when it has none
 }
 
-// checkSender validates the report's shape and finds its sender's region k; echo is our own report, which Receive ignores.
+// checkSender validates the report's shape and finds its sender's region; echo: our own report.
 func (s *State) checkSender(r *Report) (k int, echo bool, err error) {
 	if _, err := checkShape(r); err != nil {
 		return 0, false, err
@@ -77,7 +77,7 @@ func (s *State) checkSender(r *Report) (k int, echo bool, err error) {
 	return k, k == s.self && r.Replica == s.cfg.Replica, nil
 }
 
-// checkStale rejects a report not newer than the last of its kind from its replica, or than the last exchange report of region k.
+// checkStale rejects a report not newer than the last one of its kind from its replica or region.
 func (s *State) checkStale(r *Report, k, slot int, known, exchange bool) error {
 	if known {
 		// A replica sends up to two reports an epoch, its tallies and then
@@ -98,7 +98,7 @@ func (s *State) checkStale(r *Report, k, slot int, known, exchange bool) error {
 	return nil
 }
 
-// findKeys fills s.recvKS with each entry's key (nil: not held) and rejects the report if a counter of a known generation went down.
+// findKeys fills s.recvKS with each entry's key (nil: not held), rejecting counters that went down.
 func (s *State) findKeys(r *Report, in *inbound) error {
 	s.recvKS = s.recvKS[:0]
 	for i := range r.Keys {
@@ -115,7 +115,7 @@ func (s *State) findKeys(r *Report, in *inbound) error {
 	return nil
 }
 
-// noteReport records the report as its replica's latest of its kind, and an exchange report as region k's latest.
+// noteReport records the report as its replica's latest, and an exchange report as its region's.
 func (s *State) noteReport(now time.Time, r *Report, k, slot int, exchange bool) {
 	rep := &s.replicas[slot]
 	rep.lastEpoch, rep.lastHeard = max(rep.lastEpoch, r.Epoch), now
@@ -130,7 +130,7 @@ func (s *State) noteReport(now time.Time, r *Report, k, slot int, exchange bool)
 	}
 }
 
-// mergeKey merges one entry into ks (nil: created if worth it): the replica's tallies and, in a peer's exchange report, its state.
+// mergeKey merges one entry into ks (nil: created if worth it): tallies, and a peer's exchange state.
 func (s *State) mergeKey(now time.Time, in *inbound, e *KeyReport, ks *keyState) {
 	if ks == nil {
 		if !s.worthCreating(e, in.exchange) {
@@ -150,7 +150,7 @@ func (s *State) mergeKey(now time.Time, in *inbound, e *KeyReport, ks *keyState)
 	s.mergeExits(now, ks, k, e, in.myCol)
 }
 
-// mergeExits settles against peer k's exit records, takes its acknowledgements of ours, and notes whether it announces any.
+// mergeExits settles against peer k's exit records, takes its acknowledgements, notes if it announces.
 func (s *State) mergeExits(now time.Time, ks *keyState, k int, e *KeyReport, myCol int) {
 	if myCol >= 0 {
 		for x := range e.Exits {

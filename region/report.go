@@ -186,7 +186,7 @@ func checkKeyShape(r *Report, i, self int) error {
 	return checkExitsShape(r, k)
 }
 
-// checkKeyRows decides whether an entry's rows are in range and give nothing to the sender (column self) itself.
+// checkKeyRows decides whether an entry's rows are in range and give nothing to the sender (self).
 func checkKeyRows(r *Report, k *KeyReport, self int) error {
 	if err := checkRow(r, k, "Row", k.Row, false); err != nil {
 		return err
@@ -205,7 +205,7 @@ func checkKeyRows(r *Report, k *KeyReport, self int) error {
 	return nil
 }
 
-// checkExitsShape decides whether an entry's exit records are in order, older than its generation, and in range.
+// checkExitsShape decides whether an entry's exit records are in order and in range.
 func checkExitsShape(r *Report, k *KeyReport) error {
 	for x := range k.Exits {
 		e := &k.Exits[x]
@@ -225,7 +225,7 @@ func checkExitsShape(r *Report, k *KeyReport) error {
 	return nil
 }
 
-// checkRow decides whether row v has a column per region of r, each in [0, maxCounter]; an optional one may be empty.
+// checkRow decides whether row v has a column per region, each in [0, maxCounter] (optional: or none).
 func checkRow(r *Report, k *KeyReport, what string, v []int64, optional bool) error {
 	if len(v) == 0 && optional {
 		return nil

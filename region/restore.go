@@ -45,7 +45,7 @@ func badSnapshot(region, format string, args ...any) error {
 	return fmt.Errorf("%w: snapshot of %q: %s", ErrMalformed, region, fmt.Sprintf(format, args...))
 }
 
-// checkSnapshot decides whether snap can be restored here: this region's, with sorted regions including us, and well-formed keys.
+// checkSnapshot decides whether snap can be restored here: this region's, and well formed.
 func (s *State) checkSnapshot(snap *Snapshot) error {
 	if snap.Region != s.cfg.Self {
 		return fmt.Errorf("%w: snapshot of %q restored in %q", ErrUnknownRegion, snap.Region, s.cfg.Self)
@@ -91,7 +91,7 @@ func checkKeySnapshot(region string, k *KeySnapshot, m int) error {
 	return checkExitSnapshots(region, k, m)
 }
 
-// checkKeyCounters decides whether the counters, smoothed demand and base of a key in a generation are in range.
+// checkKeyCounters decides whether a key's counters, smoothed demand and base are in range.
 func checkKeyCounters(region string, k *KeySnapshot, m int) error {
 	for _, v := range []struct {
 		what string
@@ -115,7 +115,7 @@ func checkKeyCounters(region string, k *KeySnapshot, m int) error {
 	return nil
 }
 
-// checkExitSnapshots decides whether a key's exit records are in order, older than its generation, and in range.
+// checkExitSnapshots decides whether a key's exit records are in order and in range.
 func checkExitSnapshots(region string, k *KeySnapshot, m int) error {
 	for e := range k.Exits {
 		x := &k.Exits[e]
@@ -147,7 +147,7 @@ func checkCounters(region, key, what string, v []int64, m int) error {
 	return nil
 }
 
-// restoreKey adds a key of a valid snapshot, its columns mapped by cols (-1: a region no longer configured).
+// restoreKey adds a key of a valid snapshot, its columns mapped by cols (-1: a region gone).
 func (s *State) restoreKey(k *KeySnapshot, cols []int) {
 	ks := s.addKey(k.Key)
 	ks.created, ks.lastDemand, ks.lastTransfer = time.Time{}, time.Time{}, time.Time{}
@@ -213,7 +213,7 @@ func (s *State) keepTallies(old []*keyState) {
 	}
 }
 
-// restoreHeard raises when each region was last heard to the snapshot's, so that older reports stay stale.
+// restoreHeard raises when each region was last heard to the snapshot's: older reports stay stale.
 func (s *State) restoreHeard(snap *Snapshot, cols []int) {
 	for c, j := range cols {
 		if j >= 0 {

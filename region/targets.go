@@ -87,7 +87,7 @@ func (t *targeter) asks(need []float64, floorPPM int64, tot float64) float64 {
 	return sumAsk
 }
 
-// spread gives every region its ask plus a part of rest in proportion to weights (equal parts when none is positive).
+// spread gives every region its ask plus a part of rest in proportion to weights (or equal parts).
 func (t *targeter) spread(rest float64, weights []int64) {
 	n := len(t.ask)
 	var sumW float64

@@ -28,7 +28,7 @@ func (s *State) targets(now time.Time, ks *keyState, pol KeyPolicy, sh int64, id
 	return s.t
 }
 
-// liveRegions decides which regions are live for the key (s.live, s.recv) and freezes the others (s.t); it returns the frozen total.
+// liveRegions decides which regions are live (s.live, s.recv); it freezes the others and returns their total.
 func (s *State) liveRegions(now time.Time, ks *keyState, sh int64, idle bool) (frozen int64) {
 	me, cfg := s.self, &s.cfg
 	s.live = s.live[:0]
