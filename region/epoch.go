@@ -26,14 +26,20 @@ func (s *State) epochKey(now time.Time, ks *keyState, p *Plan) bool {
 	if !s.tallied {
 		ks.pub, ks.cur0 = ks.cur0, tally{}
 	}
-	s.dropDoneExits(now, ks)
+	if len(ks.exits) > 0 { // most keys have none: spare them the call
+		s.dropDoneExits(now, ks)
+	}
 	s.forgetAnnouncers(ks)
 
 	// Generation: enter one, or follow a peer to a newer one.
-	if ks.gen == 0 && !active && !s.pendingGifts(ks) {
-		return s.keepTombstone(ks)
+	if ks.gen == 0 {
+		if !active && !s.pendingGifts(ks) {
+			return s.keepTombstone(ks)
+		}
+		s.enter(now, ks, s.initial[s.self])
+	} else if g := s.highestPeerGen(ks); g > ks.gen {
+		s.followPeer(now, ks)
 	}
-	s.moveGeneration(now, ks)
 
 	sh := s.own(ks)
 	idle := now.Sub(ks.lastDemand) >= s.cfg.IdleAfter

@@ -25,17 +25,13 @@ func (s *State) keepTombstone(ks *keyState) bool {
 	return len(ks.exits) > 0 || ks.announcing != 0 || s.highestPeerGen(ks) > 0
 }
 
-// moveGeneration enters a generation for a key outside one, or follows a peer to a newer generation.
-func (s *State) moveGeneration(now time.Time, ks *keyState) {
-	if ks.gen == 0 {
-		s.enter(now, ks, s.initial[s.self])
-	} else if g := s.highestPeerGen(ks); g > ks.gen {
-		// Carry our share over, without the reclaims the victims have not
-		// acknowledged: a generation change ends a reclaim, and what the
-		// victim did not apply stays the victim's.
-		s.leave(now, ks, true)
-		s.enter(now, ks, clamp(s.exitShare(ks), -PPM, PPM))
-	}
+// followPeer moves the key to the newer generation a peer is in, carrying our share over.
+func (s *State) followPeer(now time.Time, ks *keyState) {
+	// Carry our share over, without the reclaims the victims have not
+	// acknowledged: a generation change ends a reclaim, and what the victim
+	// did not apply stays the victim's.
+	s.leave(now, ks, true)
+	s.enter(now, ks, clamp(s.exitShare(ks), -PPM, PPM))
 }
 
 // enter puts the key in the newest generation a peer is in, or in a new one
