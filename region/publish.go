@@ -32,7 +32,8 @@ func (s *State) Report() Report {
 	ackBuf := make([]uint64, acks)
 	for _, ks := range s.keys {
 		if reported(ks) {
-			r.Keys = append(r.Keys, s.keyReport(ks, &b, &ackBuf))
+			r.Keys = append(r.Keys, KeyReport{})
+			s.keyReport(&r.Keys[len(r.Keys)-1], ks, &b, &ackBuf)
 		}
 	}
 	return r
@@ -57,16 +58,12 @@ func (s *State) reportSize() (entries, ints, acks int) {
 	return entries, ints, acks
 }
 
-// keyReport returns a key's entry in our report, its rows carved from b and acks.
-func (s *State) keyReport(ks *keyState, b *rowSlab, acks *[]uint64) KeyReport {
+// keyReport fills e, a key's entry in our report, its rows carved from b and acks.
+func (s *State) keyReport(e *KeyReport, ks *keyState, b *rowSlab, acks *[]uint64) {
 	n := s.n
-	e := KeyReport{
-		Key:        ks.key,
-		Generation: ks.gen,
-		SharePPM:   s.Share(ks.key),
-		Demand:     ks.pub.demand,
-		Granted:    ks.pub.granted,
-	}
+	e.Key, e.Generation = ks.key, ks.gen
+	e.SharePPM = s.Share(ks.key)
+	e.Demand, e.Granted = ks.pub.demand, ks.pub.granted
 	if ks.gen != 0 {
 		e.Base = s.effectiveBase(ks)
 		e.Row = b.take(s.ownRow(ks))
@@ -88,7 +85,6 @@ func (s *State) keyReport(ks *keyState, b *rowSlab, acks *[]uint64) KeyReport {
 			InTaken:    b.takeOpt(x.intake),
 		})
 	}
-	return e
 }
 
 // rowSlab hands out rows of n counters, copies of ours, carved from one

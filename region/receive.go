@@ -48,9 +48,7 @@ func (s *State) Receive(now time.Time, r Report) error {
 	}
 	s.noteReport(now, &r, k, slot, in.exchange)
 	in.slot, in.inc = int32(slot), s.replicas[slot].inc
-	for i := range r.Keys {
-		s.mergeKey(now, &in, &r.Keys[i], s.recvKS[i])
-	}
+	s.mergeKeys(now, &r, &in)
 	return nil
 }
 
@@ -130,40 +128,49 @@ func (s *State) noteReport(now time.Time, r *Report, k, slot int, exchange bool)
 	}
 }
 
-// mergeKey merges one entry into ks (nil: created if worth it): tallies, and a peer's exchange state.
-func (s *State) mergeKey(now time.Time, in *inbound, e *KeyReport, ks *keyState) {
-	if ks == nil {
-		if !s.worthCreating(e, in.exchange) {
-			return
+// mergeKeys merges each entry into its key (created if worth it): tallies, and a peer's exchange state.
+func (s *State) mergeKeys(now time.Time, r *Report, in *inbound) {
+	k, exchange, cols, myCol := in.k, in.exchange, in.cols, in.myCol
+	for i := range r.Keys {
+		e := &r.Keys[i]
+		ks := s.recvKS[i]
+		if ks == nil {
+			if !s.worthCreating(e, exchange) {
+				continue
+			}
+			ks = s.addKey(e.Key)
 		}
-		ks = s.addKey(e.Key)
+		ks.setTally(in.slot, in.inc, in.epoch, e.Demand, e.Granted)
+		if !exchange {
+			continue
+		}
+		ks.seen[k], ks.cur[k], ks.shares[k] = in.epoch, e.Generation, e.SharePPM
+		if e.Generation != 0 {
+			s.mergeRow(now, ks, k, e, cols, myCol)
+		}
+		if myCol >= 0 && (len(e.Exits) > 0 || len(e.Settled) > 0) {
+			s.settleExits(now, ks, k, e, myCol)
+		}
+		ks.noteAnnouncing(k, e)
 	}
-	ks.setTally(in.slot, in.inc, in.epoch, e.Demand, e.Granted)
-	if !in.exchange {
-		return
-	}
-	k := in.k
-	ks.seen[k], ks.cur[k], ks.shares[k] = in.epoch, e.Generation, e.SharePPM
-	if e.Generation != 0 {
-		s.mergeRow(now, ks, k, e, in.cols, in.myCol)
-	}
-	s.mergeExits(now, ks, k, e, in.myCol)
 }
 
-// mergeExits settles against peer k's exit records, takes its acknowledgements, notes if it announces.
-func (s *State) mergeExits(now time.Time, ks *keyState, k int, e *KeyReport, myCol int) {
-	if myCol >= 0 {
-		for x := range e.Exits {
-			s.settle(now, ks, k, &e.Exits[x], myCol)
-		}
-		if len(e.Settled) > 0 {
-			for _, x := range ks.exits {
-				if e.Settled[myCol] >= x.gen {
-					x.acked |= 1 << k
-				}
+// settleExits settles against peer k's exit records for the key and takes its acknowledgements of ours.
+func (s *State) settleExits(now time.Time, ks *keyState, k int, e *KeyReport, myCol int) {
+	for x := range e.Exits {
+		s.settle(now, ks, k, &e.Exits[x], myCol)
+	}
+	if len(e.Settled) > 0 {
+		for _, x := range ks.exits {
+			if e.Settled[myCol] >= x.gen {
+				x.acked |= 1 << k
 			}
 		}
 	}
+}
+
+// noteAnnouncing notes whether peer k still announces exit records for the key, awaiting our acknowledgement.
+func (ks *keyState) noteAnnouncing(k int, e *KeyReport) {
 	if n := len(e.Exits); n > 0 {
 		ks.settled[k] = max(ks.settled[k], e.Exits[n-1].Generation)
 		ks.announcing |= 1 << k

@@ -183,21 +183,24 @@ func checkKeyShape(r *Report, i, self int) error {
 	} else if err := checkKeyRows(r, k, self); err != nil {
 		return err
 	}
+	if len(k.Exits) == 0 {
+		return nil // most entries: spare them the call
+	}
 	return checkExitsShape(r, k)
 }
 
 // checkKeyRows decides whether an entry's rows are in range and give nothing to the sender (self).
 func checkKeyRows(r *Report, k *KeyReport, self int) error {
-	if err := checkRow(r, k, "Row", k.Row, false); err != nil {
-		return err
-	}
-	for _, v := range []struct {
-		what string
-		row  []int64
-	}{{"Taken", k.Taken}, {"In", k.In}, {"InTaken", k.InTaken}} {
-		if err := checkRow(r, k, v.what, v.row, true); err != nil {
-			return err
-		}
+	n := len(r.Regions)
+	switch { // Row is required; Taken, In and InTaken may be empty
+	case !rowOK(k.Row, n):
+		return badRow(r, k, "Row", k.Row)
+	case len(k.Taken) > 0 && !rowOK(k.Taken, n):
+		return badRow(r, k, "Taken", k.Taken)
+	case len(k.In) > 0 && !rowOK(k.In, n):
+		return badRow(r, k, "In", k.In)
+	case len(k.InTaken) > 0 && !rowOK(k.InTaken, n):
+		return badRow(r, k, "InTaken", k.InTaken)
 	}
 	if k.Row[self] != 0 || (len(k.Taken) > 0 && k.Taken[self] != 0) {
 		return badReport(r, "key %q: a region gives to itself", k.Key)
@@ -207,29 +210,41 @@ func checkKeyRows(r *Report, k *KeyReport, self int) error {
 
 // checkExitsShape decides whether an entry's exit records are in order and in range.
 func checkExitsShape(r *Report, k *KeyReport) error {
+	n := len(r.Regions)
 	for x := range k.Exits {
 		e := &k.Exits[x]
 		if e.Generation == 0 || (k.Generation != 0 && e.Generation >= k.Generation) || (x > 0 && e.Generation <= k.Exits[x-1].Generation) {
 			return badReport(r, "key %q: exit of generation %d, current %d", k.Key, e.Generation, k.Generation)
 		}
-		for _, v := range []struct {
-			what string
-			row  []int64
-			opt  bool
-		}{{"Exit.Row", e.Row, false}, {"Exit.Taken", e.Taken, true}, {"Exit.In", e.In, false}, {"Exit.InTaken", e.InTaken, true}} {
-			if err := checkRow(r, k, v.what, v.row, v.opt); err != nil {
-				return err
-			}
+		switch { // Row and In are required; Taken and InTaken may be empty
+		case !rowOK(e.Row, n):
+			return badRow(r, k, "Exit.Row", e.Row)
+		case len(e.Taken) > 0 && !rowOK(e.Taken, n):
+			return badRow(r, k, "Exit.Taken", e.Taken)
+		case !rowOK(e.In, n):
+			return badRow(r, k, "Exit.In", e.In)
+		case len(e.InTaken) > 0 && !rowOK(e.InTaken, n):
+			return badRow(r, k, "Exit.InTaken", e.InTaken)
 		}
 	}
 	return nil
 }
 
-// checkRow decides whether row v has a column per region, each in [0, maxCounter] (optional: or none).
-func checkRow(r *Report, k *KeyReport, what string, v []int64, optional bool) error {
-	if len(v) == 0 && optional {
-		return nil
+// rowOK reports whether row v has n columns, each in [0, maxCounter]; small enough to inline.
+func rowOK(v []int64, n int) bool {
+	if len(v) != n {
+		return false
 	}
+	for _, x := range v {
+		if x < 0 || x > maxCounter {
+			return false
+		}
+	}
+	return true
+}
+
+// badRow is the error for row v of entry k, which rowOK rejected.
+func badRow(r *Report, k *KeyReport, what string, v []int64) error {
 	if n := len(r.Regions); len(v) != n {
 		return badReport(r, "key %q: %s has %d columns, want %d", k.Key, what, len(v), n)
 	}
@@ -238,7 +253,7 @@ func checkRow(r *Report, k *KeyReport, what string, v []int64, optional bool) er
 			return badReport(r, "key %q: %s[%d] = %d out of range", k.Key, what, j, x)
 		}
 	}
-	return nil
+	return nil // not reached: rowOK rejected v
 }
 
 // maxCounter bounds a cumulative counter. Counters grow by at most PPM per

@@ -107,7 +107,8 @@ func (s *State) Snapshot() Snapshot {
 	}
 	for _, ks := range s.keys {
 		if persisted(ks) {
-			snap.Keys = append(snap.Keys, s.keySnapshot(ks, &b))
+			snap.Keys = append(snap.Keys, KeySnapshot{})
+			s.keySnapshot(&snap.Keys[len(snap.Keys)-1], ks, &b)
 		}
 	}
 	return snap
@@ -151,10 +152,10 @@ type snapBufs struct {
 	exits  []ExitSnapshot
 }
 
-// keySnapshot returns the persistent state of a key, its slices carved from b.
-func (s *State) keySnapshot(ks *keyState, b *snapBufs) KeySnapshot {
+// keySnapshot fills k, the persistent state of a key, its slices carved from b.
+func (s *State) keySnapshot(k *KeySnapshot, ks *keyState, b *snapBufs) {
 	n := s.n
-	k := KeySnapshot{Key: ks.key, Generation: ks.gen, GenerationFloor: ks.floor, Settled: b.gens[:n:n]}
+	k.Key, k.Generation, k.GenerationFloor, k.Settled = ks.key, ks.gen, ks.floor, b.gens[:n:n]
 	b.gens = b.gens[n:]
 	copy(k.Settled, ks.settled)
 	if ks.gen != 0 {
@@ -171,7 +172,6 @@ func (s *State) keySnapshot(ks *keyState, b *snapBufs) KeySnapshot {
 	if len(ks.exits) > 0 {
 		k.Exits = b.exitSnapshots(ks.exits)
 	}
-	return k
 }
 
 // exitSnapshots returns the persisted exit records of a key, carved from b.
