@@ -17,6 +17,23 @@ func (s *State) pendingGifts(ks *keyState) bool {
 	return false
 }
 
+// keepTombstone decides whether a key outside any generation and without demand is kept.
+func (s *State) keepTombstone(ks *keyState) bool {
+	// Keep a tombstone announcing its exit, a key a peer still exchanges
+	// (to join its generation on demand), or one whose peers' exit
+	// records we acknowledge.
+	return len(ks.exits) > 0 || ks.announcing != 0 || s.highestPeerGen(ks) > 0
+}
+
+// followPeer moves the key to the newer generation a peer is in, carrying our share over.
+func (s *State) followPeer(now time.Time, ks *keyState) {
+	// Carry our share over, without the reclaims the victims have not
+	// acknowledged: a generation change ends a reclaim, and what the victim
+	// did not apply stays the victim's.
+	s.leave(now, ks, true)
+	s.enter(now, ks, clamp(s.exitShare(ks), -PPM, PPM))
+}
+
 // enter puts the key in the newest generation a peer is in, or in a new one
 // when we may not enter that (we left it, or one newer), with base share.
 func (s *State) enter(now time.Time, ks *keyState, base int64) {

@@ -18,7 +18,30 @@ import (
 // The slices in the report are freshly allocated; the caller may keep it.
 func (s *State) Report() Report {
 	n := s.n
-	var entries, ints, acks int
+	entries, ints, acks := s.reportSize()
+	r := Report{
+		Region:   s.cfg.Self,
+		Replica:  s.cfg.Replica,
+		Epoch:    s.epoch,
+		SentAt:   s.now,
+		Exchange: true,
+		Regions:  slices.Clone(s.cfg.Regions),
+		Keys:     make([]KeyReport, 0, entries),
+	}
+	b := rowSlab{buf: make([]int64, ints), n: n}
+	ackBuf := make([]uint64, acks)
+	for _, ks := range s.keys {
+		if reported(ks) {
+			r.Keys = append(r.Keys, KeyReport{})
+			s.keyReport(&r.Keys[len(r.Keys)-1], ks, &b, &ackBuf)
+		}
+	}
+	return r
+}
+
+// reportSize counts what Report holds: entries, and values of counters and of acknowledgements.
+func (s *State) reportSize() (entries, ints, acks int) {
+	n := s.n
 	for _, ks := range s.keys {
 		if !reported(ks) {
 			continue
@@ -32,66 +55,62 @@ func (s *State) Report() Report {
 		}
 		ints += 4 * n * len(ks.exits)
 	}
-	r := Report{
-		Region:   s.cfg.Self,
-		Replica:  s.cfg.Replica,
-		Epoch:    s.epoch,
-		SentAt:   s.now,
-		Exchange: true,
-		Regions:  slices.Clone(s.cfg.Regions),
-		Keys:     make([]KeyReport, 0, entries),
+	return entries, ints, acks
+}
+
+// keyReport fills e, a key's entry in our report, its rows carved from b and acks.
+func (s *State) keyReport(e *KeyReport, ks *keyState, b *rowSlab, acks *[]uint64) {
+	n := s.n
+	e.Key, e.Generation = ks.key, ks.gen
+	e.SharePPM = s.Share(ks.key)
+	e.Demand, e.Granted = ks.pub.demand, ks.pub.granted
+	if ks.gen != 0 {
+		e.Base = s.effectiveBase(ks)
+		e.Row = b.take(s.ownRow(ks))
+		e.Taken = b.takeOpt(s.ownTaken(ks))
+		e.In = b.takeOpt(ks.in)
+		e.InTaken = b.takeOpt(ks.inTakenStored)
 	}
-	buf := make([]int64, ints)
-	ackBuf := make([]uint64, acks)
-	take := func(v []int64) []int64 {
-		out := buf[:n:n]
-		buf = buf[n:]
-		copy(out, v)
-		return out
+	if ks.announcing != 0 {
+		e.Settled = (*acks)[:n:n]
+		*acks = (*acks)[n:]
+		copy(e.Settled, ks.settled)
 	}
-	takeOpt := func(v []int64) []int64 {
-		for _, x := range v {
-			if x != 0 {
-				return take(v)
-			}
-		}
-		return nil
+	for _, x := range ks.exits {
+		e.Exits = append(e.Exits, Exit{
+			Generation: x.gen,
+			Row:        b.take(x.row),
+			Taken:      b.takeOpt(x.taken),
+			In:         b.take(x.in),
+			InTaken:    b.takeOpt(x.intake),
+		})
 	}
-	for _, ks := range s.keys {
-		if !reported(ks) {
-			continue
+}
+
+// rowSlab hands out rows of n counters, copies of ours, carved from one
+// allocation: a report or snapshot of many keys allocates a handful of
+// slabs rather than a row per key.
+type rowSlab struct {
+	buf []int64
+	n   int
+}
+
+// take returns a copy of v carved from the slab.
+func (b *rowSlab) take(v []int64) []int64 {
+	out := b.buf[:b.n:b.n]
+	b.buf = b.buf[b.n:]
+	copy(out, v)
+	return out
+}
+
+// takeOpt is take for a row sent only when not all zero (nil then).
+func (b *rowSlab) takeOpt(v []int64) []int64 {
+	for _, x := range v {
+		if x != 0 {
+			return b.take(v)
 		}
-		e := KeyReport{
-			Key:        ks.key,
-			Generation: ks.gen,
-			SharePPM:   s.Share(ks.key),
-			Demand:     ks.pub.demand,
-			Granted:    ks.pub.granted,
-		}
-		if ks.gen != 0 {
-			e.Base = s.effectiveBase(ks)
-			e.Row = take(s.ownRow(ks))
-			e.Taken = takeOpt(s.ownTaken(ks))
-			e.In = takeOpt(ks.in)
-			e.InTaken = takeOpt(ks.inTakenStored)
-		}
-		if ks.announcing != 0 {
-			e.Settled = ackBuf[:n:n]
-			ackBuf = ackBuf[n:]
-			copy(e.Settled, ks.settled)
-		}
-		for _, x := range ks.exits {
-			e.Exits = append(e.Exits, Exit{
-				Generation: x.gen,
-				Row:        take(x.row),
-				Taken:      takeOpt(x.taken),
-				In:         take(x.in),
-				InTaken:    takeOpt(x.intake),
-			})
-		}
-		r.Keys = append(r.Keys, e)
 	}
-	return r
+	return nil
 }
 
 // reported reports whether a key goes in our exchange reports: we have

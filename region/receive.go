@@ -21,17 +21,62 @@ import (
 // Rows of reports from other replicas of this region are ignored: only this
 // region's exchanging replica writes its row, and that is this State.
 func (s *State) Receive(now time.Time, r Report) error {
-	if _, err := checkShape(&r); err != nil {
+	k, echo, err := s.checkSender(&r)
+	if err != nil || echo {
 		return err
+	}
+	slot, known := s.replicaBy[replicaKey(r.Region, r.Replica)]
+	in := inbound{k: k, epoch: r.Epoch, exchange: r.Exchange && k != s.self}
+	if err := s.checkStale(&r, k, slot, known, in.exchange); err != nil {
+		return err
+	}
+	in.cols, in.myCol = s.columns(r.Regions), -1
+	for c, j := range in.cols {
+		if j == s.self {
+			in.myCol = c
+		}
+	}
+
+	// Pass 1: find the keys and reject regressions before changing anything.
+	if err := s.findKeys(&r, &in); err != nil {
+		return err
+	}
+
+	// Pass 2: merge.
+	if !known {
+		slot = int(s.slotFor(k, r.Replica))
+	}
+	s.noteReport(now, &r, k, slot, in.exchange)
+	in.slot, in.inc = int32(slot), s.replicas[slot].inc
+	s.mergeKeys(now, &r, &in)
+	return nil
+}
+
+// inbound is the report being received, as this State indexes it.
+type inbound struct {
+	k        int    // the sender's region
+	slot     int32  // the sender replica's slot (set for pass 2)
+	inc      uint32 // the incarnation of that slot (set for pass 2)
+	epoch    uint64 // the report's epoch
+	exchange bool   // an exchange report of a peer region: its rows are merged
+	cols     []int  // the report's columns mapped to our regions (-1: unknown)
+	myCol    int    // our column in the report, -1 when it has none
+}
+
+// checkSender validates the report's shape and finds its sender's region; echo: our own report.
+func (s *State) checkSender(r *Report) (k int, echo bool, err error) {
+	if _, err := checkShape(r); err != nil {
+		return 0, false, err
 	}
 	k, ok := s.index[r.Region]
 	if !ok {
-		return fmt.Errorf("%w: report from %q, not in %v", ErrUnknownRegion, r.Region, s.cfg.Regions)
+		return 0, false, fmt.Errorf("%w: report from %q, not in %v", ErrUnknownRegion, r.Region, s.cfg.Regions)
 	}
-	if k == s.self && r.Replica == s.cfg.Replica {
-		return nil
-	}
-	slot, known := s.replicaBy[replicaKey(r.Region, r.Replica)]
+	return k, k == s.self && r.Replica == s.cfg.Replica, nil
+}
+
+// checkStale rejects a report not newer than the last one of its kind from its replica or region.
+func (s *State) checkStale(r *Report, k, slot int, known, exchange bool) error {
 	if known {
 		// A replica sends up to two reports an epoch, its tallies and then
 		// (when it runs the exchange) its decisions: each kind in order.
@@ -43,38 +88,33 @@ func (s *State) Receive(now time.Time, r Report) error {
 			return fmt.Errorf("%w: report from %q/%q epoch %d, have epoch %d", ErrStale, r.Region, r.Replica, r.Epoch, last)
 		}
 	}
-	exchange := r.Exchange && k != s.self
 	if exchange && r.Epoch <= s.exchEpoch[k] {
 		// Exchange epochs of a region only grow, across restarts and
 		// fail-overs too (they are persisted): this one is old.
 		return fmt.Errorf("%w: exchange report from %q epoch %d, have epoch %d", ErrStale, r.Region, r.Epoch, s.exchEpoch[k])
 	}
-	cols := s.columns(r.Regions)
-	myCol := -1
-	for c, j := range cols {
-		if j == s.self {
-			myCol = c
-		}
-	}
+	return nil
+}
 
-	// Pass 1: find the keys and reject regressions before changing anything.
+// findKeys fills s.recvKS with each entry's key (nil: not held), rejecting counters that went down.
+func (s *State) findKeys(r *Report, in *inbound) error {
 	s.recvKS = s.recvKS[:0]
 	for i := range r.Keys {
 		e := &r.Keys[i]
 		ks := s.byKey[e.Key]
 		s.recvKS = append(s.recvKS, ks)
-		if ks == nil || !exchange || e.Generation == 0 {
+		if ks == nil || !in.exchange || e.Generation == 0 {
 			continue
 		}
-		if err := s.checkRegress(ks, k, e, cols, myCol); err != nil {
+		if err := s.checkRegress(ks, in.k, e, in.cols, in.myCol); err != nil {
 			return fmt.Errorf("%w: report from %q/%q epoch %d", err, r.Region, r.Replica, r.Epoch)
 		}
 	}
+	return nil
+}
 
-	// Pass 2: merge.
-	if !known {
-		slot = int(s.slotFor(k, r.Replica))
-	}
+// noteReport records the report as its replica's latest, and an exchange report as its region's.
+func (s *State) noteReport(now time.Time, r *Report, k, slot int, exchange bool) {
 	rep := &s.replicas[slot]
 	rep.lastEpoch, rep.lastHeard = max(rep.lastEpoch, r.Epoch), now
 	if r.Exchange {
@@ -86,6 +126,11 @@ func (s *State) Receive(now time.Time, r Report) error {
 		s.exchEpoch[k] = r.Epoch
 		s.exchHeard[k] = now
 	}
+}
+
+// mergeKeys merges each entry into its key (created if worth it): tallies, and a peer's exchange state.
+func (s *State) mergeKeys(now time.Time, r *Report, in *inbound) {
+	k, exchange, cols, myCol := in.k, in.exchange, in.cols, in.myCol
 	for i := range r.Keys {
 		e := &r.Keys[i]
 		ks := s.recvKS[i]
@@ -95,34 +140,43 @@ func (s *State) Receive(now time.Time, r Report) error {
 			}
 			ks = s.addKey(e.Key)
 		}
-		ks.setTally(int32(slot), rep.inc, r.Epoch, e.Demand, e.Granted)
+		ks.setTally(in.slot, in.inc, in.epoch, e.Demand, e.Granted)
 		if !exchange {
 			continue
 		}
-		ks.seen[k], ks.cur[k], ks.shares[k] = r.Epoch, e.Generation, e.SharePPM
+		ks.seen[k], ks.cur[k], ks.shares[k] = in.epoch, e.Generation, e.SharePPM
 		if e.Generation != 0 {
 			s.mergeRow(now, ks, k, e, cols, myCol)
 		}
-		if myCol >= 0 {
-			for x := range e.Exits {
-				s.settle(now, ks, k, &e.Exits[x], myCol)
-			}
-			if len(e.Settled) > 0 {
-				for _, x := range ks.exits {
-					if e.Settled[myCol] >= x.gen {
-						x.acked |= 1 << k
-					}
-				}
-			}
+		if myCol >= 0 && (len(e.Exits) > 0 || len(e.Settled) > 0) {
+			s.settleExits(now, ks, k, e, myCol)
 		}
-		if n := len(e.Exits); n > 0 {
-			ks.settled[k] = max(ks.settled[k], e.Exits[n-1].Generation)
-			ks.announcing |= 1 << k
-		} else {
-			ks.announcing &^= 1 << k
+		ks.noteAnnouncing(k, e)
+	}
+}
+
+// settleExits settles against peer k's exit records for the key and takes its acknowledgements of ours.
+func (s *State) settleExits(now time.Time, ks *keyState, k int, e *KeyReport, myCol int) {
+	for x := range e.Exits {
+		s.settle(now, ks, k, &e.Exits[x], myCol)
+	}
+	if len(e.Settled) > 0 {
+		for _, x := range ks.exits {
+			if e.Settled[myCol] >= x.gen {
+				x.acked |= 1 << k
+			}
 		}
 	}
-	return nil
+}
+
+// noteAnnouncing notes whether peer k still announces exit records for the key, awaiting our acknowledgement.
+func (ks *keyState) noteAnnouncing(k int, e *KeyReport) {
+	if n := len(e.Exits); n > 0 {
+		ks.settled[k] = max(ks.settled[k], e.Exits[n-1].Generation)
+		ks.announcing |= 1 << k
+	} else {
+		ks.announcing &^= 1 << k
+	}
 }
 
 // checkRegress reports a counter of a known generation that went down.

@@ -123,99 +123,137 @@ func (s *State) columns(regions []string) []int {
 // checkShape validates everything in r that does not depend on the
 // receiver's state. It returns the sender's column in r.Regions.
 func checkShape(r *Report) (int, error) {
-	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: report from %q/%q epoch %d: %s", ErrMalformed, r.Region, r.Replica, r.Epoch, fmt.Sprintf(format, args...))
-	}
 	if r.Region == "" || r.Replica == "" {
-		return -1, bad("empty region or replica name")
+		return -1, badReport(r, "empty region or replica name")
 	}
 	if len(r.Regions) > maxRegions {
-		return -1, bad("%d regions, more than %d", len(r.Regions), maxRegions)
+		return -1, badReport(r, "%d regions, more than %d", len(r.Regions), maxRegions)
 	}
 	self := -1
 	for i, name := range r.Regions {
 		if name == "" || (i > 0 && r.Regions[i-1] >= name) {
-			return -1, bad("Regions not sorted without duplicates at %d", i)
+			return -1, badReport(r, "Regions not sorted without duplicates at %d", i)
 		}
 		if name == r.Region {
 			self = i
 		}
 	}
 	if r.Exchange && self < 0 {
-		return -1, bad("sender region %q not in its own Regions", r.Region)
-	}
-	n := len(r.Regions)
-	row := func(what string, v []int64, k *KeyReport, optional bool) error {
-		if len(v) == 0 && optional {
-			return nil
-		}
-		if len(v) != n {
-			return bad("key %q: %s has %d columns, want %d", k.Key, what, len(v), n)
-		}
-		for j, x := range v {
-			if x < 0 || x > maxCounter {
-				return bad("key %q: %s[%d] = %d out of range", k.Key, what, j, x)
-			}
-		}
-		return nil
+		return -1, badReport(r, "sender region %q not in its own Regions", r.Region)
 	}
 	for i := range r.Keys {
-		k := &r.Keys[i]
-		switch {
-		case k.Key == "":
-			return -1, bad("key %d has an empty name", i)
-		case len(k.Settled) != 0 && len(k.Settled) != n:
-			return -1, bad("key %q: Settled has %d columns, want %d", k.Key, len(k.Settled), n)
-		case k.Demand < 0 || k.Granted < 0:
-			return -1, bad("key %q: negative tallies", k.Key)
-		case k.SharePPM < 0 || k.SharePPM > PPM:
-			return -1, bad("key %q: SharePPM %d not in [0, %d]", k.Key, k.SharePPM, PPM)
-		case k.Base < -PPM || k.Base > PPM:
-			return -1, bad("key %q: Base %d not in [%d, %d]", k.Key, k.Base, -PPM, PPM)
-		}
-		if !r.Exchange {
-			if k.Generation != 0 || len(k.Row) != 0 || len(k.Taken) != 0 || len(k.In) != 0 || len(k.InTaken) != 0 || len(k.Exits) != 0 || len(k.Settled) != 0 || k.Base != 0 {
-				return -1, bad("key %q: exchange state in a tally-only report", k.Key)
-			}
-			continue
-		}
-		if k.Generation == 0 {
-			if len(k.Row) != 0 || len(k.Taken) != 0 || len(k.In) != 0 || len(k.InTaken) != 0 || k.Base != 0 {
-				return -1, bad("key %q: rows without a generation", k.Key)
-			}
-		} else {
-			if err := row("Row", k.Row, k, false); err != nil {
-				return -1, err
-			}
-			for _, v := range []struct {
-				what string
-				row  []int64
-			}{{"Taken", k.Taken}, {"In", k.In}, {"InTaken", k.InTaken}} {
-				if err := row(v.what, v.row, k, true); err != nil {
-					return -1, err
-				}
-			}
-			if k.Row[self] != 0 || (len(k.Taken) > 0 && k.Taken[self] != 0) {
-				return -1, bad("key %q: a region gives to itself", k.Key)
-			}
-		}
-		for x := range k.Exits {
-			e := &k.Exits[x]
-			if e.Generation == 0 || (k.Generation != 0 && e.Generation >= k.Generation) || (x > 0 && e.Generation <= k.Exits[x-1].Generation) {
-				return -1, bad("key %q: exit of generation %d, current %d", k.Key, e.Generation, k.Generation)
-			}
-			for _, v := range []struct {
-				what string
-				row  []int64
-				opt  bool
-			}{{"Exit.Row", e.Row, false}, {"Exit.Taken", e.Taken, true}, {"Exit.In", e.In, false}, {"Exit.InTaken", e.InTaken, true}} {
-				if err := row(v.what, v.row, k, v.opt); err != nil {
-					return -1, err
-				}
-			}
+		if err := checkKeyShape(r, i, self); err != nil {
+			return -1, err
 		}
 	}
 	return self, nil
+}
+
+// badReport is the error for a malformed report r.
+func badReport(r *Report, format string, args ...any) error {
+	return fmt.Errorf("%w: report from %q/%q epoch %d: %s", ErrMalformed, r.Region, r.Replica, r.Epoch, fmt.Sprintf(format, args...))
+}
+
+// checkKeyShape decides whether entry i of r is well formed (self is the sender's column).
+func checkKeyShape(r *Report, i, self int) error {
+	k := &r.Keys[i]
+	n := len(r.Regions)
+	switch {
+	case k.Key == "":
+		return badReport(r, "key %d has an empty name", i)
+	case len(k.Settled) != 0 && len(k.Settled) != n:
+		return badReport(r, "key %q: Settled has %d columns, want %d", k.Key, len(k.Settled), n)
+	case k.Demand < 0 || k.Granted < 0:
+		return badReport(r, "key %q: negative tallies", k.Key)
+	case k.SharePPM < 0 || k.SharePPM > PPM:
+		return badReport(r, "key %q: SharePPM %d not in [0, %d]", k.Key, k.SharePPM, PPM)
+	case k.Base < -PPM || k.Base > PPM:
+		return badReport(r, "key %q: Base %d not in [%d, %d]", k.Key, k.Base, -PPM, PPM)
+	}
+	if !r.Exchange {
+		if k.Generation != 0 || len(k.Row) != 0 || len(k.Taken) != 0 || len(k.In) != 0 || len(k.InTaken) != 0 || len(k.Exits) != 0 || len(k.Settled) != 0 || k.Base != 0 {
+			return badReport(r, "key %q: exchange state in a tally-only report", k.Key)
+		}
+		return nil
+	}
+	if k.Generation == 0 {
+		if len(k.Row) != 0 || len(k.Taken) != 0 || len(k.In) != 0 || len(k.InTaken) != 0 || k.Base != 0 {
+			return badReport(r, "key %q: rows without a generation", k.Key)
+		}
+	} else if err := checkKeyRows(r, k, self); err != nil {
+		return err
+	}
+	if len(k.Exits) == 0 {
+		return nil // most entries: spare them the call
+	}
+	return checkExitsShape(r, k)
+}
+
+// checkKeyRows decides whether an entry's rows are in range and give nothing to the sender (self).
+func checkKeyRows(r *Report, k *KeyReport, self int) error {
+	n := len(r.Regions)
+	switch { // Row is required; Taken, In and InTaken may be empty
+	case !rowOK(k.Row, n):
+		return badRow(r, k, "Row", k.Row)
+	case len(k.Taken) > 0 && !rowOK(k.Taken, n):
+		return badRow(r, k, "Taken", k.Taken)
+	case len(k.In) > 0 && !rowOK(k.In, n):
+		return badRow(r, k, "In", k.In)
+	case len(k.InTaken) > 0 && !rowOK(k.InTaken, n):
+		return badRow(r, k, "InTaken", k.InTaken)
+	}
+	if k.Row[self] != 0 || (len(k.Taken) > 0 && k.Taken[self] != 0) {
+		return badReport(r, "key %q: a region gives to itself", k.Key)
+	}
+	return nil
+}
+
+// checkExitsShape decides whether an entry's exit records are in order and in range.
+func checkExitsShape(r *Report, k *KeyReport) error {
+	n := len(r.Regions)
+	for x := range k.Exits {
+		e := &k.Exits[x]
+		if e.Generation == 0 || (k.Generation != 0 && e.Generation >= k.Generation) || (x > 0 && e.Generation <= k.Exits[x-1].Generation) {
+			return badReport(r, "key %q: exit of generation %d, current %d", k.Key, e.Generation, k.Generation)
+		}
+		switch { // Row and In are required; Taken and InTaken may be empty
+		case !rowOK(e.Row, n):
+			return badRow(r, k, "Exit.Row", e.Row)
+		case len(e.Taken) > 0 && !rowOK(e.Taken, n):
+			return badRow(r, k, "Exit.Taken", e.Taken)
+		case !rowOK(e.In, n):
+			return badRow(r, k, "Exit.In", e.In)
+		case len(e.InTaken) > 0 && !rowOK(e.InTaken, n):
+			return badRow(r, k, "Exit.InTaken", e.InTaken)
+		}
+	}
+	return nil
+}
+
+// rowOK reports whether row v has n columns, each in [0, maxCounter]; small enough to inline.
+func rowOK(v []int64, n int) bool {
+	if len(v) != n {
+		return false
+	}
+	for _, x := range v {
+		if x < 0 || x > maxCounter {
+			return false
+		}
+	}
+	return true
+}
+
+// badRow is the error for row v of entry k, which rowOK rejected.
+func badRow(r *Report, k *KeyReport, what string, v []int64) error {
+	if n := len(r.Regions); len(v) != n {
+		return badReport(r, "key %q: %s has %d columns, want %d", k.Key, what, len(v), n)
+	}
+	for j, x := range v {
+		if x < 0 || x > maxCounter {
+			return badReport(r, "key %q: %s[%d] = %d out of range", k.Key, what, j, x)
+		}
+	}
+	return nil // not reached: rowOK rejected v
 }
 
 // maxCounter bounds a cumulative counter. Counters grow by at most PPM per

@@ -50,6 +50,7 @@ func (t *targeter) grow(n int) {
 	t.ask, t.real, t.done, t.ord = t.ask[:n], t.real[:n], t.done[:n], t.ord[:n]
 }
 
+// fill is Targets into out, with t's scratch space.
 func (t *targeter) fill(out []int64, total int64, need []float64, floorPPM int64, weights []int64) {
 	n := len(need)
 	for i := range out {
@@ -60,6 +61,17 @@ func (t *targeter) fill(out []int64, total int64, need []float64, floorPPM int64
 	}
 	t.grow(n)
 	tot := float64(total)
+	if sumAsk := t.asks(need, floorPPM, tot); sumAsk <= tot {
+		// Everyone is served; spread the rest by weight.
+		t.spread(tot-sumAsk, weights)
+	} else {
+		t.waterFill(tot)
+	}
+	t.round(out, total)
+}
+
+// asks sets each region's ask, its need plus floorPPM capped at tot, and returns their sum.
+func (t *targeter) asks(need []float64, floorPPM int64, tot float64) float64 {
 	var sumAsk float64
 	for i, v := range need {
 		if !(v > 0) { // negative or NaN
@@ -72,55 +84,60 @@ func (t *targeter) fill(out []int64, total int64, need []float64, floorPPM int64
 		t.ask[i] = a
 		sumAsk += a
 	}
-	if sumAsk <= tot {
-		// Everyone is served; spread the rest by weight.
-		var sumW float64
-		for i := range need {
-			if weights != nil && weights[i] > 0 {
-				sumW += float64(weights[i])
-			}
-		}
-		rest := tot - sumAsk
-		for i := range need {
-			w := 1.0 / float64(n)
-			if sumW > 0 {
-				w = 0
-				if weights[i] > 0 {
-					w = float64(weights[i]) / sumW
-				}
-			}
-			t.real[i] = t.ask[i] + rest*w
-		}
-	} else {
-		// Water-filling: repeatedly satisfy the asks below the current
-		// equal split of what is left; the rest share the level.
-		for i := range t.done {
-			t.done[i] = false
-		}
-		left, hungry := tot, n
-		for {
-			level := left / float64(hungry)
-			fixed := false
-			for i := range need {
-				if !t.done[i] && t.ask[i] <= level {
-					t.done[i] = true
-					t.real[i] = t.ask[i]
-					left -= t.ask[i]
-					hungry--
-					fixed = true
-				}
-			}
-			if !fixed || hungry == 0 {
-				for i := range need {
-					if !t.done[i] {
-						t.real[i] = level
-					}
-				}
-				break
-			}
+	return sumAsk
+}
+
+// spread gives every region its ask plus a part of rest in proportion to weights (or equal parts).
+func (t *targeter) spread(rest float64, weights []int64) {
+	n := len(t.ask)
+	var sumW float64
+	for i := range n {
+		if weights != nil && weights[i] > 0 {
+			sumW += float64(weights[i])
 		}
 	}
-	t.round(out, total)
+	for i := range n {
+		w := 1.0 / float64(n)
+		if sumW > 0 {
+			w = 0
+			if weights[i] > 0 {
+				w = float64(weights[i]) / sumW
+			}
+		}
+		t.real[i] = t.ask[i] + rest*w
+	}
+}
+
+// waterFill divides tot by max-min water-filling, for asks that exceed it.
+func (t *targeter) waterFill(tot float64) {
+	// Repeatedly satisfy the asks below the current equal split of what is
+	// left; the rest share the level.
+	n := len(t.ask)
+	for i := range t.done {
+		t.done[i] = false
+	}
+	left, hungry := tot, n
+	for {
+		level := left / float64(hungry)
+		fixed := false
+		for i := range n {
+			if !t.done[i] && t.ask[i] <= level {
+				t.done[i] = true
+				t.real[i] = t.ask[i]
+				left -= t.ask[i]
+				hungry--
+				fixed = true
+			}
+		}
+		if !fixed || hungry == 0 {
+			for i := range n {
+				if !t.done[i] {
+					t.real[i] = level
+				}
+			}
+			break
+		}
+	}
 }
 
 // round turns t.real into integers summing to total by largest remainder.

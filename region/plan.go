@@ -1,0 +1,220 @@
+package region
+
+import (
+	"fmt"
+	"slices"
+	"time"
+)
+
+// This file holds the outbox of an epoch and the calls that carry it out:
+// Epoch builds a Plan, Commit records it once its Lower writes are done, and
+// Apply raises shares as gifts arrive in between epochs.
+
+// Plan is the outbox of one Epoch: the store writes the caller must carry
+// out, in the order documented on State.Epoch.
+type Plan struct {
+	// Epoch is the epoch number the plan belongs to.
+	Epoch uint64
+	// Lower are shares to write to the store BEFORE Commit: each is at or
+	// below the share the store may hold, and this epoch's gifts are
+	// already taken out of it. Remove the entries whose write was not
+	// confirmed before calling Commit; their keys give nothing this epoch.
+	Lower []ShareChange
+	// Raise are shares to write after Commit (gifts received, or our gifts
+	// outweighed by those received). Their outcome never matters for
+	// safety; call Resync for a key whose write failed.
+	Raise []ShareChange
+	// Retire are keys whose exchange state was dropped at rest: delete
+	// their stored share after Commit, so the bucket falls back to the
+	// region's initial share.
+	Retire []string
+
+	seq   uint64
+	steps []step
+}
+
+// ShareChange sets the applied share of Key in this region's store.
+type ShareChange struct {
+	Key      string
+	SharePPM int64
+
+	step int32 // 1 + index in Plan.steps
+}
+
+// step is one key's part of a plan: the new applied share and the gifts and
+// reclaims to record at Commit.
+type step struct {
+	ks      *keyState
+	gen     uint64
+	applied int64
+	gifts   []int64 // nil: none
+	takes   []int64 // nil: none
+	intake  []int64 // inTaken when planned, to acknowledge at Commit (nil: unchanged)
+	entry   int8    // 0 none, 1 Lower, 2 Raise
+}
+
+// Epoch runs one sync step for every active key at now (DESIGN.md, "Each
+// epoch", steps 2 to 5, on the reports received so far) and returns what to
+// write. It closes the local tallies of the epoch, updates the demand EWMA,
+// moves keys to the newest generation, retires keys at rest, and decides
+// gifts and reclaims. Gifts are not given until Commit.
+//
+// The caller, which owns the store, then does exactly this:
+//
+//	plan := s.Epoch(now)
+//	write plan.Lower to the store; drop the entries not confirmed
+//	s.Commit(plan)        // records the gifts in our row
+//	persist s.Snapshot()  // in the region's store; if it fails, stop here
+//	publish s.Report()
+//	write plan.Raise, delete plan.Retire
+//
+// Lowering before committing means no share is ever visible to a peer while
+// we still apply it; persisting before publishing means a restarted or
+// failed-over replica never forgets a gift a peer may have seen. A plan that
+// is not committed gives nothing: the next Epoch recomputes, and rewrites
+// the shares of the keys it touched before any gift.
+func (s *State) Epoch(now time.Time) Plan {
+	if s.tallied {
+		s.now = now // the second phase: Tally numbered the epoch
+	} else {
+		s.advance(now)
+	}
+	if !s.committed {
+		for _, st := range s.open {
+			st.ks.applied = -1 // the Lower write may or may not have happened
+		}
+	}
+	s.pruneReplicas(now)
+	s.seq++
+	s.committed = false
+	p := Plan{Epoch: s.epoch, seq: s.seq}
+	for i := 0; i < len(s.keys); {
+		if s.epochKey(now, s.keys[i], &p) {
+			i++
+		} else {
+			s.removeKey(i)
+		}
+	}
+	s.open = p.steps
+	s.restored, s.tallied = false, false
+	return p
+}
+
+// advance moves the clock and the epoch number.
+func (s *State) advance(now time.Time) {
+	s.now = now
+	e := uint64(0)
+	if ns := now.UnixNano(); ns > 0 {
+		e = uint64(ns / int64(s.cfg.Period))
+	}
+	s.epoch = max(s.epoch+1, e)
+}
+
+// rowBuf returns a new row for a plan's step, a copy of v (zero when v is
+// nil), carved from a larger allocation so that a plan moving many keys
+// allocates a few slabs rather than a row per key.
+func (s *State) rowBuf(v []int64) []int64 {
+	if len(s.slab) < s.n {
+		s.slab = make([]int64, max(1024, 64*s.n))
+	}
+	row := s.slab[:s.n:s.n]
+	s.slab = s.slab[s.n:]
+	if v == nil {
+		clear(row)
+	} else {
+		copy(row, v)
+	}
+	return row
+}
+
+// Commit records the gifts and reclaims of p in our rows and its shares as
+// applied, once the caller has written p.Lower (see Epoch). Entries removed
+// from p.Lower give nothing and leave the key's applied share unknown, so
+// the next Epoch writes it again. It returns ErrStalePlan for a plan that is
+// not the latest or was committed already, and ErrInvalidPlan for entries
+// that Epoch did not produce; then nothing is recorded.
+func (s *State) Commit(p Plan) error {
+	if p.seq == 0 || p.seq != s.seq || s.committed {
+		return fmt.Errorf("%w: plan %d, latest %d", ErrStalePlan, p.seq, s.seq)
+	}
+	if cap(s.kept) < len(p.steps) {
+		s.kept = make([]bool, len(p.steps))
+	}
+	kept := s.kept[:len(p.steps)]
+	clear(kept)
+	for _, list := range []struct {
+		cs    []ShareChange
+		entry int8
+	}{{p.Lower, 1}, {p.Raise, 2}} {
+		for _, c := range list.cs {
+			i := int(c.step) - 1
+			if i < 0 || i >= len(p.steps) || p.steps[i].entry != list.entry || p.steps[i].ks.key != c.Key || p.steps[i].applied != c.SharePPM {
+				return fmt.Errorf("%w: entry %q=%d", ErrInvalidPlan, c.Key, c.SharePPM)
+			}
+			kept[i] = true
+		}
+	}
+	for i := range p.steps {
+		st := &p.steps[i]
+		ks := st.ks
+		if st.entry == 1 && !kept[i] {
+			ks.applied = -1 // the write may have happened; gifts wait
+			continue
+		}
+		if ks.gen != st.gen || s.byKey[ks.key] != ks {
+			continue // cannot happen between Epoch and Commit; stay safe
+		}
+		row, tk := s.ownRow(ks), s.ownTaken(ks)
+		for k := range row {
+			if st.gifts != nil {
+				row[k] += st.gifts[k]
+			}
+			if st.takes != nil {
+				tk[k] += st.takes[k]
+			}
+		}
+		if st.gifts != nil || st.takes != nil {
+			ks.lastTransfer = s.now
+		}
+		if st.entry != 2 || kept[i] {
+			ks.applied = st.applied
+		}
+		if st.intake != nil {
+			copy(ks.inTakenStored, st.intake)
+		}
+	}
+	s.committed = true
+	return nil
+}
+
+// Apply returns the keys whose share rose since it was last written, because
+// peers' gifts (or refunds) arrived, with the share to write: DESIGN.md
+// "Each epoch", step 5, done on receipt rather than at the next epoch, so
+// that a gift is in use a network delay after it was given. Call it after
+// Receive and write the changes; a write that fails needs Resync. Raising
+// is always safe (our computed share is never above our true share), so the
+// order of these writes does not matter.
+//
+// It returns nothing between an Epoch and its Commit (the plan's Lower
+// writes decide the stored shares then), for a key whose stored share is
+// unknown (the next Epoch writes it), and for a key with a reclaim on us not
+// yet written (the next Epoch lowers it).
+func (s *State) Apply() []ShareChange {
+	if !s.committed {
+		return nil // keep the list for after the Commit
+	}
+	var out []ShareChange
+	for _, ks := range s.toApply {
+		ks.toApply = false
+		if s.byKey[ks.key] != ks || ks.gen == 0 || ks.applied < 0 || !slices.Equal(ks.inTaken, ks.inTakenStored) {
+			continue
+		}
+		if a := clamp(s.own(ks), 0, PPM); a > ks.applied {
+			ks.applied = a
+			out = append(out, ShareChange{Key: ks.key, SharePPM: a})
+		}
+	}
+	clear(s.toApply)
+	s.toApply = s.toApply[:0]
+	return out
+}

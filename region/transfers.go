@@ -1,0 +1,171 @@
+package region
+
+import "time"
+
+// This file holds how a key's targets are set and what share moves toward
+// them in an epoch: gifts of our surplus and reclaims from silent peers.
+
+// targets returns every region's target share for the key. Peers heard
+// lately are live: those in our generation can receive gifts, the others
+// (no exchange state yet, or another generation) will join ours within an
+// epoch, bringing their share, so they take part in the water-filling but
+// receive nothing yet. Peers not heard are frozen at their current share
+// (fail-static) and the water-filling divides what is left.
+func (s *State) targets(now time.Time, ks *keyState, pol KeyPolicy, sh int64, idle bool) []int64 {
+	frozen := s.liveRegions(now, ks, sh, idle)
+	if idle {
+		for _, k := range s.live {
+			s.t[k] = s.initial[k]
+		}
+		return s.t
+	}
+	s.needs(ks, pol)
+	lt := s.lt[:len(s.live)]
+	s.tg.fill(lt, PPM-frozen, s.need, s.cfg.FloorPPM, s.weights)
+	for i, k := range s.live {
+		s.t[k] = lt[i]
+	}
+	return s.t
+}
+
+// liveRegions decides which regions are live (s.live, s.recv); it freezes the others and returns their total.
+func (s *State) liveRegions(now time.Time, ks *keyState, sh int64, idle bool) (frozen int64) {
+	me, cfg := s.self, &s.cfg
+	s.live = s.live[:0]
+	// s.v is every region's share as we see it.
+	for k := 0; k < s.n; k++ {
+		s.recv[k] = false
+		if k == me {
+			s.v[k] = sh
+			s.live = append(s.live, k)
+			continue
+		}
+		g := s.peerGen(ks, k)
+		inGen := g == ks.gen && ks.rowGen[k] == ks.gen
+		switch {
+		case inGen:
+			s.v[k] = s.view(ks, k)
+		case g != 0:
+			s.v[k] = ks.shares[k] // in another generation, on its way to ours
+		default:
+			s.v[k] = s.initial[k] // no state: the store's initial share
+		}
+		heard := !s.exchHeard[k].IsZero() && now.Sub(s.exchHeard[k]) <= cfg.StaleAfter
+		// An idle key gives back toward the initial shares even to a
+		// silent peer: the gift waits for it, and we keep the key until
+		// it is acknowledged.
+		if inGen && (heard || idle) || heard && !idle {
+			s.live = append(s.live, k)
+			s.recv[k] = inGen
+		} else {
+			s.t[k] = s.v[k]
+			frozen += max(s.v[k], 0)
+		}
+	}
+	return frozen
+}
+
+// needs decides each live region's need in ppm (s.need) and water-filling weight (s.weights).
+func (s *State) needs(ks *keyState, pol KeyPolicy) {
+	// The share that serves the smoothed demand at the key's rate, or,
+	// without a rate, a part of the live regions' demand.
+	cfg := &s.cfg
+	s.need, s.weights = s.need[:0], s.weights[:0]
+	var sum float64
+	for _, k := range s.live {
+		sum += ks.ewma[k]
+	}
+	for _, k := range s.live {
+		var need float64
+		switch {
+		case pol.Rate > 0:
+			per := pol.Rate * cfg.Period.Seconds()
+			need = ks.ewma[k] / per * PPM
+			// Headroom for Poisson noise: one standard deviation of the
+			// epoch's demand, where it exceeds the floor (small keys).
+			if h := noise(ks.ewma[k], pol.Cost) / per * PPM; h > float64(cfg.FloorPPM) {
+				need += h - float64(cfg.FloorPPM)
+			}
+		case sum > 0:
+			need = ks.ewma[k] / sum * PPM
+		}
+		s.need = append(s.need, need)
+		s.weights = append(s.weights, s.initial[k])
+	}
+}
+
+// giftsFor splits our surplus over the live peers below target, in
+// proportion to their deficits: when every giver does so with the same view,
+// each deficit is filled exactly in one epoch.
+func (s *State) giftsFor(ks *keyState, sh int64, t []int64, idle bool) []int64 {
+	me := s.self
+	surplus := sh - t[me]
+	least := max(s.cfg.MinTransferPPM, 1)
+	if idle {
+		least = 1
+	}
+	if surplus < least {
+		return nil
+	}
+	var deficit int64
+	for _, k := range s.live {
+		if s.recv[k] && t[k] > s.v[k] {
+			deficit += t[k] - s.v[k]
+		}
+	}
+	give := min(surplus, deficit)
+	if give < least {
+		return nil
+	}
+	g := s.rowBuf(nil)
+	var given int64
+	for _, k := range s.live {
+		if s.recv[k] && t[k] > s.v[k] {
+			g[k] = give * (t[k] - s.v[k]) / deficit
+			given += g[k]
+		}
+	}
+	// Hand out the rounding remainder one ppm at a time, lowest index first.
+	for _, k := range s.live {
+		if given == give {
+			break
+		}
+		if s.recv[k] && t[k] > s.v[k] {
+			g[k]++
+			given++
+		}
+	}
+	return g
+}
+
+// reclaims returns what we take, for a key with partition_reclaim_after, from
+// peers in our generation that were silent that long: their share above the
+// floor, split so that all other regions together take at most all of it.
+// Once per peer per generation.
+func (s *State) reclaims(now time.Time, ks *keyState, pol KeyPolicy) []int64 {
+	after := pol.ReclaimAfter
+	if after <= 0 || s.n < 2 {
+		return nil
+	}
+	var takes []int64
+	tk := s.ownTaken(ks)
+	for k := 0; k < s.n; k++ {
+		if k == s.self || tk[k] > 0 || ks.rowGen[k] != ks.gen || s.peerGen(ks, k) != ks.gen {
+			continue
+		}
+		since := s.exchHeard[k]
+		if since.Before(ks.created) {
+			since = ks.created
+		}
+		if now.Sub(since) < after {
+			continue
+		}
+		if x := (s.view(ks, k) - s.cfg.FloorPPM) / int64(s.n-1); x > 0 {
+			if takes == nil {
+				takes = s.rowBuf(nil)
+			}
+			takes[k] = x
+		}
+	}
+	return takes
+}
