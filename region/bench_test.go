@@ -22,7 +22,7 @@ func benchRegions(b *testing.B, keys int) (sts []*region.State, peers []region.R
 	}
 	ids := make([]string, keys)
 	for k := range ids {
-		ids[k] = region.GlobalKey("bench", fmt.Sprint(k))
+		ids[k] = "bench/" + fmt.Sprint(k)
 	}
 	now = t0
 	reps := make([]region.Report, len(sts))
@@ -69,7 +69,7 @@ func BenchmarkEpoch(b *testing.B) {
 			st := sts[0]
 			ids := make([]string, keys)
 			for k := range ids {
-				ids[k] = region.GlobalKey("bench", fmt.Sprint(k))
+				ids[k] = "bench/" + fmt.Sprint(k)
 			}
 			var lower int
 			b.ReportAllocs()

@@ -59,20 +59,11 @@ type step struct {
 // moves keys to the newest generation, retires keys at rest, and decides
 // gifts and reclaims. Gifts are not given until Commit.
 //
-// The caller, which owns the store, then does exactly this:
-//
-//	plan := s.Epoch(now)
-//	write plan.Lower to the store; drop the entries not confirmed
-//	s.Commit(plan)        // records the gifts in our row
-//	persist s.Snapshot()  // in the region's store; if it fails, stop here
-//	publish s.Report()
-//	write plan.Raise, delete plan.Retire
-//
-// Lowering before committing means no share is ever visible to a peer while
-// we still apply it; persisting before publishing means a restarted or
-// failed-over replica never forgets a gift a peer may have seen. A plan that
-// is not committed gives nothing: the next Epoch recomputes, and rewrites
-// the shares of the keys it touched before any gift.
+// Node.Decide carries the plan out in the order safety needs (write Lower,
+// Commit, persist the Snapshot, publish the Report, write Raise, delete
+// Retire); docs/DESIGN.md, "The protocol's order", says why. A plan that is
+// not committed gives nothing: the next Epoch recomputes, and rewrites the
+// shares of the keys it touched before any gift.
 func (s *State) Epoch(now time.Time) Plan {
 	if s.tallied {
 		s.now = now // the second phase: Tally numbered the epoch

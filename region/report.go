@@ -33,7 +33,8 @@ type Report struct {
 
 // KeyReport is one key in a Report.
 type KeyReport struct {
-	// Key is the global key identity; see GlobalKey.
+	// Key is the global key identity: the key's store key
+	// (policy.StoreKey), an opaque string here.
 	Key string
 	// Generation is the generation of the sender's exchange state for the
 	// key, 0 when it has none (a tally-only entry, or a region that has
@@ -85,14 +86,6 @@ type Exit struct {
 	// acknowledged: a reclaimer that moves on gives up the others.
 	In, InTaken []int64
 }
-
-// GlobalKey returns the identity of a global key in reports and snapshots:
-// the rule name, a slash, and the key's descriptor values as the rule
-// formats them. Rule names do not contain a slash (policy validates them),
-// so the identity is unambiguous. `scope: region` rules are never exchanged:
-// their keys have share PPM in every region, and the caller does not Observe
-// them.
-func GlobalKey(rule, key string) string { return rule + "/" + key }
 
 // columns maps the column indexes of a report's rows to the receiver's
 // region indexes (-1 for regions the receiver does not know).

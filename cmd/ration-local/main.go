@@ -27,7 +27,6 @@ import (
 	"github.com/ration-dev/ration/internal/regiond"
 	"github.com/ration-dev/ration/lease/agent"
 	"github.com/ration-dev/ration/policy"
-	"github.com/ration-dev/ration/region"
 	"github.com/ration-dev/ration/sync/embedded"
 )
 
@@ -165,7 +164,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	defer func() { stopLoad(); wg.Wait() }()
 
-	key := region.GlobalKey("demo", "tenant=acme")
+	key := policy.StoreKey("demo", "tenant=acme")
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {

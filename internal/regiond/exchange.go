@@ -208,7 +208,7 @@ func (d *Daemon) Exchanger() *exchange.Exchanger { return d.x }
 
 // Share returns this region's applied share of a global key in ppm, as the
 // store holds it: the region's initial share until the exchange wrote one.
-// key is region.GlobalKey(rule, descriptor key).
+// key is policy.StoreKey(rule, descriptor key).
 func (d *Daemon) Share(ctx context.Context, key string) (int64, error) {
 	out := []int64{0}
 	if err := d.shares.Shares(ctx, []string{key}, out); err != nil {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/ration-dev/ration/internal/redistest"
 	leasev1 "github.com/ration-dev/ration/lease/v1"
+	"github.com/ration-dev/ration/policy"
 	"github.com/ration-dev/ration/region"
 	"github.com/ration-dev/ration/sync/embedded"
 )
@@ -22,7 +23,7 @@ const syncPeriod = 500 * time.Millisecond
 
 // exKey is the global key the tests move: the example policy's per-tenant
 // rule (1,000 tokens/s) for tenant acme.
-var exKey = region.GlobalKey("per-tenant", "tenant=acme")
+var exKey = policy.StoreKey("per-tenant", "tenant=acme")
 
 func startNATS(t *testing.T) string {
 	t.Helper()

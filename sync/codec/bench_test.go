@@ -47,7 +47,7 @@ func newBenchRegions(tb testing.TB, nkeys int, c codec) *benchRegions {
 	rng := rand.New(rand.NewPCG(1, 2))
 	b := &benchRegions{names: []string{"ap", "eu", "us"}, now: time.Unix(1_700_000_000, 0), codec: c}
 	for i := 0; i < nkeys; i++ {
-		b.keys = append(b.keys, region.GlobalKey("per-tenant", fmt.Sprintf("tenant=%07d", i)))
+		b.keys = append(b.keys, fmt.Sprintf("per-tenant/tenant=%07d", i))
 	}
 	for _, r := range b.names {
 		st, err := region.New(region.Config{Self: r, Regions: b.names})

@@ -36,7 +36,7 @@ const (
 )
 
 var (
-	fleetKey     = region.GlobalKey("r", "tenant=acme")
+	fleetKey     = policy.StoreKey("r", "tenant=acme")
 	fleetRegions = []string{"ap", "eu", "us"} // sorted, as region.Targets counts them
 )
 

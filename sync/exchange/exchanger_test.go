@@ -25,7 +25,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 const testPolicy = "rules:\n  - name: r\n    key: [tenant]\n    limit: 1000\n    period: 1s\n    burst: 1000\n"
 
 // testKey is the global key the tests drive.
-var testKey = region.GlobalKey("r", "tenant=acme")
+var testKey = policy.StoreKey("r", "tenant=acme")
 
 func startNATS(t *testing.T) string {
 	t.Helper()
