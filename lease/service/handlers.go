@@ -140,31 +140,12 @@ func (s *Service) Lease(ctx context.Context, req *leasev1.LeaseRequest) (*leasev
 		s.metrics.lease.invalid.Inc()
 		return nil, err
 	}
-	pol := s.Policy()
 	b := s.getBatch(len(items))
 	defer s.putBatch(b)
-	for i, it := range items {
-		r, err := s.checkItem(pol, i, it.GetRule(), it.GetKey())
-		if err == nil {
-			switch {
-			case it.GetWant() <= 0:
-				err = invalid("items[%d].want: %d, must be > 0", i, it.GetWant())
-			case it.GetDemand() < 0 || it.GetAdmitted() < 0:
-				err = invalid("items[%d]: demand and admitted must not be negative", i)
-			case it.GetAdmitted() > it.GetDemand():
-				err = invalid("items[%d].admitted: %d, more than demand %d", i, it.GetAdmitted(), it.GetDemand())
-			}
-		}
-		if err != nil {
-			s.metrics.lease.invalid.Inc()
-			s.metrics.invalidItem.Add(float64(len(items)))
-			return nil, err
-		}
-		b.buf = policy.AppendStoreKey(b.buf[:0], r.Name, it.GetKey())
-		key := string(b.buf)
-		b.rules = append(b.rules, r)
-		b.keys = append(b.keys, key)
-		b.grants = append(b.grants, lease.GrantRequest{Key: key, Want: it.GetWant(), Limit: s.limitFor(key, r)})
+	if err := s.leaseBatch(b, items); err != nil {
+		s.metrics.lease.invalid.Inc()
+		s.metrics.invalidItem.Add(float64(len(items)))
+		return nil, err
 	}
 	now := s.cfg.Clock()
 	s.agents.saw(req.GetAgent().GetId(), now)
@@ -179,12 +160,45 @@ func (s *Service) Lease(ctx context.Context, req *leasev1.LeaseRequest) (*leasev
 		s.metrics.lease.storeError.Inc()
 		return nil, storeError(ctx, err)
 	}
-
 	resp := &leasev1.LeaseResponse{
 		Grants: make([]*leasev1.LeaseGrant, len(items)),
 		Agents: int32(min(s.agents.count(now), 1<<31-1)),
 		Region: s.cfg.Region,
 	}
+	s.grants(resp, b, items)
+	s.metrics.lease.ok.Inc()
+	return resp, nil
+}
+
+// leaseBatch validates every item and fills b with its rule, store key and
+// grant request.
+func (s *Service) leaseBatch(b *batch, items []*leasev1.LeaseItem) error {
+	pol := s.Policy()
+	for i, it := range items {
+		r, err := s.checkItem(pol, i, it.GetRule(), it.GetKey())
+		if err != nil {
+			return err
+		}
+		switch {
+		case it.GetWant() <= 0:
+			return invalid("items[%d].want: %d, must be > 0", i, it.GetWant())
+		case it.GetDemand() < 0 || it.GetAdmitted() < 0:
+			return invalid("items[%d]: demand and admitted must not be negative", i)
+		case it.GetAdmitted() > it.GetDemand():
+			return invalid("items[%d].admitted: %d, more than demand %d", i, it.GetAdmitted(), it.GetDemand())
+		}
+		b.buf = policy.AppendStoreKey(b.buf[:0], r.Name, it.GetKey())
+		key := string(b.buf)
+		b.rules = append(b.rules, r)
+		b.keys = append(b.keys, key)
+		b.grants = append(b.grants, lease.GrantRequest{Key: key, Want: it.GetWant(), Limit: s.limitFor(key, r)})
+	}
+	return nil
+}
+
+// grants turns the store's answers in b into resp's grants, counts them and
+// tells the exchange the demand and grants of global keys.
+func (s *Service) grants(resp *leasev1.LeaseResponse, b *batch, items []*leasev1.LeaseItem) {
 	ttl := durationpb.New(s.cfg.LeaseTTL)
 	var granted int64
 	for i, g := range b.out {
@@ -220,8 +234,6 @@ func (s *Service) Lease(ctx context.Context, req *leasev1.LeaseRequest) (*leasev
 		}
 	}
 	s.metrics.tokensGranted.Add(float64(granted))
-	s.metrics.lease.ok.Inc()
-	return resp, nil
 }
 
 // Return implements leasev1.LeaseServiceServer.
