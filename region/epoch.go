@@ -118,7 +118,9 @@ func (s *State) forgetAnnouncers(ks *keyState) {
 
 // canRetire decides whether an idle key moving nothing may retire: quiet for Grace, at rest, settled.
 func (s *State) canRetire(now time.Time, ks *keyState, sh int64) bool {
-	return now.Sub(ks.lastTransfer) >= s.cfg.Grace && s.atRest(now, ks, sh) && s.settled(ks)
+	// A share the store may hold unknown to us (ks.applied < 0) waits: the
+	// exit record would say we applied less than the store may.
+	return ks.applied >= 0 && now.Sub(ks.lastTransfer) >= s.cfg.Grace && s.atRest(now, ks, sh) && s.settled(ks)
 }
 
 // retire drops the key's generation at rest and lists the key in p.Retire.

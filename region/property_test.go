@@ -164,6 +164,18 @@ func TestPropertyEscrow(t *testing.T) {
 // fault-free tail needed to reach the targets, and whether a region changed
 // the generation of a key during them.
 func escrowRun(t *testing.T, seed uint64, n, epochs int) (int, bool) {
+	return escrowRunWith(t, seed, n, epochs, escrowFaults)
+}
+
+// escrowFaults are TestPropertyEscrow's faults; harshFaults crash regions
+// five times as often and fail four times as many store writes.
+var (
+	escrowFaults = faults{loss: 0.2, dup: 0.1, maxDelay: 3, crash: 0.01, writeFail: 0.05, partition: 0.004, partitionN: 12}
+	harshFaults  = faults{loss: 0.2, dup: 0.1, maxDelay: 3, crash: 0.05, writeFail: 0.2, partition: 0.004, partitionN: 12}
+)
+
+// escrowRunWith is escrowRun under the faults f.
+func escrowRunWith(t *testing.T, seed uint64, n, epochs int, f faults) (int, bool) {
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	keys := []string{"plain/a", "plain/b", "plain/c", "plain/d", "plain/e", "reclaim/f", "reclaim/g"}
 	c := newCluster(t, rng, n, escrowConfig)
@@ -196,7 +208,7 @@ func escrowRun(t *testing.T, seed uint64, n, epochs int) (int, bool) {
 			}
 		}
 	}
-	c.f = faults{loss: 0.2, dup: 0.1, maxDelay: 3, crash: 0.01, writeFail: 0.05, partition: 0.004, partitionN: 12}
+	c.f = f
 	for _, nd := range c.nodes {
 		// Some regions run an epoch in one phase (Epoch closes the
 		// tallies) until the fault-free tail, like a rolling upgrade.
@@ -290,4 +302,41 @@ func escrowRun(t *testing.T, seed uint64, n, epochs int) (int, bool) {
 		t.Fatalf("seed %d: shares did not reach the targets in 20 fault-free epochs: %s", seed, worst)
 	}
 	return took, moved
+}
+
+// TestPropertyEscrowHarshFaults is the safety property under five times the
+// crashes and four times the failed store writes of TestPropertyEscrow:
+// enough that a region often restarts from a state older than the gifts
+// its store applies, and then fails to write its share for a while.
+func TestPropertyEscrowHarshFaults(t *testing.T) {
+	seed := testSeed(t)
+	epochs := 600
+	if testing.Short() {
+		epochs = 150
+	}
+	for _, n := range []int{3, 5, 7} {
+		t.Run(fmt.Sprintf("regions=%d", n), func(t *testing.T) {
+			for round := uint64(0); round < 2; round++ {
+				escrowRunWith(t, seed+uint64(n)*1000+round, n, epochs, harshFaults)
+			}
+		})
+	}
+}
+
+// TestExitRecordsWaitForTheStore replays runs in which a region restarted
+// from a state older than a gift its store had applied, failed to write
+// its share, and announced an exit record saying it had never applied the
+// gift: the giver took the gift back while the store still applied it, and
+// the shares summed above PPM (1,024,645 ppm at step 30 of the first).
+// An exit record now waits until the region's share is written again, and
+// a key retires only then.
+func TestExitRecordsWaitForTheStore(t *testing.T) {
+	for _, c := range []struct {
+		seed uint64
+		n    int
+	}{{278752538, 7}, {30976729, 5}, {542009210, 4}, {542009210, 5}} {
+		t.Run(fmt.Sprintf("seed=%d/regions=%d", c.seed, c.n), func(t *testing.T) {
+			escrowRunWith(t, c.seed, c.n, 2000/3, harshFaults)
+		})
+	}
 }

@@ -76,6 +76,14 @@ func (s *State) keyReport(e *KeyReport, ks *keyState, b *rowSlab, acks *[]uint64
 		*acks = (*acks)[n:]
 		copy(e.Settled, ks.settled)
 	}
+	if ks.gen != 0 && ks.applied < 0 {
+		// An exit record says what we had applied in a generation we left,
+		// and a giver takes back what it says we did not. While the store's
+		// share is unknown (restored, or a write unconfirmed) the store may
+		// still apply a gift this state has forgotten: announce no exit
+		// until the share is written again.
+		return
+	}
 	for _, x := range ks.exits {
 		e.Exits = append(e.Exits, Exit{
 			Generation: x.gen,
