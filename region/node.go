@@ -80,9 +80,6 @@ type Decided struct {
 	// Resynced: the store was a new incarnation, so every share was written
 	// again before anything was given.
 	Resynced bool
-	// Lowered, Raised and Retired count the keys whose shares were lowered,
-	// raised and deleted.
-	Lowered, Raised, Retired int
 	// SteppedDown: persisting found another replica holding the election.
 	SteppedDown bool
 	// Err is why nothing was published: the state was not persisted (so
@@ -138,9 +135,6 @@ func (n *Node) Keys() int { return n.st.Keys() }
 
 // Share returns this region's applied share of key in ppm (State.Share).
 func (n *Node) Share(key string) int64 { return n.st.Share(key) }
-
-// LastEpoch is the number of the latest epoch decided (State.LastEpoch).
-func (n *Node) LastEpoch() uint64 { return n.st.LastEpoch() }
 
 // Observe adds local tallies of a global key (State.Observe).
 func (n *Node) Observe(key string, demand, granted int64) { n.st.Observe(key, demand, granted) }
@@ -243,7 +237,6 @@ func (n *Node) Decide(ctx context.Context, now time.Time) Decided {
 	if len(plan.Lower) > 0 {
 		plan.Lower = n.fx.WriteShares(ctx, plan.Lower)
 	}
-	d.Lowered = len(plan.Lower)
 	if err := n.st.Commit(plan); err != nil {
 		d.Err = err
 		return d
@@ -259,10 +252,9 @@ func (n *Node) Decide(ctx context.Context, now time.Time) Decided {
 	}
 	rep := n.st.Report()
 	n.fx.Publish(ctx, &rep)
-	d.Raised = n.raise(ctx, plan.Raise)
+	n.raise(ctx, plan.Raise)
 	if len(plan.Retire) > 0 {
 		n.fx.DeleteShares(ctx, plan.Retire)
-		d.Retired = len(plan.Retire)
 	}
 	return d
 }
@@ -284,14 +276,14 @@ func (n *Node) Receive(ctx context.Context, now time.Time, rep *Report) error {
 }
 
 // raise writes shares that only rose; a key whose write failed is written
-// again by the next Epoch (State.Resync). It returns the writes confirmed.
-func (n *Node) raise(ctx context.Context, cs []ShareChange) int {
+// again by the next Epoch (State.Resync).
+func (n *Node) raise(ctx context.Context, cs []ShareChange) {
 	if len(cs) == 0 {
-		return 0
+		return
 	}
 	ok := n.fx.WriteShares(ctx, cs)
 	if len(ok) == len(cs) {
-		return len(ok)
+		return
 	}
 	j := 0
 	for _, c := range cs {
@@ -301,5 +293,4 @@ func (n *Node) raise(ctx context.Context, cs []ShareChange) int {
 		}
 		n.st.Resync(c.Key)
 	}
-	return len(ok)
 }

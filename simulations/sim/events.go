@@ -29,7 +29,6 @@ type event struct {
 	kind eventKind
 
 	ag      *agentSim
-	gen     int
 	call    *agent.Call
 	resp    *leasev1.LeaseResponse
 	err     error

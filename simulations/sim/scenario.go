@@ -150,15 +150,6 @@ type invalidScenario struct{}
 
 func (invalidScenario) Sentinel() error { return ErrInvalid }
 
-// Keys returns the total number of keys.
-func (s *Scenario) keyCount() int {
-	n := 0
-	for _, g := range s.Keys {
-		n += g.Count
-	}
-	return n
-}
-
 // regionIndex returns the index of a region name, or -1.
 func (s *Scenario) regionIndex(name string) int {
 	for i, r := range s.Regions {

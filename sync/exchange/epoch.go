@@ -42,12 +42,12 @@ func (x *Exchanger) decidePhase(ctx context.Context) {
 	start := time.Now()
 	now := x.cfg.Clock()
 	d := x.node.Decide(ctx, now)
-	switch {
-	case d.Resynced:
+	if d.Resynced {
 		x.met.resyncs.Inc()
 		x.cfg.Logger.Warn("exchange: the store is a new incarnation and may have lost writes; writing every share again",
 			"keys", x.node.Keys())
-	case d.Err != nil && (errors.Is(d.Err, region.ErrStalePlan) || errors.Is(d.Err, region.ErrInvalidPlan)):
+	}
+	if errors.Is(d.Err, region.ErrStalePlan) || errors.Is(d.Err, region.ErrInvalidPlan) {
 		x.cfg.Logger.Error("exchange: commit", "err", d.Err) // a bug: plans are committed once
 	}
 	if d.SteppedDown {
