@@ -38,7 +38,15 @@ func sameSize(t *testing.T, what string, r *region.Report, id uint64, maxBytes i
 // more than 128 parts (where the part index takes a second byte).
 func TestSizeMatchesEncode(t *testing.T) {
 	rng := rand.New(rand.NewPCG(seed(t), 2))
-	var errs, most int // of the random reports
+	var errs, most int // of the reports below
+	check := func(what string, r *region.Report, id uint64, maxBytes int) {
+		sameSize(t, what, r, id, maxBytes)
+		if _, n, err := Size(r, id, maxBytes); err != nil {
+			errs++
+		} else {
+			most = max(most, n)
+		}
+	}
 	for i := 0; i < 300; i++ {
 		regions := []string{"ap", "eu", "us", "zz"}[:1+rng.IntN(4)]
 		r := randomReport(rng, regions, rng.IntN(300), rng.IntN(2) == 0)
@@ -47,15 +55,15 @@ func TestSizeMatchesEncode(t *testing.T) {
 			id = 0 // no report id field
 		}
 		maxBytes := []int{60, 200 + rng.IntN(800), 600 + rng.IntN(4000), 64 << 10, 1 << 20}[rng.IntN(5)]
-		sameSize(t, "random report", &r, id, maxBytes)
-		if _, n, err := Size(&r, id, maxBytes); err != nil {
-			errs++
-		} else {
-			most = max(most, n)
-		}
+		check("random report", &r, id, maxBytes)
 	}
+	// Random sizes reach more than 128 parts on most seeds, not all: these
+	// reach it on every one, and fail for a message too small for a key.
+	many := randomReport(rng, []string{"ap", "eu", "us"}, 3_000, true)
+	check("3,000 keys in small messages", &many, rng.Uint64(), 1000)
+	check("3,000 keys in too small messages", &many, rng.Uint64(), 60)
 	if errs == 0 || most <= 128 {
-		t.Fatalf("the random reports made %d errors and at most %d parts: the test misses a case", errs, most)
+		t.Fatalf("the reports made %d errors and at most %d parts: the test misses a case", errs, most)
 	}
 	big := randomReport(rng, []string{"ap", "eu", "us"}, 20_000, true)
 	for _, maxBytes := range []int{1 << 20, 64 << 10, 8 << 10} {
