@@ -32,6 +32,10 @@ const (
 	// that would need longer (a tiny rate) never expires, like a rate of 0.
 	// 2^40 ms is about 35 years and stays exact in a Lua double.
 	maxTTLMillis = 1 << 40
+
+	// maxEscrow bounds a ShareUpdate's generation and received tokens: the
+	// Lua script holds them in doubles, exact up to 2^53.
+	maxEscrow = 1 << 53
 )
 
 // bucket is one regional token bucket's state.
@@ -95,6 +99,37 @@ func (b *bucket) give(n int64, capacity float64) {
 		t = capacity
 	}
 	b.tokens = t
+}
+
+// reshare moves b, already refilled at the old share, to a new capacity:
+// it credits credit tokens (TokenScale units) and takes out what is above
+// capacity, returning that in TokenScale units, rounded down.
+func (b *bucket) reshare(credit int64, capacity float64) (released int64) {
+	// Two separate steps, as in bucket.lua: no fused multiply-add.
+	t := b.tokens + float64(credit)/region.TokenScale
+	if t > capacity {
+		released = int64(math.Floor(float64((t - capacity) * region.TokenScale)))
+		t = capacity
+	}
+	b.tokens = t
+	return released
+}
+
+// escrowCredit is the part of received (cumulative, in generation gen) that
+// a key whose store credited credited in generation stored has not had yet,
+// and the store's new (generation, credited). A newer generation starts
+// from nothing; an older one credits nothing.
+func escrowCredit(gen uint64, received int64, stored uint64, credited int64) (credit int64, newGen uint64, newCredited int64) {
+	switch {
+	case gen == 0 || gen < stored:
+		return 0, stored, credited
+	case gen > stored:
+		stored, credited = gen, 0
+	}
+	if received > credited {
+		return received - credited, stored, received
+	}
+	return 0, stored, credited
 }
 
 // expireAtMillis is when an idle bucket updated at lastUS may vanish: once
@@ -216,8 +251,13 @@ func validateShare(u ShareUpdate) error {
 	if err := u.Limit.validate(); err != nil {
 		return fmt.Errorf("key %q: %w", u.Key, err)
 	}
-	if u.SharePPM < 0 || u.SharePPM > region.PPM {
+	switch {
+	case u.SharePPM < 0 || u.SharePPM > region.PPM:
 		return fmt.Errorf("key %q: %w: share %d ppm is outside [0, %d]", u.Key, ErrInvalid, u.SharePPM, region.PPM)
+	case u.Gen > maxEscrow:
+		return fmt.Errorf("key %q: %w: generation %d is above 2^53", u.Key, ErrInvalid, u.Gen)
+	case u.Received < 0 || u.Received > maxEscrow:
+		return fmt.Errorf("key %q: %w: received tokens %d are outside [0, 2^53]", u.Key, ErrInvalid, u.Received)
 	}
 	return nil
 }

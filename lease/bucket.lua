@@ -3,7 +3,9 @@
 -- in step, expression for expression, so both stores round alike.
 --
 -- KEYS[1]  the bucket: a hash {tokens = %.17g float, last = µs integer}
--- KEYS[2]  the key's applied share in ppm; no TTL (exchange state)
+-- KEYS[2]  the key's applied share in ppm, then, once the exchange has
+--          moved tokens, ":" its generation ":" the tokens credited in it
+--          (thousandths); no TTL (exchange state).
 --          Both carry the same hash tag, so they share a Cluster slot.
 -- ARGV[1]  op: "g" grant, "r" return, "s" set share
 -- ARGV[2]  L, the key's global rate (tokens/s)
@@ -12,8 +14,11 @@
 -- ARGV[5]  initial share in ppm, used while KEYS[2] is missing
 -- ARGV[6]  "1" when a missing bucket starts empty, else "0"
 -- ARGV[7]  g: tokens wanted; r: tokens returned; s: the new share in ppm
+-- ARGV[8]  s: the exchange generation of ARGV[9] (0: no tokens)
+-- ARGV[9]  s: tokens received in that generation, cumulative, thousandths
 --
--- Returns {granted, tokens left as a %.17g string, share in ppm in force}.
+-- Returns {granted (s: tokens released, thousandths), tokens left as a
+-- %.17g string, share in ppm in force}.
 -- Arguments are validated by the Go caller before they are sent.
 --
 -- Time is the server's own (TIME), never the caller's. Redis >= 5 replicates
@@ -40,11 +45,20 @@ local function regional(share)
   return rate, capacity
 end
 
-local share = tonumber(redis.call('GET', KEYS[2]) or ARGV[5])
+local stored = redis.call('GET', KEYS[2])
+local share, sgen, scred = tonumber(ARGV[5]), 0, 0
+if stored then
+  local s, g, c = string.match(stored, '^(%d+):(%d+):(%d+)$')
+  if s then
+    share, sgen, scred = tonumber(s), tonumber(g), tonumber(c)
+  else
+    share = tonumber(stored)
+  end
+end
 if not share or share < 0 or share > 1000000 or share ~= math.floor(share) then
   -- Written by something other than this script: refuse rather than
   -- grant at a rate the exchange never agreed to.
-  return redis.error_reply('ERR ration: bad share ' .. tostring(redis.call('GET', KEYS[2])) .. ' at ' .. KEYS[2])
+  return redis.error_reply('ERR ration: bad share ' .. tostring(stored) .. ' at ' .. KEYS[2])
 end
 local rate, capacity = regional(share)
 
@@ -57,12 +71,8 @@ if state[1] and state[2] then
   tokens = tonumber(state[1])
   last = tonumber(state[2])
 else
-  if op == 's' then
-    -- No bucket: record the share only; the bucket will start at the new
-    -- capacity when it is next used.
-    redis.call('SET', KEYS[2], ARGV[7])
-    return {0, '0', n}
-  end
+  -- No bucket: start the one it stands for (a share change too, so that
+  -- the tokens it held at the old share are counted, not its new capacity).
   if ARGV[6] == '1' then
     tokens = 0
   else
@@ -100,11 +110,29 @@ elseif op == 'r' then
     tokens = capacity
   end
 elseif op == 's' then
-  -- Refilled at the old rate up to now (above); switch, then clip.
-  redis.call('SET', KEYS[2], ARGV[7])
+  -- Refilled at the old rate up to now (above): credit what was given to
+  -- us and not credited yet (escrowCredit), switch, then release what is
+  -- above the new capacity (bucket.go's reshare).
+  local gen, recv, credit = tonumber(ARGV[8]), tonumber(ARGV[9]), 0
+  if gen > 0 and gen >= sgen then
+    if gen > sgen then
+      sgen, scred = gen, 0
+    end
+    if recv > scred then
+      credit = recv - scred
+      scred = recv
+    end
+  end
+  if sgen > 0 then
+    redis.call('SET', KEYS[2], string.format('%d:%d:%d', n, sgen, scred))
+  else
+    redis.call('SET', KEYS[2], ARGV[7])
+  end
   share = n
   rate, capacity = regional(share)
+  tokens = tokens + credit / 1000
   if tokens > capacity then
+    granted = math.floor((tokens - capacity) * 1000)
     tokens = capacity
   end
 end

@@ -17,7 +17,7 @@ import (
 type conformanceStore interface {
 	Grant(ctx context.Context, reqs []GrantRequest, out []Grant) error
 	Return(ctx context.Context, reqs []ReturnRequest) error
-	SetShares(ctx context.Context, ups []ShareUpdate) error
+	SetShares(ctx context.Context, ups []ShareUpdate, out []ShareResult) error
 	Shares(ctx context.Context, keys []string, out []int64) error
 	Ping(ctx context.Context) error
 }
@@ -71,6 +71,12 @@ func runConformance(t *testing.T, newStore func(t *testing.T) *harness) {
 		{"TTLExpiry", confTTL},
 		{"SharePersistsAfterExpiry", confSharePersists},
 		{"BackwardClockClamp", confBackwardClock},
+		{"EscrowLowerReleases", confEscrowRelease},
+		{"EscrowMissingBucketReleasesWhatItHeld", confEscrowMissing},
+		{"EscrowCreditsOnce", confEscrowCredit},
+		{"EscrowGenerations", confEscrowGenerations},
+		{"EscrowCreditCappedReleasesTheRest", confEscrowCap},
+		{"EscrowInvalidChangesNothing", confEscrowInvalid},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { c.run(t, newStore(t)) })
@@ -235,7 +241,7 @@ func confInvalidBatches(t *testing.T, h *harness) {
 		{{Key: "k", SharePPM: 1000, Limit: l}, {Key: "", SharePPM: 1000, Limit: l}},
 		{{Key: "k", SharePPM: 1000, Limit: l}, {Key: "k", SharePPM: 1000, Limit: nan}},
 	} {
-		if err := h.store.SetShares(ctx, batch); !errors.Is(err, ErrInvalid) {
+		if err := h.store.SetShares(ctx, batch, nil); !errors.Is(err, ErrInvalid) {
 			t.Errorf("SetShares(%+v): got %v, want ErrInvalid", batch, err)
 		}
 	}
@@ -284,7 +290,7 @@ func confSetShares(t *testing.T, h *harness) {
 	ctx := context.Background()
 	l := slow(100, 1)
 	wantGranted(t, grant1(t, h, "k", 1, l), 1) // bucket exists with 99
-	if err := h.store.SetShares(ctx, []ShareUpdate{{Key: "k", SharePPM: 250_000, Limit: l}}); err != nil {
+	if err := h.store.SetShares(ctx, []ShareUpdate{{Key: "k", SharePPM: 250_000, Limit: l}}, nil); err != nil {
 		t.Fatal(err)
 	}
 	g := grant1(t, h, "k", 100, l)
@@ -293,7 +299,7 @@ func confSetShares(t *testing.T, h *harness) {
 		t.Errorf("got capacity %v rate %v, want 25, %v", g.Capacity, g.Rate, slowRate*0.25)
 	}
 	// Raising the share raises capacity, not tokens.
-	if err := h.store.SetShares(ctx, []ShareUpdate{{Key: "k", SharePPM: region.PPM, Limit: l}}); err != nil {
+	if err := h.store.SetShares(ctx, []ShareUpdate{{Key: "k", SharePPM: region.PPM, Limit: l}}, nil); err != nil {
 		t.Fatal(err)
 	}
 	g = grant1(t, h, "k", 100, l)
@@ -307,12 +313,13 @@ func confSetShares(t *testing.T, h *harness) {
 	if err := h.store.SetShares(ctx, []ShareUpdate{
 		{Key: "clip", SharePPM: 100_000, Limit: l},
 		{Key: "clip", SharePPM: region.PPM, Limit: l},
-	}); err != nil {
+	}, nil); err != nil {
 		t.Fatal(err)
 	}
 	wantGranted(t, grant1(t, h, "clip", 100, l), 10)
-	// A key without a bucket records the share; its bucket starts full at it.
-	if err := h.store.SetShares(ctx, []ShareUpdate{{Key: "new", SharePPM: 500_000, Limit: l}}); err != nil {
+	// A key without a bucket has the one it stands for, full at its old
+	// share (here the initial share, all of it); lowering clips it.
+	if err := h.store.SetShares(ctx, []ShareUpdate{{Key: "new", SharePPM: 500_000, Limit: l}}, nil); err != nil {
 		t.Fatal(err)
 	}
 	wantGranted(t, grant1(t, h, "new", 100, l), 50)

@@ -124,7 +124,7 @@ func confTTL(t *testing.T, h *harness) {
 
 func confSharePersists(t *testing.T, h *harness) {
 	l := Limit{Rate: 1000, Burst: 10, Cost: 1, InitialShare: region.PPM}
-	if err := h.store.SetShares(t.Context(), []ShareUpdate{{Key: "k", SharePPM: 500_000, Limit: l}}); err != nil {
+	if err := h.store.SetShares(t.Context(), []ShareUpdate{{Key: "k", SharePPM: 500_000, Limit: l}}, nil); err != nil {
 		t.Fatal(err)
 	}
 	g := grant1(t, h, "k", 1, l)

@@ -90,11 +90,39 @@ type ReturnRequest struct {
 	Limit  Limit
 }
 
-// ShareUpdate sets the applied share of Key in this region. Lowering a share
-// lowers the bucket's rate and capacity at once and clips stored tokens to
-// the new capacity; the exchange lowers before it gives (DESIGN.md, "Level 2").
+// ShareUpdate sets the applied share of Key in this region, and credits the
+// tokens other regions gave it with share (docs/DESIGN.md, "Tokens move
+// with share"). Lowering a share lowers the bucket's rate and capacity at
+// once; the tokens above the new capacity leave the bucket and are reported
+// in ShareResult.Released, for the exchange to give away with the share.
+// The exchange lowers before it gives (DESIGN.md, "Level 2").
 type ShareUpdate struct {
 	Key      string
 	SharePPM int64
 	Limit    Limit
+	// Received is the cumulative tokens, in region.TokenScale units, given
+	// to this region for Key in the exchange generation Gen. The store
+	// keeps what it credited per key for the newest Gen it saw and credits
+	// only the rest, once: a duplicate, reordered or older update credits
+	// nothing more, and an update of an older Gen credits nothing. Gen 0
+	// carries no tokens. Both are in [0, 2^53].
+	Gen      uint64
+	Received int64
+}
+
+// ShareResult is the outcome of one ShareUpdate.
+type ShareResult struct {
+	// Released is the tokens, in region.TokenScale units, the update took
+	// out of the bucket because they were above its new capacity (rounded
+	// down; the fraction is lost).
+	Released int64
+	// Tokens is the bucket's balance after the update.
+	Tokens float64
+}
+
+// ShareUpdateFor is the store write that carries out the exchange's share
+// change c for a key of limit l; the write's ShareResult.Released goes back
+// into c.Released.
+func ShareUpdateFor(c region.ShareChange, l Limit) ShareUpdate {
+	return ShareUpdate{Key: c.Key, SharePPM: c.SharePPM, Limit: l, Gen: c.Gen, Received: c.Received}
 }

@@ -71,6 +71,11 @@ type memEntry struct {
 	hasBucket bool
 	share     int64
 	hasShare  bool
+	// gen and credited are the escrow's: the newest exchange generation
+	// seen and the tokens credited in it (ShareUpdate.Received). They live
+	// with the share, which does not expire.
+	gen      uint64
+	credited int64
 }
 
 // live reports whether the entry holds a bucket that has not expired at
@@ -150,34 +155,48 @@ func (m *MemoryStore) ReturnAt(now time.Time, reqs []ReturnRequest) error {
 	return nil
 }
 
-// SetSharesAt applies shares at store time now. A bucket is first refilled
-// at its old rate up to now, then switches to the new rate and capacity,
-// its tokens clipped to the new capacity: lowering a share takes effect at
-// once. A key without a bucket only records the share (its bucket will
-// start at the new capacity). The batch is all or nothing: if any item is
+// SetSharesAt applies shares at store time now, writing one ShareResult
+// per update to out unless out is nil (it panics when out is not nil and
+// has another length, like an index out of range). A bucket is first
+// refilled at its old rate up to now (a key without one gets the bucket it
+// stands for: full at the old capacity, or empty for Limit.StartEmpty),
+// credited the tokens received that it has not had yet, then switches to
+// the new rate and capacity; the tokens above the new capacity leave it
+// (ShareResult.Released). The batch is all or nothing: if any item is
 // invalid it returns an error wrapping ErrInvalid and changes nothing.
-func (m *MemoryStore) SetSharesAt(now time.Time, ups []ShareUpdate) error {
+func (m *MemoryStore) SetSharesAt(now time.Time, ups []ShareUpdate, out []ShareResult) error {
+	if out != nil && len(out) != len(ups) {
+		panic(fmt.Sprintf("lease: SetSharesAt with %d updates and %d results", len(ups), len(out)))
+	}
 	if err := validateAll(ups, validateShare); err != nil {
 		return err
 	}
 	nowUS := now.UnixMicro()
-	for _, u := range ups {
+	for i, u := range ups {
 		s := m.shard(u.Key)
 		s.mu.Lock()
-		e := s.entry(u.Key)
-		oldRate, oldCapacity := u.Limit.Regional(e.shareOr(u.Limit))
-		e.share, e.hasShare = u.SharePPM, true
-		if e.live(nowUS) {
-			e.refill(nowUS, oldRate, oldCapacity)
-			rate, capacity := u.Limit.Regional(u.SharePPM)
-			e.tokens = min(e.tokens, capacity)
-			e.setExpiry(rate, capacity)
-		} else {
-			e.hasBucket = false
-		}
+		r := s.entry(u.Key).setShare(nowUS, u)
 		s.mu.Unlock()
+		if out != nil {
+			out[i] = r
+		}
 	}
 	return nil
+}
+
+// setShare is SetSharesAt for one valid update; the caller holds the lock.
+func (e *memEntry) setShare(nowUS int64, u ShareUpdate) ShareResult {
+	oldRate, oldCapacity := u.Limit.Regional(e.shareOr(u.Limit))
+	e.load(nowUS, oldCapacity, u.Limit.StartEmpty)
+	e.refill(nowUS, oldRate, oldCapacity)
+	var credit int64
+	credit, e.gen, e.credited = escrowCredit(u.Gen, u.Received, e.gen, e.credited)
+	e.share, e.hasShare = u.SharePPM, true
+	rate, capacity := u.Limit.Regional(u.SharePPM)
+	r := ShareResult{Released: e.reshare(credit, capacity)}
+	e.setExpiry(rate, capacity)
+	r.Tokens = e.tokens
+	return r
 }
 
 // Sweep drops the buckets that have expired at store time now and returns
@@ -228,12 +247,16 @@ func (m *MemoryStore) Return(ctx context.Context, reqs []ReturnRequest) error {
 	return m.ReturnAt(m.clock(), reqs)
 }
 
-// SetShares is SetSharesAt at the configured clock's time.
-func (m *MemoryStore) SetShares(ctx context.Context, ups []ShareUpdate) error {
+// SetShares is SetSharesAt at the configured clock's time. It returns an
+// error wrapping ErrInvalid when out is not nil and len(out) != len(ups).
+func (m *MemoryStore) SetShares(ctx context.Context, ups []ShareUpdate, out []ShareResult) error {
+	if out != nil && len(out) != len(ups) {
+		return fmt.Errorf("%w: %d updates and %d results", ErrInvalid, len(ups), len(out))
+	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return m.SetSharesAt(m.clock(), ups)
+	return m.SetSharesAt(m.clock(), ups, out)
 }
 
 // Shares writes the applied share in ppm of each key to out, which must
@@ -313,7 +336,7 @@ func (m *MemoryStore) DeleteShares(ctx context.Context, keys []string) error {
 		s := m.shard(k)
 		s.mu.Lock()
 		if e, ok := s.keys[k]; ok {
-			e.hasShare, e.share = false, 0
+			e.hasShare, e.share, e.gen, e.credited = false, 0, 0, 0
 			if !e.hasBucket {
 				delete(s.keys, k)
 			}
@@ -321,4 +344,41 @@ func (m *MemoryStore) DeleteShares(ctx context.Context, keys []string) error {
 		s.mu.Unlock()
 	}
 	return nil
+}
+
+// BucketState is what a store holds for one key, as PeekAt reads it.
+type BucketState struct {
+	// Tokens is the balance a grant would find now: refilled, and for a
+	// key without a bucket the one it stands for (full at its capacity, or
+	// empty for Limit.StartEmpty).
+	Tokens float64
+	// Rate and Capacity are the bucket's parameters at SharePPM, the
+	// applied share in force (Limit.InitialShare when none was applied).
+	Rate, Capacity float64
+	SharePPM       int64
+	// Gen and Credited are the escrow's: the newest exchange generation
+	// whose tokens the store credited, and how many (region.TokenScale).
+	Gen      uint64
+	Credited int64
+}
+
+// PeekAt returns key's state at store time now for limit l, changing
+// nothing.
+func (m *MemoryStore) PeekAt(now time.Time, key string, l Limit) BucketState {
+	nowUS := now.UnixMicro()
+	s := m.shard(key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.keys[key]
+	if !ok {
+		e = &memEntry{}
+	}
+	share := e.shareOr(l)
+	rate, capacity := l.Regional(share)
+	b := e.bucket
+	if !e.live(nowUS) {
+		b = newBucket(nowUS, capacity, l.StartEmpty)
+	}
+	b.refill(nowUS, rate, capacity)
+	return BucketState{Tokens: b.tokens, Rate: rate, Capacity: capacity, SharePPM: share, Gen: e.gen, Credited: e.credited}
 }

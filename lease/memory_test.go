@@ -82,7 +82,7 @@ func TestMemoryStoreSweep(t *testing.T) {
 	m := NewMemoryStore(MemoryConfig{})
 	out := make([]Grant, 3)
 	m.GrantAt(epoch, []GrantRequest{{Key: "a", Want: 1, Limit: l}, {Key: "b", Want: 1, Limit: l}, {Key: "c", Want: 1, Limit: slow}}, out)
-	if err := m.SetSharesAt(epoch, []ShareUpdate{{Key: "a", SharePPM: 500_000, Limit: l}}); err != nil {
+	if err := m.SetSharesAt(epoch, []ShareUpdate{{Key: "a", SharePPM: 500_000, Limit: l}}, nil); err != nil {
 		t.Fatal(err)
 	}
 	if n := m.Sweep(epoch.Add(20 * time.Millisecond)); n != 0 {
@@ -112,7 +112,7 @@ func TestMemoryStoreCloneRestore(t *testing.T) {
 	m.GrantAt(epoch, []GrantRequest{{Key: "k", Want: 4, Limit: l}}, out)
 	snap := m.Clone()
 	m.GrantAt(epoch, []GrantRequest{{Key: "k", Want: 6, Limit: l}}, out)
-	if err := m.SetSharesAt(epoch, []ShareUpdate{{Key: "k", SharePPM: 1, Limit: l}}); err != nil {
+	if err := m.SetSharesAt(epoch, []ShareUpdate{{Key: "k", SharePPM: 1, Limit: l}}, nil); err != nil {
 		t.Fatal(err)
 	}
 	// The clone is independent of later writes.

@@ -129,9 +129,9 @@ func (s *RedisStore) Grant(ctx context.Context, reqs []GrantRequest, out []Grant
 		}
 		idx = append(idx, i)
 	}
-	replies, err := s.run(ctx, len(idx), func(i int) (string, Limit, string, int64) {
+	replies, err := s.run(ctx, len(idx), func(i int) scriptItem {
 		r := reqs[idx[i]]
-		return r.Key, r.Limit, opGrant, r.Want
+		return scriptItem{key: r.Key, limit: r.Limit, op: opGrant, n: r.Want}
 	})
 	if err != nil {
 		return err
@@ -150,25 +150,37 @@ func (s *RedisStore) Return(ctx context.Context, reqs []ReturnRequest) error {
 	if err := validateAll(reqs, validateReturn); err != nil {
 		return err
 	}
-	_, err := s.run(ctx, len(reqs), func(i int) (string, Limit, string, int64) {
-		return reqs[i].Key, reqs[i].Limit, opReturn, reqs[i].Tokens
+	_, err := s.run(ctx, len(reqs), func(i int) scriptItem {
+		return scriptItem{key: reqs[i].Key, limit: reqs[i].Limit, op: opReturn, n: reqs[i].Tokens}
 	})
 	return err
 }
 
-// SetShares applies shares: each bucket is refilled at its old rate up to
-// now, then switches to the new rate and capacity with its tokens clipped
-// to the new capacity. Any invalid item rejects the whole call (ErrInvalid)
-// before anything is sent; an ErrUnavailable failure may leave some items
-// applied, so the exchange retries a failed call with the same shares.
-func (s *RedisStore) SetShares(ctx context.Context, ups []ShareUpdate) error {
+// SetShares applies shares with MemoryStore.SetSharesAt's semantics at the
+// server's time, one ShareResult per update in out unless out is nil. Any
+// invalid item rejects the whole call (ErrInvalid) before anything is sent;
+// an ErrUnavailable failure may leave some items applied (their results are
+// unknown: the tokens they released are lost, never created), so the
+// exchange retries a failed call with the same shares, which credits
+// nothing twice.
+func (s *RedisStore) SetShares(ctx context.Context, ups []ShareUpdate, out []ShareResult) error {
+	if out != nil && len(out) != len(ups) {
+		return fmt.Errorf("%w: %d updates and %d results", ErrInvalid, len(ups), len(out))
+	}
 	if err := validateAll(ups, validateShare); err != nil {
 		return err
 	}
-	_, err := s.run(ctx, len(ups), func(i int) (string, Limit, string, int64) {
-		return ups[i].Key, ups[i].Limit, opShare, ups[i].SharePPM
+	replies, err := s.run(ctx, len(ups), func(i int) scriptItem {
+		u := ups[i]
+		return scriptItem{key: u.Key, limit: u.Limit, op: opShare, n: u.SharePPM, gen: u.Gen, received: u.Received}
 	})
-	return err
+	if err != nil || out == nil {
+		return err
+	}
+	for i, rep := range replies {
+		out[i] = ShareResult{Released: rep.granted, Tokens: rep.tokens}
+	}
+	return nil
 }
 
 // Shares writes the applied share in ppm of each key to out (len(out) must
@@ -199,6 +211,9 @@ func (s *RedisStore) Shares(ctx context.Context, keys []string, out []int64) err
 		if err != nil {
 			return s.fail("shares", err)
 		}
+		if share, _, ok := strings.Cut(v, ":"); ok {
+			v = share // share:generation:credited, once tokens moved
+		}
 		if out[i], err = strconv.ParseInt(v, 10, 64); err != nil {
 			return fmt.Errorf("lease: redis share of %q is %q: %w", keys[i], v, err)
 		}
@@ -217,13 +232,13 @@ func (s *RedisStore) Ping(ctx context.Context) error {
 }
 
 // run calls the script for n items in one pipeline and decodes the replies.
-// item(i) gives the i-th item's key, limit, op and ARGV[7].
+// item(i) gives the i-th item.
 //
 // The script is loaded once (SCRIPT LOAD, on every shard of a cluster) and
 // then called by EVALSHA. Items that meet NOSCRIPT (a restarted or failed
 // over server) are sent again in a second pipeline with EVAL, which also
 // caches the script on that server.
-func (s *RedisStore) run(ctx context.Context, n int, item func(int) (string, Limit, string, int64)) ([]scriptReply, error) {
+func (s *RedisStore) run(ctx context.Context, n int, item func(int) scriptItem) ([]scriptReply, error) {
 	if n == 0 {
 		return nil, nil
 	}
@@ -241,9 +256,9 @@ func (s *RedisStore) run(ctx context.Context, n int, item func(int) (string, Lim
 	keys := make([][]string, n)
 	args := make([][]any, n)
 	for i := range n {
-		k, l, op, v := item(i)
-		keys[i] = []string{s.bucketKey(k), s.shareKey(k)}
-		args[i] = scriptArgs(op, l, v)
+		it := item(i)
+		keys[i] = []string{s.bucketKey(it.key), s.shareKey(it.key)}
+		args[i] = scriptArgs(it)
 	}
 	cmds := make([]*redis.Cmd, n)
 	pipe := s.client.Pipeline()

@@ -30,14 +30,26 @@ const (
 	opShare  = "s"
 )
 
+// scriptItem is one call of the script: a key, its limit, the op, its
+// argument (ARGV[7]) and, for a share update, the tokens received.
+type scriptItem struct {
+	key      string
+	limit    Limit
+	op       string
+	n        int64
+	gen      uint64
+	received int64
+}
+
 // scriptArgs is ARGV for one call of the script.
-func scriptArgs(op string, l Limit, n int64) []any {
+func scriptArgs(it scriptItem) []any {
+	l := it.limit
 	empty := "0"
 	if l.StartEmpty {
 		empty = "1"
 	}
 	return []any{
-		op,
+		it.op,
 		// 'g' with precision -1 is the shortest string that parses back to
 		// the same float64, which Lua's tonumber then reads exactly.
 		strconv.FormatFloat(l.Rate, 'g', -1, 64),
@@ -45,7 +57,9 @@ func scriptArgs(op string, l Limit, n int64) []any {
 		strconv.FormatInt(l.Cost, 10),
 		strconv.FormatInt(l.InitialShare, 10),
 		empty,
-		strconv.FormatInt(n, 10),
+		strconv.FormatInt(it.n, 10),
+		strconv.FormatUint(it.gen, 10),
+		strconv.FormatInt(it.received, 10),
 	}
 }
 

@@ -24,7 +24,7 @@ func TestDeleteShares(t *testing.T) {
 		t.Fatal(err)
 	}
 	type store interface {
-		SetShares(ctx context.Context, ups []ShareUpdate) error
+		SetShares(ctx context.Context, ups []ShareUpdate, out []ShareResult) error
 		Shares(ctx context.Context, keys []string, out []int64) error
 		DeleteShares(ctx context.Context, keys []string) error
 	}
@@ -32,7 +32,7 @@ func TestDeleteShares(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()
 			l := Limit{Rate: 100, Burst: 100, Cost: 1, InitialShare: 300_000}
-			if err := s.SetShares(ctx, []ShareUpdate{{Key: "r/a", SharePPM: 500_000, Limit: l}, {Key: "r/b", SharePPM: 200_000, Limit: l}}); err != nil {
+			if err := s.SetShares(ctx, []ShareUpdate{{Key: "r/a", SharePPM: 500_000, Limit: l}, {Key: "r/b", SharePPM: 200_000, Limit: l}}, nil); err != nil {
 				t.Fatal(err)
 			}
 			if err := s.DeleteShares(ctx, []string{"r/a", "r/never"}); err != nil {

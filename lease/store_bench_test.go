@@ -120,7 +120,7 @@ func BenchmarkRedisLease(b *testing.B) {
 		if err := client.ScriptLoad(ctx, bucketScript).Err(); err != nil {
 			b.Fatal(err)
 		}
-		args := scriptArgs(opGrant, benchLimit, 1)
+		args := scriptArgs(scriptItem{limit: benchLimit, op: opGrant, n: 1})
 		names := make([][]string, len(keys))
 		for i, k := range keys {
 			names[i] = []string{store.bucketKey(k), store.shareKey(k)}

@@ -80,11 +80,22 @@ func TestRedisMatchesMemory(t *testing.T) {
 			case 1:
 				what = "share"
 				u := []ShareUpdate{{Key: key, SharePPM: rng.Int64N(region.PPM + 1), Limit: l}}
-				if err := rs.SetShares(ctx, u); err != nil {
+				if rng.IntN(2) == 0 { // tokens given with the share, sometimes again or of an older generation
+					u[0].Gen, u[0].Received = uint64(1+rng.IntN(3)), rng.Int64N(400_000)
+				}
+				got, want := make([]ShareResult, 1), make([]ShareResult, 1)
+				if err := rs.SetShares(ctx, u, got); err != nil {
 					t.Fatal(err)
 				}
-				if err := ms.SetSharesAt(memNow, u); err != nil {
+				if err := ms.SetSharesAt(memNow, u, want); err != nil {
 					t.Fatal(err)
+				}
+				if diff := cmp.Diff(want, got, cmp.Comparer(sameFloat)); diff != "" {
+					t.Fatalf("case %d step %d %+v: Redis differs from memory (-memory +redis):\n%s", c, step, u[0], diff)
+				}
+				stored := make([]int64, 1)
+				if err := rs.Shares(ctx, []string{key}, stored); err != nil || stored[0] != u[0].SharePPM {
+					t.Fatalf("case %d step %d: Redis share %v (%v), want %d", c, step, stored, err, u[0].SharePPM)
 				}
 			default:
 				r := []GrantRequest{{Key: key, Want: cost + rng.Int64N(100), Limit: l}}

@@ -56,7 +56,7 @@ func TestRedisStoreUnavailable(t *testing.T) {
 				return s.Return(ctx, []ReturnRequest{{Key: "a", Tokens: 1, Limit: l}})
 			},
 			"SetShares": func(ctx context.Context) error {
-				return s.SetShares(ctx, []ShareUpdate{{Key: "a", SharePPM: 5, Limit: l}})
+				return s.SetShares(ctx, []ShareUpdate{{Key: "a", SharePPM: 5, Limit: l}}, nil)
 			},
 			"Shares": func(ctx context.Context) error { return s.Shares(ctx, []string{"a"}, make([]int64, 1)) },
 			"Ping":   func(ctx context.Context) error { return s.Ping(ctx) },

@@ -18,6 +18,14 @@ var modelSeed = flag.Uint64("model.seed", 0, "seed for TestMemoryStoreMatchesMod
 type model struct {
 	buckets map[string]*modelBucket
 	shares  map[string]int64
+	escrow  map[string]modelEscrow
+}
+
+// modelEscrow is what a key's store credited of the tokens given to it:
+// the newest generation seen and the cumulative tokens credited in it.
+type modelEscrow struct {
+	gen      uint64
+	credited int64
 }
 
 type modelBucket struct {
@@ -27,7 +35,7 @@ type modelBucket struct {
 }
 
 func newModel() *model {
-	return &model{buckets: map[string]*modelBucket{}, shares: map[string]int64{}}
+	return &model{buckets: map[string]*modelBucket{}, shares: map[string]int64{}, escrow: map[string]modelEscrow{}}
 }
 
 func (m *model) clone() *model {
@@ -38,6 +46,9 @@ func (m *model) clone() *model {
 	}
 	for k, v := range m.shares {
 		c.shares[k] = v
+	}
+	for k, v := range m.escrow {
+		c.escrow[k] = v
 	}
 	return c
 }
@@ -138,22 +149,33 @@ func (m *model) ret(now time.Time, r ReturnRequest) {
 	m.setExpiry(b, rate, capacity)
 }
 
-func (m *model) setShare(now time.Time, u ShareUpdate) {
+// setShare returns the tokens released, in thousandths: a missing bucket
+// is the one it stands for at the old share, credited what was given and
+// not credited yet in the newest generation, then capped at the new
+// capacity, the excess released.
+func (m *model) setShare(now time.Time, u ShareUpdate) (released int64, tokens float64) {
 	rate, capacity, _ := m.params(u.Key, u.Limit)
-	b, had := m.buckets[u.Key]
-	if had && b.expireAt != 0 && now.UnixMilli() > b.expireAt {
-		delete(m.buckets, u.Key)
-		had = false
+	b := m.bucket(now, u.Key, u.Limit, rate, capacity)
+	e := m.escrow[u.Key]
+	var credit int64
+	if u.Gen > 0 && u.Gen >= e.gen {
+		if u.Gen > e.gen {
+			e = modelEscrow{gen: u.Gen}
+		}
+		if u.Received > e.credited {
+			credit, e.credited = u.Received-e.credited, u.Received
+		}
 	}
-	if had {
-		b = m.bucket(now, u.Key, u.Limit, rate, capacity)
-	}
+	m.escrow[u.Key] = e
 	m.shares[u.Key] = u.SharePPM
-	if had {
-		rate, capacity, _ = m.params(u.Key, u.Limit)
-		b.tokens = math.Min(b.tokens, capacity)
-		m.setExpiry(b, rate, capacity)
+	rate, capacity, _ = m.params(u.Key, u.Limit)
+	b.tokens += float64(credit) / 1000
+	if b.tokens > capacity {
+		released = int64(math.Floor((b.tokens - capacity) * 1000))
+		b.tokens = capacity
 	}
+	m.setExpiry(b, rate, capacity)
+	return released, b.tokens
 }
 
 func randomLimit(rng *rand.Rand) Limit {
@@ -240,13 +262,21 @@ func TestMemoryStoreMatchesModel(t *testing.T) {
 			}
 		case p < 92:
 			u := ShareUpdate{Key: key, SharePPM: rng.Int64N(region.PPM+2) - 1, Limit: limits[key]}
-			err := store.SetSharesAt(now, []ShareUpdate{u})
-			valid := modelValid(u.Key, u.Limit) && u.SharePPM >= 0 && u.SharePPM <= region.PPM
+			if rng.IntN(2) == 0 { // tokens given with share, now and then duplicated or old
+				u.Gen, u.Received = uint64(1+rng.IntN(3)), rng.Int64N(50_000)-1
+			}
+			out := make([]ShareResult, 1)
+			err := store.SetSharesAt(now, []ShareUpdate{u}, out)
+			valid := modelValid(u.Key, u.Limit) && u.SharePPM >= 0 && u.SharePPM <= region.PPM && u.Received >= 0
 			if (err == nil) != valid {
 				t.Fatalf("op %d: SetShares %+v: got err %v, model says valid=%v", op, u, err, valid)
 			}
 			if valid {
-				mod.setShare(now, u)
+				released, tokens := mod.setShare(now, u)
+				if d := out[0].Released - released; d > 1 || d < -1 || math.Abs(out[0].Tokens-tokens) > 1e-9*math.Max(1, tokens) {
+					t.Fatalf("op %d at %v: SetShares %+v: got %+v, want released %d tokens %v", op, now.Sub(epoch), u, out[0], released, tokens)
+				}
+				mod.buckets[u.Key].tokens = out[0].Tokens
 			}
 		case p < 94: // the policy changes a key's limit
 			limits[key] = randomLimit(rng)

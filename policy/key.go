@@ -42,5 +42,5 @@ func (r *Rule) KeyPolicy() region.KeyPolicy {
 	if r == nil {
 		return region.KeyPolicy{}
 	}
-	return region.KeyPolicy{Rate: r.Rate(), ReclaimAfter: r.PartitionReclaimAfter, Cost: float64(r.Cost)}
+	return region.KeyPolicy{Rate: r.Rate(), ReclaimAfter: r.PartitionReclaimAfter, Cost: float64(r.Cost), Burst: float64(r.Burst)}
 }

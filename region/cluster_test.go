@@ -9,14 +9,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ration-dev/ration/lease"
 	"github.com/ration-dev/ration/region"
 )
 
 // This file models a deployment for the tests: regions running the
-// production Node (the protocol and its State) against a modelled store (the
-// applied share of every key), a modelled persisted state and a modelled
-// network (loss, duplication, delay, reordering, partitions), with crashes at
-// every effect of the epoch protocol.
+// production Node (the protocol and its State) against the production
+// memory store (buckets, applied shares and the escrow of tokens; the
+// regions spend their demand from it), a modelled persisted state and a
+// modelled network (loss, duplication, delay, reordering, partitions), with
+// crashes at every effect of the epoch protocol.
 
 // faults are the injected faults, per step; the zero value injects none.
 type faults struct {
@@ -24,6 +26,7 @@ type faults struct {
 	maxDelay   int     // a copy arrives 1 + U[0, maxDelay] epochs later
 	crash      float64 // probability a region crashes during its epoch
 	writeFail  float64 // probability a store write fails
+	ghostWrite float64 // probability a store write is applied but reported failed
 	partition  float64 // probability a healthy region becomes isolated
 	partitionN int     // how many epochs an isolation lasts, at most
 }
@@ -32,7 +35,7 @@ type node struct {
 	name      string
 	cfg       region.Config
 	n         *region.Node
-	store     map[string]int64 // applied shares; a missing key is at the initial share
+	store     *lease.MemoryStore // buckets and applied shares, at the cluster's clock
 	persisted *region.Snapshot
 	isolated  int // epochs left in isolation
 	restarts  int
@@ -76,15 +79,20 @@ type cluster struct {
 	after func(c *cluster, i int)
 	// allowUnknown accepts ErrUnknownRegion (during region set changes).
 	allowUnknown bool
+	// ideal is, per key, the balance of one ideal bucket (rate testRate,
+	// burst testBurst, full at the start) debited with every region's
+	// grants: the fleet's buckets and tokens in flight never hold more.
+	ideal map[string]float64
 	// stats
 	delivered, lost, stale, unknown int
+	released                        int64 // tokens stores released, in TokenScale units
 }
 
 var ctx = context.Background()
 
 func newCluster(t testing.TB, rng *rand.Rand, n int, tweak func(*region.Config)) *cluster {
 	t.Helper()
-	c := &cluster{t: t, rng: rng, period: time.Second, now: time.Unix(1_700_000_000, 0)}
+	c := &cluster{t: t, rng: rng, period: time.Second, now: time.Unix(1_700_000_000, 0), ideal: map[string]float64{}}
 	for i := 0; i < n; i++ {
 		c.regions = append(c.regions, fmt.Sprintf("r%d", i))
 	}
@@ -93,7 +101,7 @@ func newCluster(t testing.TB, rng *rand.Rand, n int, tweak func(*region.Config))
 		if tweak != nil {
 			tweak(&cfg)
 		}
-		nd := &node{name: name, cfg: cfg, store: map[string]int64{}, crashIn: -1}
+		nd := &node{name: name, cfg: cfg, store: lease.NewMemoryStore(lease.MemoryConfig{}), crashIn: -1}
 		c.nodes = append(c.nodes, nd)
 		c.start(i)
 	}
@@ -120,10 +128,27 @@ func (c *cluster) applied(i int, key string) int64 {
 	if nd.unborn {
 		return 0
 	}
-	if v, ok := nd.store[key]; ok {
-		return v
+	return nd.store.PeekAt(c.now, key, c.limit(i)).SharePPM
+}
+
+// Every test key has rate testRate and burst testBurst, one token a request.
+const testBurst = 1000.0
+
+// limit is the store's limit of every test key in region i.
+func (c *cluster) limit(i int) lease.Limit {
+	nd := c.nodes[i]
+	return lease.Limit{Rate: testRate, Burst: testBurst, Cost: 1, InitialShare: nd.n.Initial(nd.name)}
+}
+
+// spend grants region i's demand for key from its store, as its agents
+// would, and returns the tokens granted.
+func (c *cluster) spend(i int, key string, want int64) int64 {
+	out := make([]lease.Grant, 1)
+	c.nodes[i].store.GrantAt(c.now, []lease.GrantRequest{{Key: key, Want: want, Limit: c.limit(i)}}, out)
+	if out[0].Err != nil {
+		c.t.Fatalf("step %d: %s grants %s: %v", c.step, c.nodes[i].name, key, out[0].Err)
 	}
-	return nd.n.Initial(nd.name)
+	return out[0].Granted
 }
 
 // sum returns Σ over regions of the applied share of key.
@@ -208,20 +233,38 @@ func (c *cluster) publish(from int, rep region.Report) {
 	}
 }
 
-// write applies one share change to a region's store, unless it fails.
-func (c *cluster) write(i int, key string, share int64, del bool) bool {
+// write applies one share change to a region's store, unless it fails; a
+// ghost write is applied and reported failed (a lost answer). It returns
+// the change with the tokens the store released.
+func (c *cluster) write(i int, ch region.ShareChange) (region.ShareChange, bool) {
 	if c.chance(c.f.writeFail) {
-		return false
+		return ch, false
 	}
-	if del {
-		delete(c.nodes[i].store, key)
-	} else {
-		c.nodes[i].store[key] = share
+	res := make([]lease.ShareResult, 1)
+	if err := c.nodes[i].store.SetSharesAt(c.now, []lease.ShareUpdate{lease.ShareUpdateFor(ch, c.limit(i))}, res); err != nil {
+		c.t.Fatalf("step %d: %s writes %+v: %v", c.step, c.nodes[i].name, ch, err)
 	}
+	ch.Released = res[0].Released
+	c.released += ch.Released
+	c.checked(fmt.Sprintf("%s writes %s=%d", c.nodes[i].name, ch.Key, ch.SharePPM))
+	return ch, !c.chance(c.f.ghostWrite)
+}
+
+// remove deletes a retired key's share from a region's store, unless it fails.
+func (c *cluster) remove(i int, key string) {
+	if c.chance(c.f.writeFail) {
+		return
+	}
+	if err := c.nodes[i].store.DeleteShares(ctx, []string{key}); err != nil {
+		c.t.Fatalf("step %d: %s deletes %s: %v", c.step, c.nodes[i].name, key, err)
+	}
+	c.checked(fmt.Sprintf("%s deletes %s", c.nodes[i].name, key))
+}
+
+func (c *cluster) checked(when string) {
 	if c.check != nil {
-		c.check(c, fmt.Sprintf("%s writes %s=%d", c.nodes[i].name, key, share))
+		c.check(c, when)
 	}
-	return true
 }
 
 // epoch runs region i's decision, with a crash at a random effect when the
@@ -244,6 +287,7 @@ func (c *cluster) epoch(i int) {
 func (c *cluster) run(keys []string, demand func(region int, key string) int64) {
 	c.step++
 	c.now = c.now.Add(c.period)
+	c.refillIdeal(keys)
 	for _, nd := range c.nodes {
 		if nd.isolated > 0 {
 			nd.isolated--
@@ -256,6 +300,7 @@ func (c *cluster) run(keys []string, demand func(region int, key string) int64) 
 		for _, key := range keys {
 			if d := demand(i, key); d > 0 && !nd.down {
 				nd.n.Observe(key, d, d)
+				c.ideal[key] -= float64(c.spend(i, key, d))
 			}
 		}
 	}
@@ -307,8 +352,11 @@ func (fx effects) alive() bool {
 func (fx effects) WriteShares(_ context.Context, cs []region.ShareChange) []region.ShareChange {
 	var ok []region.ShareChange
 	for _, ch := range cs {
-		if fx.alive() && fx.c.write(fx.i, ch.Key, ch.SharePPM, false) {
-			ok = append(ok, ch)
+		if !fx.alive() {
+			continue
+		}
+		if done, confirmed := fx.c.write(fx.i, ch); confirmed {
+			ok = append(ok, done)
 		}
 	}
 	return ok
@@ -317,7 +365,7 @@ func (fx effects) WriteShares(_ context.Context, cs []region.ShareChange) []regi
 func (fx effects) DeleteShares(_ context.Context, keys []string) {
 	for _, key := range keys {
 		if fx.alive() {
-			fx.c.write(fx.i, key, 0, true)
+			fx.c.remove(fx.i, key)
 		}
 	}
 }
@@ -344,5 +392,69 @@ func (fx effects) Load(context.Context) (*region.Snapshot, error) {
 func (fx effects) Publish(_ context.Context, rep *region.Report) {
 	if nd := fx.c.nodes[fx.i]; fx.alive() && nd.isolated == 0 {
 		fx.c.publish(fx.i, *rep)
+	}
+}
+
+// refillIdeal brings the ideal buckets of keys forward one period.
+func (c *cluster) refillIdeal(keys []string) {
+	for _, key := range keys {
+		b, ok := c.ideal[key]
+		if !ok {
+			b = testBurst // every region's bucket starts full too
+		} else {
+			b = min(testBurst, b+testRate*c.period.Seconds())
+		}
+		c.ideal[key] = b
+	}
+}
+
+// fleetTokens returns, for key, Σ of the regions' bucket balances and the
+// tokens in flight: given and not yet credited by the receiver's store
+// (counted while the receiver can still credit them: its store is not in a
+// newer generation).
+func (c *cluster) fleetTokens(key string) (buckets, flight float64) {
+	given := map[int]map[uint64]int64{} // receiver → generation → Σ given
+	gens := make([]uint64, len(c.nodes))
+	for i, nd := range c.nodes {
+		if nd.unborn {
+			continue
+		}
+		buckets += nd.store.PeekAt(c.now, key, c.limit(i)).Tokens
+		gen, row := nd.st().Tokens(key)
+		gens[i] = gen
+		for j, t := range row {
+			if given[j] == nil {
+				given[j] = map[uint64]int64{}
+			}
+			given[j][gen] += t
+		}
+	}
+	for j, nd := range c.nodes {
+		if nd.unborn {
+			continue
+		}
+		st := nd.store.PeekAt(c.now, key, c.limit(j))
+		switch {
+		case st.Gen == gens[j]:
+			flight += float64(max(0, given[j][gens[j]]-st.Credited))
+		case st.Gen < gens[j]:
+			flight += float64(given[j][gens[j]])
+		}
+	}
+	return buckets, flight / region.TokenScale
+}
+
+// checkTokens fails the test when the fleet holds more tokens of key than
+// the ideal bucket (docs/DESIGN.md, "Tokens move with share"), beyond one
+// cost a region (a bucket's capacity never falls below one cost).
+func (c *cluster) checkTokens(key, when string) {
+	buckets, flight := c.fleetTokens(key)
+	if slack := float64(len(c.nodes)) + 1e-6; buckets+flight > c.ideal[key]+slack {
+		for i, nd := range c.nodes {
+			gen, row := nd.st().Tokens(key)
+			c.t.Logf("%s: store %+v; state gen %d given %v; %s", nd.name, nd.store.PeekAt(c.now, key, c.limit(i)), gen, row, nd.st().Debug(key))
+		}
+		c.t.Fatalf("step %d after %s: %s: the regions hold %.3f tokens and %.3f are in flight, more than the ideal bucket's %.3f + %v",
+			c.step, when, key, buckets, flight, c.ideal[key], slack)
 	}
 }

@@ -67,6 +67,10 @@ type KeyPolicy struct {
 	// a region that sees a few requests an epoch is smoothed harder and
 	// given more headroom than one that sees thousands.
 	Cost float64
+	// Burst is the key's global burst b in tokens: a gift of share s moves
+	// at most b × s of the tokens the giver's store released with it (what
+	// that share holds in a full bucket). Zero moves no tokens.
+	Burst float64
 }
 
 // Config configures a State. The zero value of every optional field selects

@@ -155,7 +155,8 @@ func (s *State) planStep(ks *keyState, sh int64, gifts, takes []int64, p *Plan) 
 	if intake {
 		st.intake = s.rowBuf(ks.inTaken)
 	}
-	c := ShareChange{Key: ks.key, SharePPM: a, step: int32(len(p.steps) + 1)}
+	c := ks.change(a)
+	c.step = int32(len(p.steps) + 1)
 	// A Lower when the share goes down or the stored share is unknown (it is
 	// written before Commit), a Raise when it goes up.
 	switch {

@@ -59,3 +59,13 @@ func (s *State) Reclaims(key string) int64 {
 
 // State returns the exchange state a Node runs, for tests' checks.
 func (n *Node) State() *State { return n.st }
+
+// Tokens returns the key's generation and our row of tokens given with
+// share in it.
+func (s *State) Tokens(key string) (gen uint64, given []int64) {
+	ks := s.byKey[key]
+	if ks == nil || ks.gen == 0 {
+		return 0, nil
+	}
+	return ks.gen, append([]int64(nil), ks.tok...)
+}

@@ -52,6 +52,9 @@ func (s *State) enter(now time.Time, ks *keyState, base int64) {
 	clear(ks.ack)
 	clear(ks.ackTkn)
 	clear(ks.inTakenStored)
+	clear(ks.tok)
+	clear(ks.tokIn) // tokens given in older generations are never credited now
+	ks.tokCredited = 0
 	ks.rowGen[me] = g
 	ks.bases[me] = base
 	for k := 0; k < n; k++ {

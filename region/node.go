@@ -14,8 +14,10 @@ import (
 // itself. sync/exchange implements them over Redis and NATS, the simulator
 // over its modelled store and network.
 type Effects interface {
-	// WriteShares writes applied shares to the region's store and returns
-	// the changes it wrote, in their order (a failed write is left out).
+	// WriteShares writes applied shares to the region's store, with the
+	// tokens received (ShareChange.Received), and returns the changes it
+	// wrote, in their order, each with the tokens the store released
+	// (ShareChange.Released); a failed write is left out.
 	WriteShares(ctx context.Context, cs []ShareChange) []ShareChange
 	// DeleteShares deletes the applied shares of retired keys, so that
 	// their buckets fall back to the initial share. A failure is harmless:
@@ -236,6 +238,7 @@ func (n *Node) Decide(ctx context.Context, now time.Time) Decided {
 	plan := n.st.Epoch(now)
 	if len(plan.Lower) > 0 {
 		plan.Lower = n.fx.WriteShares(ctx, plan.Lower)
+		n.st.Wrote(plan.Lower)
 	}
 	if err := n.st.Commit(plan); err != nil {
 		d.Err = err
@@ -282,6 +285,7 @@ func (n *Node) raise(ctx context.Context, cs []ShareChange) {
 		return
 	}
 	ok := n.fx.WriteShares(ctx, cs)
+	n.st.Wrote(ok)
 	if len(ok) == len(cs) {
 		return
 	}

@@ -19,6 +19,8 @@ type Plan struct {
 	// below the share the store may hold, and this epoch's gifts are
 	// already taken out of it. Remove the entries whose write was not
 	// confirmed before calling Commit; their keys give nothing this epoch.
+	// Set each entry's Released to what its write released: those tokens
+	// go with the gifts.
 	Lower []ShareChange
 	// Raise are shares to write after Commit (gifts received, or our gifts
 	// outweighed by those received). Their outcome never matters for
@@ -33,10 +35,21 @@ type Plan struct {
 	steps []step
 }
 
-// ShareChange sets the applied share of Key in this region's store.
+// ShareChange sets the applied share of Key in this region's store, and
+// carries the tokens escrowed with share (TokenScale units).
 type ShareChange struct {
 	Key      string
 	SharePPM int64
+	// Received is Σ of the tokens peers gave this region for Key in the
+	// key's exchange generation Gen: the store credits the part it has not
+	// credited for Gen yet (once, whatever duplicates), capped at the
+	// bucket's capacity. Gen 0 carries no tokens.
+	Gen      uint64
+	Received int64
+	// Released is set by Effects.WriteShares: the tokens the write took out
+	// of the bucket because they were above its new capacity. The region
+	// gives them with its next gifts of share.
+	Released int64
 
 	step int32 // 1 + index in Plan.steps
 }
@@ -51,6 +64,9 @@ type step struct {
 	takes   []int64 // nil: none
 	intake  []int64 // inTaken when planned, to acknowledge at Commit (nil: unchanged)
 	entry   int8    // 0 none, 1 Lower, 2 Raise
+	// released is what the Lower write took out of the bucket, given with
+	// the gifts at Commit.
+	released int64
 }
 
 // Epoch runs one sync step for every active key at now (DESIGN.md, "Each
@@ -143,6 +159,9 @@ func (s *State) Commit(p Plan) error {
 				return fmt.Errorf("%w: entry %q=%d", ErrInvalidPlan, c.Key, c.SharePPM)
 			}
 			kept[i] = true
+			if list.entry == 1 {
+				p.steps[i].released = c.Released
+			}
 		}
 	}
 	for i := range p.steps {
@@ -164,6 +183,9 @@ func (s *State) Commit(p Plan) error {
 				tk[k] += st.takes[k]
 			}
 		}
+		if st.gifts != nil && st.released > 0 {
+			s.giveTokens(ks, st.gifts, st.released)
+		}
 		if st.gifts != nil || st.takes != nil {
 			ks.lastTransfer = s.now
 		}
@@ -179,7 +201,8 @@ func (s *State) Commit(p Plan) error {
 }
 
 // Apply returns the keys whose share rose since it was last written, because
-// peers' gifts (or refunds) arrived, with the share to write: DESIGN.md
+// peers' gifts (or refunds) arrived, or to which peers gave tokens, with the
+// share to write: DESIGN.md
 // "Each epoch", step 5, done on receipt rather than at the next epoch, so
 // that a gift is in use a network delay after it was given. Call it after
 // Receive and write the changes; a write that fails needs Resync. Raising
@@ -200,9 +223,12 @@ func (s *State) Apply() []ShareChange {
 		if s.byKey[ks.key] != ks || ks.gen == 0 || ks.applied < 0 || !slices.Equal(ks.inTaken, ks.inTakenStored) {
 			continue
 		}
-		if a := clamp(s.own(ks), 0, PPM); a > ks.applied {
-			ks.applied = a
-			out = append(out, ShareChange{Key: ks.key, SharePPM: a})
+		a := clamp(s.own(ks), 0, PPM)
+		if a > ks.applied || ks.received() > ks.tokCredited {
+			// Tokens come with gifts of share; a write for tokens alone
+			// (its share written already) writes the share it holds.
+			ks.applied = max(ks.applied, a)
+			out = append(out, ks.change(ks.applied))
 		}
 	}
 	clear(s.toApply)

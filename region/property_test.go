@@ -43,7 +43,7 @@ func escrowConfig(cfg *region.Config) {
 	cfg.IdleAfter = 6 * time.Second
 	cfg.Grace = 3 * time.Second
 	cfg.Policy = func(key string) region.KeyPolicy {
-		p := region.KeyPolicy{Rate: testRate}
+		p := region.KeyPolicy{Rate: testRate, Burst: testBurst}
 		if strings.HasPrefix(key, "reclaim/") {
 			p.ReclaimAfter = reclaimAfter
 		}
@@ -172,6 +172,9 @@ func escrowRun(t *testing.T, seed uint64, n, epochs int) (int, bool) {
 var (
 	escrowFaults = faults{loss: 0.2, dup: 0.1, maxDelay: 3, crash: 0.01, writeFail: 0.05, partition: 0.004, partitionN: 12}
 	harshFaults  = faults{loss: 0.2, dup: 0.1, maxDelay: 3, crash: 0.05, writeFail: 0.2, partition: 0.004, partitionN: 12}
+	// ghostFaults add writes that the store applies and whose answer is
+	// lost: the tokens they released are lost, never given twice.
+	ghostFaults = faults{loss: 0.2, dup: 0.1, maxDelay: 3, crash: 0.02, writeFail: 0.05, ghostWrite: 0.1, partition: 0.004, partitionN: 12}
 )
 
 // escrowRunWith is escrowRun under the faults f.
@@ -181,6 +184,11 @@ func escrowRunWith(t *testing.T, seed uint64, n, epochs int, f faults) (int, boo
 	c := newCluster(t, rng, n, escrowConfig)
 	c.check = func(c *cluster, when string) {
 		for _, key := range keys {
+			if !strings.HasPrefix(key, "reclaim/") {
+				// A reclaim's excess share is excess rate and capacity
+				// (E_reclaim, checked on the shares below).
+				c.checkTokens(key, when)
+			}
 			sum := c.sum(key)
 			if sum <= region.PPM {
 				continue
@@ -282,8 +290,11 @@ func escrowRunWith(t *testing.T, seed uint64, n, epochs int, f faults) (int, boo
 		}
 	}
 	moved := !slices.Equal(before, gens())
-	t.Logf("seed %d: %d epochs, %d reports delivered, %d lost, %d stale, %d restarts, at most %d keys held; converged in %d epochs (generation change: %v)",
-		seed, epochs, c.delivered, c.lost, c.stale, restarts, maxKeys, took, moved)
+	t.Logf("seed %d: %d epochs, %d reports delivered, %d lost, %d stale, %d restarts, at most %d keys held, %d tokens released to move with share; converged in %d epochs (generation change: %v)",
+		seed, epochs, c.delivered, c.lost, c.stale, restarts, maxKeys, c.released/region.TokenScale, took, moved)
+	if c.released == 0 {
+		t.Fatalf("seed %d: no store released tokens to move with share: the run does not test their escrow", seed)
+	}
 	if took < 0 {
 		for _, key := range keys {
 			var sh []int64
@@ -337,6 +348,27 @@ func TestExitRecordsWaitForTheStore(t *testing.T) {
 	}{{278752538, 7}, {30976729, 5}, {542009210, 4}, {542009210, 5}} {
 		t.Run(fmt.Sprintf("seed=%d/regions=%d", c.seed, c.n), func(t *testing.T) {
 			escrowRunWith(t, c.seed, c.n, 2000/3, harshFaults)
+		})
+	}
+}
+
+// TestPropertyTokensMoveWithShare is TestPropertyEscrow's safety property
+// for the tokens that move with share (docs/DESIGN.md, "Tokens move with
+// share"), under its faults plus store writes applied whose answer is lost:
+// after every store write, Σ of the regions' bucket balances and the tokens
+// in flight stays at most one ideal bucket's balance fed the same grants
+// (plus one cost a region). TestPropertyEscrow checks it too.
+func TestPropertyTokensMoveWithShare(t *testing.T) {
+	seed := testSeed(t)
+	epochs := 600
+	if testing.Short() {
+		epochs = 150
+	}
+	for _, n := range []int{3, 5} {
+		t.Run(fmt.Sprintf("regions=%d", n), func(t *testing.T) {
+			for round := uint64(0); round < 2; round++ {
+				escrowRunWith(t, seed+uint64(n)*1000+round, n, epochs, ghostFaults)
+			}
 		})
 	}
 }

@@ -48,7 +48,7 @@ func (s *State) reportSize() (entries, ints, acks int) {
 		}
 		entries++
 		if ks.gen != 0 {
-			ints += 4 * n
+			ints += 5 * n
 		}
 		if ks.announcing != 0 {
 			acks += n
@@ -70,6 +70,7 @@ func (s *State) keyReport(e *KeyReport, ks *keyState, b *rowSlab, acks *[]uint64
 		e.Taken = b.takeOpt(s.ownTaken(ks))
 		e.In = b.takeOpt(ks.in)
 		e.InTaken = b.takeOpt(ks.inTakenStored)
+		e.Tokens = b.takeOpt(ks.tok)
 	}
 	if ks.announcing != 0 {
 		e.Settled = (*acks)[:n:n]

@@ -197,7 +197,7 @@ func (s *State) checkRegress(ks *keyState, k int, e *KeyReport, cols []int, myCo
 		if len(e.Taken) > 0 {
 			tk = e.Taken[myCol]
 		}
-		if e.Row[myCol] < ks.in[k] || tk < ks.inTaken[k] {
+		if e.Row[myCol] < ks.in[k] || tk < ks.inTaken[k] || tokensAt(e.Tokens, myCol) < ks.tokIn[k] {
 			return fmt.Errorf("%w: key %q generation %d: gifts of %q to us went down", ErrRegressed, e.Key, e.Generation, s.cfg.Regions[k])
 		}
 	}
@@ -257,6 +257,7 @@ func (s *State) mergeRow(now time.Time, ks *keyState, k int, e *KeyReport, cols 
 		ks.lastTransfer = now
 	}
 	if myCol >= 0 {
+		s.mergeTokens(ks, k, e, myCol)
 		s.applyIn(now, ks, k, e.Row[myCol], e.Taken, myCol)
 		if len(e.In) > 0 {
 			ks.ack[k] = max(ks.ack[k], e.In[myCol])

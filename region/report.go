@@ -55,6 +55,9 @@ type KeyReport struct {
 	// that its gift arrived (a region retires a key only when its gifts
 	// are acknowledged, so that retiring loses nothing). Nil when all zero.
 	In, InTaken []int64
+	// Tokens is the sender's row of tokens given with share: TG[sender][j],
+	// cumulative in Generation, in TokenScale units. Nil when all zero.
+	Tokens []int64
 	// SharePPM is the sender region's applied share.
 	SharePPM int64
 	// Demand is the tokens asked for in the epoch at this replica,
@@ -164,13 +167,13 @@ func checkKeyShape(r *Report, i, self int) error {
 		return badReport(r, "key %q: Base %d not in [%d, %d]", k.Key, k.Base, -PPM, PPM)
 	}
 	if !r.Exchange {
-		if k.Generation != 0 || len(k.Row) != 0 || len(k.Taken) != 0 || len(k.In) != 0 || len(k.InTaken) != 0 || len(k.Exits) != 0 || len(k.Settled) != 0 || k.Base != 0 {
+		if k.Generation != 0 || len(k.Row) != 0 || len(k.Taken) != 0 || len(k.In) != 0 || len(k.InTaken) != 0 || len(k.Tokens) != 0 || len(k.Exits) != 0 || len(k.Settled) != 0 || k.Base != 0 {
 			return badReport(r, "key %q: exchange state in a tally-only report", k.Key)
 		}
 		return nil
 	}
 	if k.Generation == 0 {
-		if len(k.Row) != 0 || len(k.Taken) != 0 || len(k.In) != 0 || len(k.InTaken) != 0 || k.Base != 0 {
+		if len(k.Row) != 0 || len(k.Taken) != 0 || len(k.In) != 0 || len(k.InTaken) != 0 || len(k.Tokens) != 0 || k.Base != 0 {
 			return badReport(r, "key %q: rows without a generation", k.Key)
 		}
 	} else if err := checkKeyRows(r, k, self); err != nil {
@@ -194,8 +197,10 @@ func checkKeyRows(r *Report, k *KeyReport, self int) error {
 		return badRow(r, k, "In", k.In)
 	case len(k.InTaken) > 0 && !rowOK(k.InTaken, n):
 		return badRow(r, k, "InTaken", k.InTaken)
+	case len(k.Tokens) > 0 && !rowOK(k.Tokens, n):
+		return badRow(r, k, "Tokens", k.Tokens)
 	}
-	if k.Row[self] != 0 || (len(k.Taken) > 0 && k.Taken[self] != 0) {
+	if k.Row[self] != 0 || (len(k.Taken) > 0 && k.Taken[self] != 0) || (len(k.Tokens) > 0 && k.Tokens[self] != 0) {
 		return badReport(r, "key %q: a region gives to itself", k.Key)
 	}
 	return nil

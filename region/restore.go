@@ -101,6 +101,17 @@ func checkKeyCounters(region string, k *KeySnapshot, m int) error {
 			return err
 		}
 	}
+	// The token rows came later: a snapshot without them holds none.
+	for _, v := range []struct {
+		what string
+		row  []int64
+	}{{"Tokens", k.Tokens}, {"TokensIn", k.TokensIn}} {
+		if len(v.row) != 0 {
+			if err := checkCounters(region, k.Key, v.what, v.row, m); err != nil {
+				return err
+			}
+		}
+	}
 	if len(k.Demand) != m {
 		return badSnapshot(region, "key %q: Demand has %d columns, want %d", k.Key, len(k.Demand), m)
 	}
@@ -178,6 +189,7 @@ func (s *State) restoreCounters(ks *keyState, k *KeySnapshot, cols []int) {
 		}
 		row[j], tk[j] = k.Row[c], k.Taken[c]
 		ks.in[j], ks.inTaken[j] = k.In[c], k.InTaken[c]
+		ks.tok[j], ks.tokIn[j] = tokensAt(k.Tokens, c), tokensAt(k.TokensIn, c)
 		ks.refund[j], ks.unclaim[j] = k.Refund[c], k.Unclaim[c]
 		ks.ack[j], ks.ackTkn[j] = k.Ack[c], k.AckTaken[c]
 		ks.ewma[j] = k.Demand[c]

@@ -322,8 +322,14 @@ func TestScenarioIdleKeysRetire(t *testing.T) {
 		}
 	}
 	for i, nd := range c.nodes {
-		if len(nd.store) != 0 {
-			t.Errorf("%s's store holds %d shares after retirement, want none", c.regions[i], len(nd.store))
+		got := make([]int64, len(keys))
+		if err := nd.store.Shares(ctx, keys, got); err != nil {
+			t.Fatal(err)
+		}
+		for k, v := range got {
+			if v != -1 {
+				t.Errorf("%s's store holds the share %d of %s after retirement, want none", c.regions[i], v, keys[k])
+			}
 		}
 	}
 	busy = true

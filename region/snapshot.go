@@ -62,6 +62,11 @@ type KeySnapshot struct {
 	// Settled is the newest generation of each region's exit records the
 	// region settled against.
 	Settled []uint64
+	// Tokens is the region's own row of tokens given with share, and
+	// TokensIn the tokens each region gave it, in Generation (TokenScale
+	// units). Persisted before publishing, so a successor never announces
+	// less than a peer saw.
+	Tokens, TokensIn []int64
 	// Demand is the smoothed demand of each region, in tokens per epoch.
 	Demand []float64
 	// Exits are the generations the region left and still announces,
@@ -135,7 +140,7 @@ func (s *State) snapshotSize() (sz snapSize, floor uint64) {
 		}
 		sz.keys++
 		if ks.gen != 0 {
-			sz.ints += 8 * n
+			sz.ints += 10 * n
 			sz.floats += n
 		}
 		sz.exits += len(ks.exits)
@@ -165,6 +170,7 @@ func (s *State) keySnapshot(k *KeySnapshot, ks *keyState, b *snapBufs) {
 		k.In, k.InTaken = r.take(ks.in), r.take(ks.inTaken)
 		k.Refund, k.Unclaim = r.take(ks.refund), r.take(ks.unclaim)
 		k.Ack, k.AckTaken = r.take(ks.ack), r.take(ks.ackTkn)
+		k.Tokens, k.TokensIn = r.take(ks.tok), r.take(ks.tokIn)
 		k.Demand = b.floats[:n:n]
 		b.floats = b.floats[n:]
 		copy(k.Demand, ks.ewma)

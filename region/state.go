@@ -98,6 +98,12 @@ type keyState struct {
 	// last move.
 	moved, rose, flipped uint64
 
+	// Tokens escrowed with share (tokens.go), in TokenScale units: tok[j]
+	// is what we gave j in gen (our row), tokIn[k] what k gave us in gen,
+	// and tokCredited the Σ tokIn our store confirmed crediting.
+	tok, tokIn  []int64
+	tokCredited int64
+
 	exits []*exitState // generations we left and still announce, oldest first
 	// settled[k] is the newest generation of k's exit records we have
 	// settled against; announcing is the mask of peers whose latest report
@@ -279,7 +285,7 @@ func (s *State) LastEpoch() uint64 { return s.epoch }
 
 func (s *State) addKey(key string) *keyState {
 	n := s.n
-	ints := make([]int64, 2*n*n+9*n)
+	ints := make([]int64, 2*n*n+11*n)
 	gens := make([]uint64, 5*n)
 	ks := &keyState{
 		key:     key,
@@ -292,6 +298,7 @@ func (s *State) addKey(key string) *keyState {
 	next := func() []int64 { v := ints[o : o+n : o+n]; o += n; return v }
 	ks.bases, ks.in, ks.inTaken, ks.refund, ks.unclaim, ks.shares = next(), next(), next(), next(), next(), next()
 	ks.ack, ks.ackTkn, ks.inTakenStored = next(), next(), next()
+	ks.tok, ks.tokIn = next(), next()
 	ks.rowGen, ks.cur, ks.seen, ks.settled = gens[0:n:n], gens[n:2*n:2*n], gens[2*n:3*n:3*n], gens[3*n:4*n:4*n]
 	ks.born = gens[4*n : 5*n : 5*n]
 	copy(ks.born, s.exchEpoch)

@@ -41,11 +41,15 @@ func (fx regionFx) WriteShares(_ context.Context, cs []region.ShareChange) []reg
 	w, r := fx.w, fx.r
 	ups := make([]lease.ShareUpdate, len(cs))
 	for i, c := range cs {
-		ups[i] = lease.ShareUpdate{Key: c.Key, SharePPM: c.SharePPM, Limit: service.Limit(w.set.RuleOf(c.Key), r.initial)}
+		ups[i] = lease.ShareUpdateFor(c, service.Limit(w.set.RuleOf(c.Key), r.initial))
 	}
-	if err := r.store.SetSharesAt(w.base.Add(dur(w.now)), ups); err != nil {
+	res := make([]lease.ShareResult, len(cs))
+	if err := r.store.SetSharesAt(w.base.Add(dur(w.now)), ups, res); err != nil {
 		w.fail(fmt.Errorf("sim: region %s: writing shares: %w", r.name, err))
 		return nil
+	}
+	for i := range cs {
+		cs[i].Released = res[i].Released
 	}
 	w.shareWrites += int64(len(cs))
 	// A rewrite (after a restart or a failover) may put back share that a

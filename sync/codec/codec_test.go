@@ -52,6 +52,7 @@ func randomReport(rng *rand.Rand, regions []string, n int, exchange bool) region
 			Taken:      row(),
 			In:         row(),
 			InTaken:    row(),
+			Tokens:     row(),
 			SharePPM:   rng.Int64N(1_000_001),
 			Demand:     rng.Int64N(1 << 20),
 			Granted:    rng.Int64N(1 << 20),

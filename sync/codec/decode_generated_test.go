@@ -87,6 +87,7 @@ func keyToPB(pk *syncv1.Key, k *region.KeyReport) {
 		Demand:     k.Demand,
 		Granted:    k.Granted,
 		Settled:    k.Settled,
+		Tokens:     k.Tokens,
 	}
 	for _, x := range k.Exits {
 		pk.Exits = append(pk.Exits, &syncv1.Exit{
@@ -184,6 +185,7 @@ func keyFromPB(k *syncv1.Key) region.KeyReport {
 		Demand:     k.Demand,
 		Granted:    k.Granted,
 		Settled:    k.Settled,
+		Tokens:     k.Tokens,
 	}
 	if len(k.Exits) > 0 {
 		kr.Exits = make([]region.Exit, len(k.Exits))
@@ -219,6 +221,7 @@ func encodeSnapshotGenerated(s *region.Snapshot) ([]byte, error) {
 			Row: k.Row, Taken: k.Taken, In: k.In, InTaken: k.InTaken,
 			Refund: k.Refund, Unclaim: k.Unclaim, Demand: k.Demand,
 			Ack: k.Ack, AckTaken: k.AckTaken, Settled: k.Settled,
+			Tokens: k.Tokens, TokensIn: k.TokensIn,
 		}
 		for _, x := range k.Exits {
 			keys[i].Exits = append(keys[i].Exits, &syncv1.ExitSnapshot{

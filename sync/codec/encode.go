@@ -188,7 +188,7 @@ func keySize(k *region.KeyReport) int {
 	n := stringSize(k.Key) + varintSize(k.Generation) + varintSize(protowire.EncodeZigZag(k.Base)) +
 		packedSize(k.Row) + packedSize(k.Taken) + packedSize(k.In) + packedSize(k.InTaken) +
 		varintSize(uint64(k.SharePPM)) + varintSize(uint64(k.Demand)) + varintSize(uint64(k.Granted)) +
-		packedSize(k.Settled)
+		packedSize(k.Settled) + packedSize(k.Tokens)
 	for i := range k.Exits {
 		n += 1 + protowire.SizeBytes(exitSize(&k.Exits[i]))
 	}
@@ -218,7 +218,8 @@ func appendKey(b []byte, k *region.KeyReport, size int) []byte {
 		b = appendPacked(b, fExitIn, x.In)
 		b = appendPacked(b, fExitInTaken, x.InTaken)
 	}
-	return appendPacked(b, fKeySettled, k.Settled)
+	b = appendPacked(b, fKeySettled, k.Settled)
+	return appendPacked(b, fKeyTokens, k.Tokens)
 }
 
 func exitSize(x *region.Exit) int {

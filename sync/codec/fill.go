@@ -127,6 +127,8 @@ func fillKey(b []byte, k *region.KeyReport, sl *slabs) ([]byte, bool) {
 			k.InTaken, n = fillVarints(k.InTaken, &sl.ints, typ, num, b)
 		case num == fKeySettled:
 			k.Settled, n = fillVarints(k.Settled, &sl.uints, typ, num, b)
+		case num == fKeyTokens:
+			k.Tokens, n = fillVarints(k.Tokens, &sl.ints, typ, num, b)
 		case num == fKeyExits && typ == protowire.BytesType:
 			var m []byte
 			if m, n = protowire.ConsumeBytes(b); n >= 0 {

@@ -78,12 +78,13 @@ func scanExit(b []byte) (s exitShape, ok bool) {
 // keyShape counts the values of one Key message.
 type keyShape struct {
 	row, taken, in, inTaken int
+	tokens                  int
 	exitInts                int // int64 values in its exit records
 	exits, settled          int
 	key                     []byte // the last key field: proto3 keeps the last
 }
 
-func (s *keyShape) ints() int { return s.row + s.taken + s.in + s.inTaken + s.exitInts }
+func (s *keyShape) ints() int { return s.row + s.taken + s.in + s.inTaken + s.tokens + s.exitInts }
 
 // scanKey checks a Key message and counts its values.
 func scanKey(b []byte) (s keyShape, ok bool) {
@@ -112,6 +113,9 @@ func scanKey(b []byte) (s keyShape, ok bool) {
 		case num == fKeySettled:
 			c, n = countVarints(typ, num, b)
 			s.settled += c
+		case num == fKeyTokens:
+			c, n = countVarints(typ, num, b)
+			s.tokens += c
 		case num == fKeyExits && typ == protowire.BytesType:
 			var v []byte
 			if v, n = protowire.ConsumeBytes(b); n >= 0 {

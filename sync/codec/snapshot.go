@@ -87,7 +87,8 @@ func keySnapshotSize(k *region.KeySnapshot) int {
 	n := stringSize(k.Key) + varintSize(k.Generation) + varintSize(k.GenerationFloor) + varintSize(protowire.EncodeZigZag(k.Base)) +
 		packedSize(k.Row) + packedSize(k.Taken) + packedSize(k.In) + packedSize(k.InTaken) +
 		packedSize(k.Refund) + packedSize(k.Unclaim) + doublesSize(k.Demand) +
-		packedSize(k.Ack) + packedSize(k.AckTaken) + packedSize(k.Settled)
+		packedSize(k.Ack) + packedSize(k.AckTaken) + packedSize(k.Settled) +
+		wideTag(packedSize(k.Tokens)) + wideTag(packedSize(k.TokensIn))
 	for i := range k.Exits {
 		n += 1 + protowire.SizeBytes(exitSnapshotSize(&k.Exits[i]))
 	}
@@ -131,7 +132,18 @@ func appendKeySnapshot(b []byte, k *region.KeySnapshot, size int) []byte {
 	}
 	b = appendPacked(b, 13, k.Ack)
 	b = appendPacked(b, 14, k.AckTaken)
-	return appendPacked(b, 15, k.Settled)
+	b = appendPacked(b, 15, k.Settled)
+	b = appendPacked(b, 16, k.Tokens)
+	return appendPacked(b, 17, k.TokensIn)
+}
+
+// wideTag adds to the size of a field numbered 16 to 2047 (0 when the field
+// is left out) the second byte of its tag.
+func wideTag(size int) int {
+	if size == 0 {
+		return 0
+	}
+	return size + 1
 }
 
 func exitSnapshotSize(x *region.ExitSnapshot) int {
@@ -175,6 +187,7 @@ func DecodeSnapshot(b []byte) (region.Snapshot, error) {
 			Row: k.Row, Taken: k.Taken, In: k.In, InTaken: k.InTaken,
 			Refund: k.Refund, Unclaim: k.Unclaim, Demand: k.Demand,
 			Ack: k.Ack, AckTaken: k.AckTaken, Settled: k.Settled,
+			Tokens: k.Tokens, TokensIn: k.TokensIn,
 		}
 		for _, x := range k.Exits {
 			e := x.GetExit()

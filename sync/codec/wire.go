@@ -35,6 +35,7 @@ const (
 	fKeyGranted    = 10
 	fKeyExits      = 11
 	fKeySettled    = 12
+	fKeyTokens     = 13
 
 	fExitGeneration = 1
 	fExitRow        = 2

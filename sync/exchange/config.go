@@ -21,7 +21,7 @@ import (
 // Store is the region's allocator store as the exchange writes it:
 // lease.RedisStore and lease.MemoryStore satisfy it.
 type Store interface {
-	SetShares(ctx context.Context, ups []lease.ShareUpdate) error
+	SetShares(ctx context.Context, ups []lease.ShareUpdate, out []lease.ShareResult) error
 	DeleteShares(ctx context.Context, keys []string) error
 	// Incarnation changes whenever the store may have lost writes; the
 	// holder then writes every share again before it gives anything.

@@ -23,26 +23,32 @@ func (fx effects) WriteShares(ctx context.Context, cs []region.ShareChange) []re
 		batch := cs[i:min(i+x.cfg.WriteBatch, len(cs))]
 		ups := make([]lease.ShareUpdate, len(batch))
 		for j, c := range batch {
-			ups[j] = lease.ShareUpdate{Key: c.Key, SharePPM: c.SharePPM, Limit: x.limit(c.Key)}
+			ups[j] = lease.ShareUpdateFor(c, x.limit(c.Key))
 		}
+		res := make([]lease.ShareResult, len(batch))
 		lctx, cancel := x.holdCtx(ctx, x.cfg.StoreTimeout)
-		err := x.cfg.Store.SetShares(lctx, ups)
+		err := x.cfg.Store.SetShares(lctx, ups, res)
 		cancel()
 		if err != nil {
 			x.met.storeErrors.WithLabelValues("set_shares").Inc()
 			x.cfg.Logger.Warn("exchange: writing shares", "keys", len(batch), "err", err)
 			continue
 		}
-		for _, c := range batch {
-			x.noteWritten(c.Key, c.SharePPM)
+		for j, c := range batch {
+			c.Released = res[j].Released
+			x.noteWritten(c.Key, c.SharePPM, c.Released)
+			ok = append(ok, c)
 		}
-		ok = append(ok, batch...)
 	}
 	return ok
 }
 
-// noteWritten counts the share moved by a confirmed write.
-func (x *Exchanger) noteWritten(key string, ppm int64) {
+// noteWritten counts the share moved by a confirmed write, and the tokens it
+// released to go with the share.
+func (x *Exchanger) noteWritten(key string, ppm, released int64) {
+	if released > 0 {
+		x.met.tokensReleased.Add(float64(released) / region.TokenScale)
+	}
 	old, ok := x.written[key]
 	if !ok {
 		old = x.initial

@@ -25,6 +25,7 @@ type metrics struct {
 	storeErrors    *prometheus.CounterVec
 	stateBytes     prometheus.Gauge
 	resyncs        prometheus.Counter
+	tokensReleased prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -86,6 +87,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "ration_exchange_store_resyncs_total",
 			Help: "Times the store's incarnation changed (it may have lost writes) and every share was written again.",
 		}),
+		tokensReleased: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ration_exchange_tokens_released_total",
+			Help: "Tokens this region's store took out of buckets whose share was lowered, to give with the share.",
+		}),
 	}
 	for _, r := range codec.Reasons {
 		m.dropped.WithLabelValues(string(r))
@@ -97,7 +102,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.share, m.moved, m.reportAge, m.dropped, m.epochs, m.leader,
-		m.epochSeconds, m.received, m.published, m.publishedBytes, m.publishErrors, m.storeErrors, m.stateBytes, m.resyncs} {
+		m.epochSeconds, m.received, m.published, m.publishedBytes, m.publishErrors, m.storeErrors, m.stateBytes, m.resyncs, m.tokensReleased} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

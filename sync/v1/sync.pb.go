@@ -263,7 +263,10 @@ type Key struct {
 	Exits []*Exit `protobuf:"bytes,11,rep,name=exits,proto3" json:"exits,omitempty"`
 	// settled[j] is the newest generation of region j's exit records the
 	// sender has settled against; empty when all zero.
-	Settled       []uint64 `protobuf:"varint,12,rep,packed,name=settled,proto3" json:"settled,omitempty"`
+	Settled []uint64 `protobuf:"varint,12,rep,packed,name=settled,proto3" json:"settled,omitempty"`
+	// G for tokens: the tokens (thousandths) the sender gave each region
+	// with share in generation, cumulative; empty when all zero.
+	Tokens        []int64 `protobuf:"varint,13,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -378,6 +381,13 @@ func (x *Key) GetExits() []*Exit {
 func (x *Key) GetSettled() []uint64 {
 	if x != nil {
 		return x.Settled
+	}
+	return nil
+}
+
+func (x *Key) GetTokens() []int64 {
+	if x != nil {
+		return x.Tokens
 	}
 	return nil
 }
@@ -572,8 +582,12 @@ type KeySnapshot struct {
 	Ack             []int64                `protobuf:"varint,13,rep,packed,name=ack,proto3" json:"ack,omitempty"`
 	AckTaken        []int64                `protobuf:"varint,14,rep,packed,name=ack_taken,json=ackTaken,proto3" json:"ack_taken,omitempty"`
 	Settled         []uint64               `protobuf:"varint,15,rep,packed,name=settled,proto3" json:"settled,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The region's own row of tokens given with share and the tokens each
+	// region gave it (thousandths; absent in snapshots of older versions).
+	Tokens        []int64 `protobuf:"varint,16,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
+	TokensIn      []int64 `protobuf:"varint,17,rep,packed,name=tokens_in,json=tokensIn,proto3" json:"tokens_in,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *KeySnapshot) Reset() {
@@ -711,6 +725,20 @@ func (x *KeySnapshot) GetSettled() []uint64 {
 	return nil
 }
 
+func (x *KeySnapshot) GetTokens() []int64 {
+	if x != nil {
+		return x.Tokens
+	}
+	return nil
+}
+
+func (x *KeySnapshot) GetTokensIn() []int64 {
+	if x != nil {
+		return x.TokensIn
+	}
+	return nil
+}
+
 // ExitSnapshot is a persisted exit record (region.ExitSnapshot).
 type ExitSnapshot struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
@@ -812,7 +840,7 @@ const file_sync_proto_rawDesc = "" +
 	"\n" +
 	"keys_total\x18\n" +
 	" \x01(\rR\tkeysTotal\x12'\n" +
-	"\x04keys\x18\v \x03(\v2\x13.ration.sync.v1.KeyR\x04keys\"\xb3\x02\n" +
+	"\x04keys\x18\v \x03(\v2\x13.ration.sync.v1.KeyR\x04keys\"\xcb\x02\n" +
 	"\x03Key\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1e\n" +
 	"\n" +
@@ -828,7 +856,8 @@ const file_sync_proto_rawDesc = "" +
 	"\agranted\x18\n" +
 	" \x01(\x03R\agranted\x12*\n" +
 	"\x05exits\x18\v \x03(\v2\x14.ration.sync.v1.ExitR\x05exits\x12\x18\n" +
-	"\asettled\x18\f \x03(\x04R\asettled\"y\n" +
+	"\asettled\x18\f \x03(\x04R\asettled\x12\x16\n" +
+	"\x06tokens\x18\r \x03(\x03R\x06tokens\"y\n" +
 	"\x04Exit\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x01 \x01(\x04R\n" +
@@ -844,7 +873,7 @@ const file_sync_proto_rawDesc = "" +
 	"\x10generation_floor\x18\x04 \x01(\x04R\x0fgenerationFloor\x12\x14\n" +
 	"\x05heard\x18\x05 \x03(\x04R\x05heard\x12+\n" +
 	"\x12heard_at_unix_nano\x18\x06 \x03(\x03R\x0fheardAtUnixNano\x12/\n" +
-	"\x04keys\x18\a \x03(\v2\x1b.ration.sync.v1.KeySnapshotR\x04keys\"\x98\x03\n" +
+	"\x04keys\x18\a \x03(\v2\x1b.ration.sync.v1.KeySnapshotR\x04keys\"\xcd\x03\n" +
 	"\vKeySnapshot\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1e\n" +
 	"\n" +
@@ -863,7 +892,9 @@ const file_sync_proto_rawDesc = "" +
 	"\x05exits\x18\f \x03(\v2\x1c.ration.sync.v1.ExitSnapshotR\x05exits\x12\x10\n" +
 	"\x03ack\x18\r \x03(\x03R\x03ack\x12\x1b\n" +
 	"\tack_taken\x18\x0e \x03(\x03R\backTaken\x12\x18\n" +
-	"\asettled\x18\x0f \x03(\x04R\asettled\"\x9e\x01\n" +
+	"\asettled\x18\x0f \x03(\x04R\asettled\x12\x16\n" +
+	"\x06tokens\x18\x10 \x03(\x03R\x06tokens\x12\x1b\n" +
+	"\ttokens_in\x18\x11 \x03(\x03R\btokensIn\"\x9e\x01\n" +
 	"\fExitSnapshot\x12(\n" +
 	"\x04exit\x18\x01 \x01(\v2\x14.ration.sync.v1.ExitR\x04exit\x12\x16\n" +
 	"\x06refund\x18\x02 \x03(\x03R\x06refund\x12\x10\n" +
