@@ -61,7 +61,13 @@ func newDeployment(t *testing.T, regions ...string) *deployment {
 // add starts a replica of region r.
 func (dep *deployment) add(r, replica string) *Daemon {
 	dep.t.Helper()
-	d := startDaemon(dep.t, Config{
+	return dep.addWith(r, replica, nil)
+}
+
+// addWith starts a replica of region r, its configuration changed by tweak.
+func (dep *deployment) addWith(r, replica string, tweak func(*Config)) *Daemon {
+	dep.t.Helper()
+	cfg := Config{
 		Region:            r,
 		Regions:           dep.regions,
 		Replica:           replica,
@@ -71,7 +77,11 @@ func (dep *deployment) add(r, replica string) *Daemon {
 		SyncPeriod:        syncPeriod,
 		DecideAfter:       syncPeriod / 10, // loopback: tallies arrive within milliseconds
 		StoreTimeout:      time.Second,     // a loaded CI machine must not fail writes
-	})
+	}
+	if tweak != nil {
+		tweak(&cfg)
+	}
+	d := startDaemon(dep.t, cfg)
 	dep.nodes[r] = append(dep.nodes[r], d)
 	return d
 }
