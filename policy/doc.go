@@ -1,6 +1,8 @@
 // Package policy is ration's rule model: which requests a rule limits, what
-// forms the rate-limited key, and the limit, burst, cost, scope and failure
-// mode that apply to it (DESIGN.md, "Policy").
+// forms the rate-limited key, and the algorithm, limit, period, burst, cost,
+// scope and failure mode that apply to it (DESIGN.md, "Policy"). A rule is
+// a token bucket or a fixed window; Rule.Window and Rule.Boundaries cut time
+// into a fixed window's calendar-aligned windows, in the rule's time zone.
 //
 // Rules are data in YAML. Parse validates a whole document before anything
 // is applied and reports every problem with its file, line and field; a bad

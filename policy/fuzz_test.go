@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // FuzzParse checks that Parse never panics and either rejects a document
@@ -49,10 +50,7 @@ func FuzzParse(f *testing.F) {
 		for _, r := range s.Rules() {
 			checkValid(t, r)
 			// A request with exactly the rule's descriptors matches it.
-			var ds []Descriptor
-			for _, m := range r.Match {
-				ds = append(ds, m)
-			}
+			ds := append([]Descriptor(nil), r.Match...)
 			for _, k := range r.Key {
 				ds = append(ds, Descriptor{k, "v"})
 			}
@@ -71,11 +69,32 @@ func checkValid(t *testing.T, r *Rule) {
 		r.Period > 0 && r.Period <= MaxPeriod && r.Cost > 0 && r.Burst >= r.Cost && r.Burst <= MaxTokens &&
 		(r.Scope == ScopeGlobal || r.Scope == ScopeRegion) &&
 		(r.OnError == OnErrorLocal || r.OnError == OnErrorOpen || r.OnError == OnErrorClosed) &&
-		r.PartitionReclaimAfter >= 0 && r.PartitionReclaimAfter <= MaxPeriod &&
+		r.PartitionReclaimAfter >= 0 && r.PartitionReclaimAfter <= MaxReclaimAfter &&
+		validAlgorithm(r) &&
 		slices.IsSortedFunc(r.Match, func(a, b Descriptor) int { return strings.Compare(a.Key, b.Key) })
 	if !ok {
 		t.Fatalf("Parse: got invalid rule %+v", r)
 	}
+}
+
+// validAlgorithm checks what Parse promises of each algorithm: a fixed
+// window has a zone, a period that divides a day or a calendar word with
+// its nominal length, no burst of its own and never starts empty; a token
+// bucket has neither zone nor calendar.
+func validAlgorithm(r *Rule) bool {
+	if r.Algorithm == AlgorithmTokenBucket {
+		return r.Location == nil && r.Calendar == ""
+	}
+	if r.Algorithm != AlgorithmFixedWindow || r.Location == nil || r.Burst != r.Limit || r.StartEmpty {
+		return false
+	}
+	switch r.Calendar {
+	case "":
+		return r.Period%time.Second == 0 && NominalDay%r.Period == 0 && r.Period < NominalDay
+	case CalendarDay, CalendarWeek, CalendarMonth:
+		return r.Period == r.Calendar.nominal()
+	}
+	return false
 }
 
 // TestFuzzSeeds keeps the committed corpus honest: seeds named valid-* parse

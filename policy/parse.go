@@ -22,8 +22,11 @@ const (
 	MaxDocumentSize = 4 << 20
 	// MaxRules is the most rules one document may hold.
 	MaxRules = 10_000
-	// MaxPeriod is the longest period (and partition_reclaim_after).
-	MaxPeriod = 24 * time.Hour
+	// MaxPeriod is the longest period of a token bucket: 31 days. (A fixed
+	// window's is at most a day, or the calendar words week and month.)
+	MaxPeriod = 31 * 24 * time.Hour
+	// MaxReclaimAfter is the longest partition_reclaim_after: 24 hours.
+	MaxReclaimAfter = 24 * time.Hour
 	// MaxTokens bounds limit, burst and cost: 2^53, the largest integer a
 	// float64 holds exactly, because the allocator does its arithmetic in
 	// float64.
@@ -81,9 +84,9 @@ func readFile(path string) ([]byte, os.FileInfo, error) {
 // errors). Match values must be YAML strings: a number or boolean there is
 // an error rather than silently stringified, because the text a YAML number
 // stands for is ambiguous (1.10 is 1.1 to most tools, 0x10 is 16); quote it.
-// Durations are Go duration strings ("1s", "250ms", "1m").
+// Durations are Go duration strings ("1s", "250ms", "1m", "720h").
 func Parse(file string, data []byte) (*Set, error) {
-	p := &parser{yamlfield.Checker[invalid]{File: file, MaxProblems: MaxProblems}}
+	p := &parser{Checker: yamlfield.Checker[invalid]{File: file, MaxProblems: MaxProblems}}
 	rules := p.document(data)
 	if err := p.Err(); err != nil {
 		return nil, err
@@ -93,6 +96,9 @@ func Parse(file string, data []byte) (*Set, error) {
 
 type parser struct {
 	yamlfield.Checker[invalid]
+	// zones caches the time zones loaded for this document, so a policy of
+	// many rules in one zone reads its file once.
+	zones map[string]*time.Location
 }
 
 const emptyDocument = "document is empty; want a mapping with a rules list (an empty list means no limits)"
@@ -148,8 +154,8 @@ func (p *parser) rules(f yamlfield.Field) []*Rule {
 }
 
 var ruleFields = []string{
-	"name", "match", "key", "limit", "period", "burst", "cost", "scope", "on_error",
-	"shadow", "partition_reclaim_after", "start_empty",
+	"name", "match", "key", "algorithm", "limit", "period", "time_zone", "burst", "cost", "scope",
+	"on_error", "shadow", "partition_reclaim_after", "start_empty",
 }
 
 // rule decodes and validates one rule. It returns ok=false only when the
@@ -161,8 +167,12 @@ func (p *parser) rule(n *yaml.Node, path string) (*Rule, bool) {
 		return nil, false
 	}
 	fs := p.Fields(n, path, ruleFields...)
-	r := &Rule{Line: n.Line, Period: time.Second, Cost: 1, Scope: ScopeGlobal, OnError: OnErrorLocal}
+	r := &Rule{
+		Line: n.Line, Algorithm: AlgorithmTokenBucket, Period: time.Second, Cost: 1,
+		Scope: ScopeGlobal, OnError: OnErrorLocal,
+	}
 	p.ruleKey(fs, n, path, r)
+	p.ruleAlgorithm(fs, path, r)
 	p.ruleTokens(fs, n, path, r)
 	p.ruleModes(fs, path, r)
 	return r, true
@@ -186,7 +196,9 @@ func (p *parser) ruleKey(fs yamlfield.Fields, n *yaml.Node, path string, r *Rule
 	}
 }
 
-// ruleTokens decodes a rule's limit, period, cost and burst.
+// ruleTokens decodes a rule's limit, period, cost and burst. It runs after
+// ruleAlgorithm: a fixed window's period may be a calendar word, and its
+// capacity is its limit.
 func (p *parser) ruleTokens(fs yamlfield.Fields, n *yaml.Node, path string, r *Rule) {
 	limitOK := false
 	if f, ok := fs.Get("limit"); !ok {
@@ -195,28 +207,33 @@ func (p *parser) ruleTokens(fs yamlfield.Fields, n *yaml.Node, path string, r *R
 		r.Limit, limitOK = p.tokens(f, path+".limit")
 	}
 	if f, ok := fs.Get("period"); ok {
-		if d, ok := p.duration(f, path+".period"); ok {
-			if d <= 0 {
-				p.Errorf(f.Key.Line, path+".period", "must be > 0")
-			} else {
-				r.Period = d
-			}
-		}
+		p.period(f, path+".period", r)
 	}
 	costOK := true
 	if f, ok := fs.Get("cost"); ok {
 		r.Cost, costOK = p.tokens(f, path+".cost")
 	}
-	burstOK := limitOK
-	if f, ok := fs.Get("burst"); ok {
+	f, burstGiven := fs.Get("burst")
+	switch {
+	case burstGiven && r.FixedWindow():
+		p.Errorf(f.Key.Line, path+".burst", "does not apply to algorithm: fixed_window (a window admits limit tokens)")
+	case burstGiven:
+		var burstOK bool
 		r.Burst, burstOK = p.tokens(f, path+".burst")
 		if burstOK && costOK && r.Burst < r.Cost {
 			p.Errorf(f.Key.Line, path+".burst", "must be >= cost (%d)", r.Cost)
 		}
-	} else if limitOK {
-		r.Burst = r.Limit
-		if costOK && r.Burst < r.Cost {
-			f, _ := fs.Get("cost")
+		return
+	}
+	if !limitOK {
+		return
+	}
+	r.Burst = r.Limit
+	if costOK && r.Burst < r.Cost {
+		f, _ := fs.Get("cost")
+		if r.FixedWindow() {
+			p.Errorf(f.Key.Line, path+".cost", "must be <= limit (%d), the tokens of one window", r.Limit)
+		} else {
 			p.Errorf(f.Key.Line, path+".cost", "must be <= burst, which defaults to limit (%d)", r.Limit)
 		}
 	}
@@ -240,10 +257,13 @@ func (p *parser) ruleModes(fs yamlfield.Fields, path string, r *Rule) {
 	}
 	if f, ok := fs.Get("start_empty"); ok {
 		r.StartEmpty, _ = p.Bool(f, path+".start_empty")
+		if r.StartEmpty && r.FixedWindow() {
+			p.Errorf(f.Key.Line, path+".start_empty", "only applies to algorithm: token_bucket (every window starts with limit tokens)")
+		}
 	}
 	if f, ok := fs.Get("partition_reclaim_after"); ok {
 		field := path + ".partition_reclaim_after"
-		if d, ok := p.duration(f, field); ok {
+		if d, ok := p.duration(f, field, MaxReclaimAfter, "24h"); ok {
 			switch {
 			case d < 0:
 				p.Errorf(f.Key.Line, field, "must be >= 0 (0 turns reclaiming off)")

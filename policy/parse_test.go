@@ -25,7 +25,7 @@ rules:
 		t.Fatalf("Parse: got error %v, want none", err)
 	}
 	want := []*Rule{{
-		Name: "minimal", Key: []string{"tenant"}, Limit: 100, Period: time.Second, Burst: 100, Cost: 1,
+		Name: "minimal", Key: []string{"tenant"}, Algorithm: AlgorithmTokenBucket, Limit: 100, Period: time.Second, Burst: 100, Cost: 1,
 		Scope: ScopeGlobal, OnError: OnErrorLocal, Line: 3,
 	}}
 	if diff := cmp.Diff(want, s.Rules()); diff != "" {
@@ -60,12 +60,12 @@ rules:
 	want := []*Rule{{
 		Name:  "transfers-per-tenant",
 		Match: []Descriptor{{"method", "POST"}, {"plan", "*"}, {"route", "/v1/transfers"}},
-		Key:   []string{"tenant", "plan"},
+		Key:   []string{"tenant", "plan"}, Algorithm: AlgorithmTokenBucket,
 		Limit: 50_000, Period: time.Minute, Burst: 0x10000, Cost: 10,
 		Scope: ScopeGlobal, OnError: OnErrorClosed, Shadow: true,
 		PartitionReclaimAfter: 30 * time.Second, StartEmpty: true, Line: 3,
 	}, {
-		Name: "per-ip", Key: []string{"ip"}, Limit: 20, Period: time.Second, Burst: 20, Cost: 1,
+		Name: "per-ip", Key: []string{"ip"}, Algorithm: AlgorithmTokenBucket, Limit: 20, Period: time.Second, Burst: 20, Cost: 1,
 		Scope: ScopeRegion, OnError: OnErrorOpen, Line: 18,
 	}}
 	if diff := cmp.Diff(want, s.Rules()); diff != "" {
@@ -82,7 +82,7 @@ func TestParseValid(t *testing.T) {
 		{"document start marker", "---\nrules: []\n"},
 		{"trailing empty documents", "rules: []\n---\n---\n# done\n"},
 		{"document end marker", "rules: []\n...\n"},
-		{"max values", "rules: [{name: a, key: [t], limit: 9007199254740992, burst: 9007199254740992, cost: 9007199254740992, period: 24h}]"},
+		{"max values", "rules: [{name: a, key: [t], limit: 9007199254740992, burst: 9007199254740992, cost: 9007199254740992, period: 744h}]"},
 		{"anchor without alias", "rules: [{name: a, key: &k [t], limit: 1}]"},
 		{"empty match", "rules: [{name: a, match: {}, key: [t], limit: 1}]"},
 		{"descriptor name alphabet", "rules: [{name: a.b_c-9, match: {x-Y_z.1:2/3: v}, key: [generic_key], limit: 1}]"},
@@ -132,7 +132,7 @@ func TestParseErrors(t *testing.T) {
 			"r.yaml:3: rules[1].key[0]: must be a descriptor name (got an alias; aliases are not supported)"},
 
 		{"unknown rule field", rule("    key: [t]\n    limit: 1\n    limt: 2\n"),
-			"r.yaml:5: rules[0].limt: unknown field (known: name, match, key, limit, period, burst, cost, scope, on_error, shadow, partition_reclaim_after, start_empty)"},
+			"r.yaml:5: rules[0].limt: unknown field (known: name, match, key, algorithm, limit, period, time_zone, burst, cost, scope, on_error, shadow, partition_reclaim_after, start_empty)"},
 		{"duplicate rule field", rule("    key: [t]\n    limit: 1\n    limit: 2\n"),
 			"r.yaml:5: rules[0].limit: duplicate key (first at line 4)"},
 		{"required fields", "rules:\n  - shadow: true\n",
@@ -183,7 +183,7 @@ func TestParseErrors(t *testing.T) {
 		{"period zero", rule("    key: [t]\n    limit: 1\n    period: 0s\n"), "r.yaml:5: rules[0].period: must be > 0"},
 		{"period bare zero", rule("    key: [t]\n    limit: 1\n    period: 0\n"), "r.yaml:5: rules[0].period: must be > 0"},
 		{"period negative", rule("    key: [t]\n    limit: 1\n    period: -1s\n"), "r.yaml:5: rules[0].period: must be > 0"},
-		{"period too long", rule("    key: [t]\n    limit: 1\n    period: 24h1s\n"), "r.yaml:5: rules[0].period: must be at most 24h"},
+		{"period too long", rule("    key: [t]\n    limit: 1\n    period: 744h1s\n"), "r.yaml:5: rules[0].period: must be at most 744h (31 days)"},
 		{"period without unit", rule("    key: [t]\n    limit: 1\n    period: 1\n"), `r.yaml:5: rules[0].period: must be a Go duration with a unit, such as "1s" or "500ms" (got integer 1)`},
 		{"period words", rule("    key: [t]\n    limit: 1\n    period: 1 second\n"), `r.yaml:5: rules[0].period: must be a Go duration such as "1s" or "500ms" (got "1 second")`},
 		{"period list", rule("    key: [t]\n    limit: 1\n    period: [1s]\n"), `r.yaml:5: rules[0].period: must be a Go duration such as "1s" or "500ms" (got a list)`},
@@ -267,17 +267,17 @@ func TestLoadFile(t *testing.T) {
 	}
 	// regiond embeds a copy of this file as its default policy.
 	want := []*Rule{{
-		Name: "requests-per-tenant", Key: []string{"tenant"}, Limit: 1000, Period: time.Second, Burst: 2000, Cost: 1,
+		Name: "requests-per-tenant", Key: []string{"tenant"}, Algorithm: AlgorithmTokenBucket, Limit: 1000, Period: time.Second, Burst: 2000, Cost: 1,
 		Scope: ScopeGlobal, OnError: OnErrorLocal, Line: 8,
 	}, {
 		Name: "transfers-per-tenant", Match: []Descriptor{{"method", "POST"}, {"route", "/v1/transfers"}}, Key: []string{"tenant"},
-		Limit: 500, Period: time.Second, Burst: 1000, Cost: 10, Scope: ScopeGlobal, OnError: OnErrorClosed, Line: 17,
+		Algorithm: AlgorithmTokenBucket, Limit: 500, Period: time.Second, Burst: 1000, Cost: 10, Scope: ScopeGlobal, OnError: OnErrorClosed, Line: 17,
 	}, {
-		Name: "requests-per-ip", Key: []string{"ip"}, Limit: 20, Period: time.Second, Burst: 40, Cost: 1,
+		Name: "requests-per-ip", Key: []string{"ip"}, Algorithm: AlgorithmTokenBucket, Limit: 20, Period: time.Second, Burst: 40, Cost: 1,
 		Scope: ScopeRegion, OnError: OnErrorOpen, Line: 29,
 	}, {
 		Name: "search-per-tenant-shadow", Match: []Descriptor{{"route", "/v1/search"}}, Key: []string{"tenant", "plan"},
-		Limit: 6000, Period: time.Minute, Burst: 200, Cost: 1, Scope: ScopeGlobal, OnError: OnErrorLocal, Shadow: true, Line: 38,
+		Algorithm: AlgorithmTokenBucket, Limit: 6000, Period: time.Minute, Burst: 200, Cost: 1, Scope: ScopeGlobal, OnError: OnErrorLocal, Shadow: true, Line: 38,
 	}}
 	if diff := cmp.Diff(want, s.Rules()); diff != "" {
 		t.Errorf("example.yaml rules (-want +got):\n%s", diff)

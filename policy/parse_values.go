@@ -22,13 +22,13 @@ func (p *parser) tokens(f yamlfield.Field, path string) (int64, bool) {
 	return v, true
 }
 
-// duration decodes a Go duration string of at most MaxPeriod. A bare 0 is
-// accepted as zero; other bare numbers are errors, since their unit would
-// be a guess.
-func (p *parser) duration(f yamlfield.Field, path string) (time.Duration, bool) {
+// duration decodes a Go duration string of at most limit, which maxText
+// spells for messages. A bare 0 is accepted as zero; other bare numbers are
+// errors, since their unit would be a guess.
+func (p *parser) duration(f yamlfield.Field, path string, limit time.Duration, maxText string) (time.Duration, bool) {
 	d, ok := p.Duration(f, path)
-	if ok && d > MaxPeriod {
-		p.Errorf(f.Key.Line, path, "must be at most %s", "24h")
+	if ok && d > limit {
+		p.Errorf(f.Key.Line, path, "must be at most %s", maxText)
 		return 0, false
 	}
 	return d, ok

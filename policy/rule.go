@@ -32,6 +32,32 @@ const (
 	OnErrorClosed FailureMode = "closed"
 )
 
+// Algorithm is how a rule admits tokens.
+type Algorithm string
+
+const (
+	// AlgorithmTokenBucket (the default) refills Limit tokens per Period,
+	// continuously, into a bucket of Burst tokens. The zero value "" (a Rule
+	// built by hand) means the same; test with Rule.FixedWindow.
+	AlgorithmTokenBucket Algorithm = "token_bucket"
+	// AlgorithmFixedWindow admits Limit tokens per window; windows follow
+	// the calendar of the rule's Location (Rule.Window).
+	AlgorithmFixedWindow Algorithm = "fixed_window"
+)
+
+// Calendar names a fixed window's calendar period: a window that is a day,
+// a week or a month of the local calendar rather than a fixed duration.
+type Calendar string
+
+const (
+	// CalendarDay windows start at local midnight (yaml period: day or 24h).
+	CalendarDay Calendar = "day"
+	// CalendarWeek windows start on Monday at local midnight.
+	CalendarWeek Calendar = "week"
+	// CalendarMonth windows start on the 1st at local midnight.
+	CalendarMonth Calendar = "month"
+)
+
 // Descriptor is one key/value describing a request: tenant=acme,
 // route=/v1/x, method=POST, ip=192.0.2.1.
 type Descriptor struct{ Key, Value string }
@@ -53,11 +79,27 @@ type Rule struct {
 	// Key lists the descriptor names whose values form the rate-limited key,
 	// in the order written; all must be present for the rule to apply.
 	Key []string
-	// Limit is the tokens granted per Period; > 0.
+	// Algorithm defaults to AlgorithmTokenBucket.
+	Algorithm Algorithm
+	// Limit is the tokens granted per Period (per window for a fixed
+	// window); > 0.
 	Limit int64
-	// Period is the refill period; > 0 and at most MaxPeriod. Default 1s.
+	// Period is a token bucket's refill period: > 0 and at most MaxPeriod.
+	// For a fixed window it is the window's length: a whole number of
+	// seconds that divides a day, or for a calendar window the nominal
+	// length of its Calendar (NominalDay, NominalWeek, NominalMonth).
+	// Default 1s.
 	Period time.Duration
+	// Calendar (from yaml period: day, week, month, or 24h) is set only for
+	// a fixed window whose windows are calendar days, weeks or months; ""
+	// otherwise, when windows are Period long.
+	Calendar Calendar
+	// Location (yaml time_zone, an IANA name) is the time zone whose wall
+	// clock and calendar a fixed window's windows follow; time.UTC by
+	// default, and nil for a token bucket. Window treats nil as UTC.
+	Location *time.Location
 	// Burst is the bucket's capacity in tokens; >= Cost. Default Limit.
+	// A fixed window's is always Limit (yaml burst is refused there).
 	Burst int64
 	// Cost is the tokens one request spends; > 0 and <= Burst. Default 1.
 	Cost int64
@@ -74,17 +116,26 @@ type Rule struct {
 	PartitionReclaimAfter time.Duration
 	// StartEmpty (yaml start_empty) makes a bucket missing from the store
 	// start empty instead of full: no excess after a store data loss, at the
-	// price of a short under-admission.
+	// price of a short under-admission. Only for token buckets: every window
+	// starts with its Limit.
 	StartEmpty bool
 	// Line is the line of the rule in its file, for messages.
 	Line int
 }
 
-// Rate returns the rule's rate in tokens per second: Limit / Period.
-// It assumes a valid rule (Period > 0).
+// Rate returns the rule's rate in tokens per second: Limit / Period. For a
+// token bucket it is the refill rate. For a fixed window it is the average
+// rate that spends one window's Limit over the window's length; for a
+// calendar window over its nominal length (Period), not the current
+// window's, so the rate does not change with the month or on a DST day. It
+// assumes a valid rule (Period > 0).
 func (r *Rule) Rate() float64 {
 	return float64(r.Limit) / r.Period.Seconds()
 }
+
+// FixedWindow reports whether the rule is a fixed window rather than a
+// token bucket.
+func (r *Rule) FixedWindow() bool { return r.Algorithm == AlgorithmFixedWindow }
 
 // Applies reports whether the rule applies to a request described by ds:
 // every Match descriptor is present with an equal value (or any value for

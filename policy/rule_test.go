@@ -164,4 +164,22 @@ func TestRate(t *testing.T) {
 			t.Errorf("Rate(limit %d, period %s): got %v, want %v", tc.limit, tc.period, got, tc.want)
 		}
 	}
+	// A fixed window's rate spreads its limit over its nominal length.
+	for _, tc := range []struct {
+		period string
+		limit  int64
+		want   float64
+	}{
+		{"1m", 60, 1},
+		{"day", 86400, 1},
+		{"week", 7 * 86400, 1},
+		{"month", 2_629_746, 1},
+		{"month", 12, 12 / (365.2425 * 86400 / 12)},
+	} {
+		r := fixedRule(t, "Europe/Berlin", tc.period)
+		r.Limit = tc.limit
+		if got := r.Rate(); got != tc.want {
+			t.Errorf("Rate(fixed window, limit %d, period %s): got %v, want %v", tc.limit, tc.period, got, tc.want)
+		}
+	}
 }

@@ -192,6 +192,9 @@ func (s *Set) match(dst []*Rule, ds []Descriptor, marks []uint64) []*Rule {
 // version hashes the canonical form of rules. The form is versioned text,
 // one line per rule with every field in a fixed order, so that a new field
 // changes every Version only when the form's version string changes too.
+// Fields added within v1 (the fixed window's) are written only when they
+// are not the default, so the rules that existed before them keep their
+// Version.
 func version(rules []*Rule) string {
 	var b strings.Builder
 	b.WriteString("ration-policy v1\n")
@@ -226,6 +229,11 @@ func version(rules []*Rule) string {
 		b.WriteString(" on_error " + string(r.OnError))
 		b.WriteString(" shadow " + strconv.FormatBool(r.Shadow))
 		b.WriteString(" start_empty " + strconv.FormatBool(r.StartEmpty))
+		if r.FixedWindow() {
+			b.WriteString(" algorithm " + string(r.Algorithm))
+			b.WriteString(" calendar " + strconv.Quote(string(r.Calendar)))
+			b.WriteString(" time_zone " + strconv.Quote(r.location().String()))
+		}
 		b.WriteByte('\n')
 	}
 	sum := sha256.Sum256([]byte(b.String()))

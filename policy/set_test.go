@@ -199,13 +199,27 @@ func TestSetAccessors(t *testing.T) {
 	}
 }
 
+// TestVersionStable pins the Version of token-bucket rules: fields added
+// since (the fixed window's) must not change it, or every agent would see
+// a new policy on upgrade. The values are those before fixed windows.
+func TestVersionStable(t *testing.T) {
+	for doc, want := range map[string]string{
+		"rules: [{name: a, match: {route: /x}, key: [tenant], limit: 10, period: 1m, burst: 20, cost: 2, scope: region, on_error: open, shadow: true, start_empty: true}]": "a60f92dc982d4a36",
+		"rules: [{name: b, key: [ip], limit: 5, partition_reclaim_after: 30s}]":                                                                                            "27becab898da55c4",
+	} {
+		if got := mustParse(t, doc).Version(); got != want {
+			t.Errorf("%s: Version got %s, want %s", doc, got, want)
+		}
+	}
+}
+
 func TestVersion(t *testing.T) {
 	base := "rules:\n  - name: a\n    match: {route: /x, method: POST}\n    key: [tenant]\n    limit: 10\n"
 	want := mustParse(t, base).Version()
 
 	same := map[string]string{
 		"comments and layout": "# policy\nrules:\n\n  - {name: a,   match: {method: POST, route: /x}, key: [tenant], limit: 10}  # one line\n",
-		"explicit defaults":   base + "    period: 1s\n    burst: 10\n    cost: 1\n    scope: global\n    on_error: local\n    shadow: false\n    start_empty: false\n    partition_reclaim_after: 0s\n",
+		"explicit defaults":   base + "    algorithm: token_bucket\n    period: 1s\n    burst: 10\n    cost: 1\n    scope: global\n    on_error: local\n    shadow: false\n    start_empty: false\n    partition_reclaim_after: 0s\n",
 		"other spellings":     "rules:\n  - name: \"a\"\n    match: {route: '/x', method: POST}\n    key: [tenant]\n    limit: 0xA\n    period: 1000ms\n",
 	}
 	for name, doc := range same {
@@ -215,21 +229,26 @@ func TestVersion(t *testing.T) {
 	}
 
 	different := map[string]string{
-		"name":        strings.Replace(base, "name: a", "name: b", 1),
-		"match value": strings.Replace(base, "/x", "/y", 1),
-		"wildcard":    strings.Replace(base, "/x", `"*"`, 1),
-		"key":         strings.Replace(base, "[tenant]", "[tenant, ip]", 1),
-		"limit":       strings.Replace(base, "limit: 10", "limit: 11", 1),
-		"period":      base + "    period: 2s\n",
-		"burst":       base + "    burst: 11\n",
-		"cost":        base + "    cost: 2\n",
-		"scope":       base + "    scope: region\n",
-		"on_error":    base + "    on_error: open\n",
-		"shadow":      base + "    shadow: true\n",
-		"start_empty": base + "    start_empty: true\n",
-		"reclaim":     base + "    partition_reclaim_after: 5s\n",
-		"second rule": base + "  - {name: b, key: [t], limit: 1}\n",
-		"empty":       "rules: []\n",
+		"name":         strings.Replace(base, "name: a", "name: b", 1),
+		"match value":  strings.Replace(base, "/x", "/y", 1),
+		"wildcard":     strings.Replace(base, "/x", `"*"`, 1),
+		"key":          strings.Replace(base, "[tenant]", "[tenant, ip]", 1),
+		"limit":        strings.Replace(base, "limit: 10", "limit: 11", 1),
+		"period":       base + "    period: 2s\n",
+		"burst":        base + "    burst: 11\n",
+		"cost":         base + "    cost: 2\n",
+		"scope":        base + "    scope: region\n",
+		"on_error":     base + "    on_error: open\n",
+		"shadow":       base + "    shadow: true\n",
+		"start_empty":  base + "    start_empty: true\n",
+		"reclaim":      base + "    partition_reclaim_after: 5s\n",
+		"second rule":  base + "  - {name: b, key: [t], limit: 1}\n",
+		"fixed window": base + "    algorithm: fixed_window\n",
+		"time zone":    base + "    algorithm: fixed_window\n    time_zone: Europe/Berlin\n",
+		"day":          base + "    algorithm: fixed_window\n    period: day\n",
+		"week":         base + "    algorithm: fixed_window\n    period: week\n",
+		"month":        base + "    algorithm: fixed_window\n    period: month\n",
+		"empty":        "rules: []\n",
 	}
 	seen := map[string]string{want: "base"}
 	for name, doc := range different {
@@ -238,6 +257,17 @@ func TestVersion(t *testing.T) {
 			t.Errorf("%s: Version got %s, the same as %s; want a different one", name, got, prev)
 		}
 		seen[got] = name
+	}
+
+	// A fixed window of 24h is a calendar day; UTC is the default zone.
+	day := mustParse(t, base+"    algorithm: fixed_window\n    period: day\n").Version()
+	for _, doc := range []string{
+		base + "    algorithm: fixed_window\n    period: 24h\n",
+		base + "    algorithm: fixed_window\n    period: day\n    time_zone: UTC\n",
+	} {
+		if got := mustParse(t, doc).Version(); got != day {
+			t.Errorf("%q: Version got %s, want %s (the UTC day)", doc, got, day)
+		}
 	}
 
 	// Rule order is meaning: Match returns rules in file order.
