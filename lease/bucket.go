@@ -44,16 +44,63 @@ type bucket struct {
 	// last is the store time of the last update, in µs. It never moves
 	// backwards: a store clock that jumps back is clamped to it.
 	last int64
+	// win is a fixed window's start (Unix µs) when the bucket was last
+	// updated; 0 for a token bucket.
+	win int64
 }
 
-// newBucket is the state of a key without a bucket: full, or empty when the
-// rule asks missing buckets to start empty.
-func newBucket(nowUS int64, capacity float64, startEmpty bool) bucket {
-	b := bucket{tokens: capacity, last: nowUS}
+// newBucket is the state of a key without a bucket, in the fixed window
+// starting at win (0 for a token bucket): full, or empty when the rule asks
+// missing buckets to start empty.
+func newBucket(nowUS int64, capacity float64, startEmpty bool, win int64) bucket {
+	b := bucket{tokens: capacity, last: nowUS, win: win}
 	if startEmpty {
 		b.tokens = 0
 	}
 	return b
+}
+
+// errClockOutsideWindow is the item error of a fixed window whose
+// boundaries do not span the store's clock (the caller's clock is a window
+// away from the store's).
+var errClockOutsideWindow = fmt.Errorf("%w: the store's clock is outside the fixed window's boundaries", ErrInvalid)
+
+// windowAt returns the fixed window of l that contains nowUS, [start, end),
+// or ok false when l.Window spans no window containing it.
+func (l Limit) windowAt(nowUS int64) (start, end int64, ok bool) {
+	w := l.Window
+	switch {
+	case nowUS >= w[1] && nowUS < w[2]:
+		return w[1], w[2], true
+	case nowUS >= w[2] && nowUS < w[3]:
+		return w[2], w[3], true
+	case nowUS >= w[0] && nowUS < w[1]:
+		return w[0], w[1], true
+	}
+	return 0, 0, false
+}
+
+// advance brings b forward to nowUS, clamped to b.last: a token bucket
+// refills; a fixed window enters the window its clock is in, full again
+// when that window is newer than the bucket's. It returns the end of a
+// fixed window (0 for a token bucket), and false when the store's clock is
+// outside l.Window (b is unchanged then).
+func (b *bucket) advance(nowUS int64, l Limit, rate, capacity float64) (end int64, ok bool) {
+	if !l.Fixed() {
+		b.refill(nowUS, rate, capacity)
+		return 0, true
+	}
+	now := max(nowUS, b.last)
+	start, end, ok := l.windowAt(now)
+	if !ok {
+		return 0, false
+	}
+	if start > b.win {
+		b.tokens, b.win = capacity, start
+	}
+	b.tokens = min(b.tokens, capacity)
+	b.last = now
+	return end, true
 }
 
 // refill brings b forward to nowUS at rate, capped at capacity. A nowUS
@@ -115,27 +162,45 @@ func (b *bucket) reshare(credit int64, capacity float64) (released int64) {
 	return released
 }
 
-// escrowCredit is the part of received (cumulative, in generation gen) that
-// a key whose store credited credited in generation stored has not had yet,
-// and the store's new (generation, credited). A newer generation starts
-// from nothing; an older one credits nothing.
-func escrowCredit(gen uint64, received int64, stored uint64, credited int64) (credit int64, newGen uint64, newCredited int64) {
+// escrow is what a key's store credited of the tokens given to its region:
+// the newest era seen (the exchange generation and, for a fixed window, the
+// window) and the tokens credited in it (region.TokenScale units). It lives
+// with the applied share, which does not expire.
+type escrow struct {
+	gen      uint64
+	window   int64
+	credited int64
+}
+
+// credit returns the part of u.Received the store has not credited yet and
+// records it. A newer era starts from nothing; an older one, Gen 0, and a
+// fixed window's tokens of a window other than the bucket's current one
+// (cur) credit nothing.
+func (e *escrow) credit(u ShareUpdate, cur int64) int64 {
 	switch {
-	case gen == 0 || gen < stored:
-		return 0, stored, credited
-	case gen > stored:
-		stored, credited = gen, 0
+	case u.Gen == 0 || u.Window != cur:
+		return 0
+	case u.Gen < e.gen || (u.Gen == e.gen && u.Window < e.window):
+		return 0
+	case u.Gen > e.gen || u.Window > e.window:
+		*e = escrow{gen: u.Gen, window: u.Window}
 	}
-	if received > credited {
-		return received - credited, stored, received
+	if u.Received <= e.credited {
+		return 0
 	}
-	return 0, stored, credited
+	c := u.Received - e.credited
+	e.credited = u.Received
+	return c
 }
 
 // expireAtMillis is when an idle bucket updated at lastUS may vanish: once
-// it would be full again, 2 × capacity / rate after its last update. It
-// returns 0 when the bucket must never expire (rate 0, or too slow).
-func expireAtMillis(lastUS int64, rate, capacity float64) int64 {
+// it would be full again, 2 × capacity / rate after its last update, or a
+// fixed window's at its end (endUS, not 0). It returns 0 when the bucket
+// must never expire (rate 0, or too slow).
+func expireAtMillis(lastUS int64, rate, capacity float64, endUS int64) int64 {
+	if endUS != 0 {
+		return ceilDiv(endUS, 1000)
+	}
 	if !(rate > 0) {
 		return 0
 	}
@@ -170,11 +235,16 @@ func retryAfter(tokens float64, cost int64, rate float64) time.Duration {
 }
 
 // grantResult is the Grant reported for one item, from what the store
-// computed: tokens granted, tokens left and the share in force.
-func grantResult(l Limit, sharePPM, granted int64, tokens float64) Grant {
+// computed: tokens granted, tokens left, the share in force and, for a fixed
+// window, the time until its end in µs (a window refills only then).
+func grantResult(l Limit, sharePPM, granted int64, tokens float64, untilEndUS int64) Grant {
 	rate, capacity := l.Regional(sharePPM)
 	g := Grant{Granted: granted, Tokens: tokens, Rate: rate, Capacity: capacity}
-	if granted == 0 {
+	switch {
+	case granted != 0:
+	case l.Fixed():
+		g.RetryAfter = min(time.Duration(max(untilEndUS, 0))*time.Microsecond, MaxRetryAfter)
+	default:
 		g.RetryAfter = retryAfter(tokens, l.Cost, rate)
 	}
 	return g
@@ -209,6 +279,8 @@ func (l Limit) validate() error {
 		return fmt.Errorf("%w: cost %d is above burst %v", ErrInvalid, l.Cost, l.Burst)
 	case l.InitialShare < 0 || l.InitialShare > region.PPM:
 		return fmt.Errorf("%w: initial share %d ppm is outside [0, %d]", ErrInvalid, l.InitialShare, region.PPM)
+	case l.Fixed() && !(0 < l.Window[0] && l.Window[0] < l.Window[1] && l.Window[1] < l.Window[2] && l.Window[2] < l.Window[3] && l.Window[3] <= maxEscrow):
+		return fmt.Errorf("%w: fixed window boundaries %v are not increasing positive µs", ErrInvalid, l.Window)
 	}
 	return nil
 }
@@ -258,6 +330,8 @@ func validateShare(u ShareUpdate) error {
 		return fmt.Errorf("key %q: %w: generation %d is above 2^53", u.Key, ErrInvalid, u.Gen)
 	case u.Received < 0 || u.Received > maxEscrow:
 		return fmt.Errorf("key %q: %w: received tokens %d are outside [0, 2^53]", u.Key, ErrInvalid, u.Received)
+	case u.Window < 0 || u.Window > maxEscrow || (u.Window != 0 && !u.Limit.Fixed()):
+		return fmt.Errorf("key %q: %w: received tokens of window %d, for a limit that has none", u.Key, ErrInvalid, u.Window)
 	}
 	return nil
 }

@@ -77,6 +77,10 @@ func runConformance(t *testing.T, newStore func(t *testing.T) *harness) {
 		{"EscrowGenerations", confEscrowGenerations},
 		{"EscrowCreditCappedReleasesTheRest", confEscrowCap},
 		{"EscrowInvalidChangesNothing", confEscrowInvalid},
+		{"FixedWindow", confFixedWindow},
+		{"FixedWindowOutsideItsBoundaries", confFixedWindowOutside},
+		{"FixedWindowEscrow", confFixedWindowEscrow},
+		{"FixedWindowAcrossDST", confFixedWindowDST},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { c.run(t, newStore(t)) })

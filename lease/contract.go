@@ -44,7 +44,19 @@ type Limit struct {
 	// per-rule option that trades a short under-admission after a store
 	// data loss for no excess).
 	StartEmpty bool
+	// Window makes the bucket a fixed window (the policy's fixed_window):
+	// the window boundaries around the caller's clock in Unix µs, as
+	// policy.Rule.Boundaries gives them (the previous window's start, the
+	// current window's start and end, the next window's end). The store
+	// uses the window its own clock is in: the bucket holds Burst × share,
+	// does not refill within the window, is full again when the next one
+	// starts, and vanishes at the end of its window. The zero value is a
+	// token bucket.
+	Window [4]int64
 }
+
+// Fixed reports whether l is a fixed window.
+func (l Limit) Fixed() bool { return l.Window != [4]int64{} }
 
 // Regional returns the regional bucket's rate (tokens/s) and capacity
 // (tokens) for an applied share in ppm: rate = L × share,
@@ -108,6 +120,10 @@ type ShareUpdate struct {
 	// carries no tokens. Both are in [0, 2^53].
 	Gen      uint64
 	Received int64
+	// Window is, for a fixed window, the start (Unix µs) of the window
+	// whose tokens Received counts: a window is a generation of its own,
+	// and tokens of a window that has ended are never credited.
+	Window int64
 }
 
 // ShareResult is the outcome of one ShareUpdate.
@@ -116,6 +132,9 @@ type ShareResult struct {
 	// out of the bucket because they were above its new capacity (rounded
 	// down; the fraction is lost).
 	Released int64
+	// Window is, for a fixed window, the start (Unix µs) of the window the
+	// store's clock was in: the tokens released belong to it.
+	Window int64
 	// Tokens is the bucket's balance after the update.
 	Tokens float64
 }

@@ -71,11 +71,7 @@ type memEntry struct {
 	hasBucket bool
 	share     int64
 	hasShare  bool
-	// gen and credited are the escrow's: the newest exchange generation
-	// seen and the tokens credited in it (ShareUpdate.Received). They live
-	// with the share, which does not expire.
-	gen      uint64
-	credited int64
+	escrow // lives with the share: it does not expire
 }
 
 // live reports whether the entry holds a bucket that has not expired at
@@ -107,7 +103,9 @@ func (m *MemoryStore) shard(key string) *memShard {
 // Grants are whole multiples of Limit.Cost, so a Want below the cost is
 // invalid, and a Want that is not a multiple is rounded down. At share 0
 // (rate 0) a bucket holds one cost, never refills and never expires, and
-// RetryAfter is NoRefillRetryAfter.
+// RetryAfter is NoRefillRetryAfter. An empty fixed window's RetryAfter is the
+// time to its end (at most MaxRetryAfter); an item whose fixed window does
+// not span now gets an error wrapping ErrInvalid.
 func (m *MemoryStore) GrantAt(now time.Time, reqs []GrantRequest, out []Grant) {
 	if len(out) != len(reqs) {
 		panic(fmt.Sprintf("lease: GrantAt with %d requests and %d results", len(reqs), len(out)))
@@ -123,34 +121,57 @@ func (m *MemoryStore) GrantAt(now time.Time, reqs []GrantRequest, out []Grant) {
 		e := s.entry(r.Key)
 		share := e.shareOr(r.Limit)
 		rate, capacity := r.Limit.Regional(share)
-		e.load(nowUS, capacity, r.Limit.StartEmpty)
-		e.refill(nowUS, rate, capacity)
+		end, ok := e.bringForward(nowUS, r.Limit, rate, capacity)
+		if !ok {
+			s.mu.Unlock()
+			out[i] = Grant{Err: fmt.Errorf("key %q: %w", r.Key, errClockOutsideWindow)}
+			continue
+		}
 		granted := e.take(r.Want, r.Limit.Cost)
-		e.setExpiry(rate, capacity)
-		tokens := e.tokens
+		e.setExpiry(rate, capacity, end)
+		tokens, last := e.tokens, e.last
 		s.mu.Unlock()
-		out[i] = grantResult(r.Limit, share, granted, tokens)
+		out[i] = grantResult(r.Limit, share, granted, tokens, end-last)
 	}
 }
 
 // ReturnAt credits returned tokens at store time now, each bucket capped at
-// its capacity. The batch is all or nothing: if any item is invalid it
-// returns an error wrapping ErrInvalid and changes nothing.
+// its capacity. The batch is all or nothing: if any item is invalid (or its
+// fixed window does not span now) it returns an error wrapping ErrInvalid
+// and changes nothing.
 func (m *MemoryStore) ReturnAt(now time.Time, reqs []ReturnRequest) error {
-	if err := validateAll(reqs, validateReturn); err != nil {
+	nowUS := now.UnixMicro()
+	if err := validateAll(reqs, func(r ReturnRequest) error { return m.validateAt(validateReturn(r), r.Key, r.Limit, nowUS) }); err != nil {
 		return err
 	}
-	nowUS := now.UnixMicro()
 	for _, r := range reqs {
 		s := m.shard(r.Key)
 		s.mu.Lock()
 		e := s.entry(r.Key)
 		rate, capacity := r.Limit.Regional(e.shareOr(r.Limit))
-		e.load(nowUS, capacity, r.Limit.StartEmpty)
-		e.refill(nowUS, rate, capacity)
+		end, _ := e.bringForward(nowUS, r.Limit, rate, capacity)
 		e.give(r.Tokens, capacity)
-		e.setExpiry(rate, capacity)
+		e.setExpiry(rate, capacity, end)
 		s.mu.Unlock()
+	}
+	return nil
+}
+
+// validateAt adds to a valid item's check that its fixed window, if any,
+// spans the store's clock (clamped to the bucket's last update, as
+// bucket.advance clamps it).
+func (m *MemoryStore) validateAt(err error, key string, l Limit, nowUS int64) error {
+	if err != nil || !l.Fixed() {
+		return err
+	}
+	s := m.shard(key)
+	s.mu.Lock()
+	if e, ok := s.keys[key]; ok && e.live(nowUS) {
+		nowUS = max(nowUS, e.last)
+	}
+	s.mu.Unlock()
+	if _, _, ok := l.windowAt(nowUS); !ok {
+		return fmt.Errorf("key %q: %w", key, errClockOutsideWindow)
 	}
 	return nil
 }
@@ -168,10 +189,10 @@ func (m *MemoryStore) SetSharesAt(now time.Time, ups []ShareUpdate, out []ShareR
 	if out != nil && len(out) != len(ups) {
 		panic(fmt.Sprintf("lease: SetSharesAt with %d updates and %d results", len(ups), len(out)))
 	}
-	if err := validateAll(ups, validateShare); err != nil {
+	nowUS := now.UnixMicro()
+	if err := validateAll(ups, func(u ShareUpdate) error { return m.validateAt(validateShare(u), u.Key, u.Limit, nowUS) }); err != nil {
 		return err
 	}
-	nowUS := now.UnixMicro()
 	for i, u := range ups {
 		s := m.shard(u.Key)
 		s.mu.Lock()
@@ -187,14 +208,12 @@ func (m *MemoryStore) SetSharesAt(now time.Time, ups []ShareUpdate, out []ShareR
 // setShare is SetSharesAt for one valid update; the caller holds the lock.
 func (e *memEntry) setShare(nowUS int64, u ShareUpdate) ShareResult {
 	oldRate, oldCapacity := u.Limit.Regional(e.shareOr(u.Limit))
-	e.load(nowUS, oldCapacity, u.Limit.StartEmpty)
-	e.refill(nowUS, oldRate, oldCapacity)
-	var credit int64
-	credit, e.gen, e.credited = escrowCredit(u.Gen, u.Received, e.gen, e.credited)
+	end, _ := e.bringForward(nowUS, u.Limit, oldRate, oldCapacity)
+	credit := e.escrow.credit(u, e.bucket.win)
 	e.share, e.hasShare = u.SharePPM, true
 	rate, capacity := u.Limit.Regional(u.SharePPM)
-	r := ShareResult{Released: e.reshare(credit, capacity)}
-	e.setExpiry(rate, capacity)
+	r := ShareResult{Released: e.reshare(credit, capacity), Window: e.bucket.win}
+	e.setExpiry(rate, capacity, end)
 	r.Tokens = e.tokens
 	return r
 }
@@ -308,18 +327,28 @@ func (e *memEntry) shareOr(l Limit) int64 {
 	return l.InitialShare
 }
 
-// load starts a new bucket if the key has none at nowUS (missing or
-// expired, as a Redis key would be).
-func (e *memEntry) load(nowUS int64, capacity float64, startEmpty bool) {
+// bringForward starts a new bucket if the key has none at nowUS (missing or
+// expired, as a Redis key would be) and brings it forward to nowUS
+// (bucket.advance), returning a fixed window's end; ok is false when the
+// fixed window does not span nowUS, and then nothing changed.
+func (e *memEntry) bringForward(nowUS int64, l Limit, rate, capacity float64) (end int64, ok bool) {
 	if !e.live(nowUS) {
-		e.bucket = newBucket(nowUS, capacity, startEmpty)
+		var win int64
+		if l.Fixed() {
+			if win, _, ok = l.windowAt(nowUS); !ok {
+				return 0, false
+			}
+		}
+		e.bucket = newBucket(nowUS, capacity, l.StartEmpty, win)
 		e.hasBucket = true
 	}
+	return e.advance(nowUS, l, rate, capacity)
 }
 
-// setExpiry sets when the bucket, just updated, may vanish.
-func (e *memEntry) setExpiry(rate, capacity float64) {
-	e.expireAt = expireAtMillis(e.last, rate, capacity)
+// setExpiry sets when the bucket, just updated, may vanish (a fixed window
+// ending at end, not 0: then).
+func (e *memEntry) setExpiry(rate, capacity float64, end int64) {
+	e.expireAt = expireAtMillis(e.last, rate, capacity, end)
 }
 
 // DeleteShares is RedisStore.DeleteShares: the keys' buckets fall back to
@@ -336,7 +365,7 @@ func (m *MemoryStore) DeleteShares(ctx context.Context, keys []string) error {
 		s := m.shard(k)
 		s.mu.Lock()
 		if e, ok := s.keys[k]; ok {
-			e.hasShare, e.share, e.gen, e.credited = false, 0, 0, 0
+			e.hasShare, e.share, e.escrow = false, 0, escrow{}
 			if !e.hasBucket {
 				delete(s.keys, k)
 			}
@@ -375,10 +404,7 @@ func (m *MemoryStore) PeekAt(now time.Time, key string, l Limit) BucketState {
 	}
 	share := e.shareOr(l)
 	rate, capacity := l.Regional(share)
-	b := e.bucket
-	if !e.live(nowUS) {
-		b = newBucket(nowUS, capacity, l.StartEmpty)
-	}
-	b.refill(nowUS, rate, capacity)
+	b := *e // a copy: peeking changes nothing
+	b.bringForward(nowUS, l, rate, capacity)
 	return BucketState{Tokens: b.tokens, Rate: rate, Capacity: capacity, SharePPM: share, Gen: e.gen, Credited: e.credited}
 }

@@ -138,7 +138,23 @@ func (s *RedisStore) Grant(ctx context.Context, reqs []GrantRequest, out []Grant
 	}
 	for i, rep := range replies {
 		r := reqs[idx[i]]
-		out[idx[i]] = grantResult(r.Limit, rep.sharePPM, rep.granted, rep.tokens)
+		if rep.err != nil {
+			out[idx[i]] = Grant{Err: fmt.Errorf("key %q: %w", r.Key, rep.err)}
+			continue
+		}
+		out[idx[i]] = grantResult(r.Limit, rep.sharePPM, rep.granted, rep.tokens, rep.untilEnd)
+	}
+	return nil
+}
+
+// itemError returns the first item error of a Return or SetShares call:
+// those batches cannot check a fixed window against Redis's clock before
+// they are sent, so such an item fails the call after the others applied.
+func itemError(replies []scriptReply) error {
+	for _, r := range replies {
+		if r.err != nil {
+			return r.err
+		}
 	}
 	return nil
 }
@@ -150,10 +166,13 @@ func (s *RedisStore) Return(ctx context.Context, reqs []ReturnRequest) error {
 	if err := validateAll(reqs, validateReturn); err != nil {
 		return err
 	}
-	_, err := s.run(ctx, len(reqs), func(i int) scriptItem {
+	replies, err := s.run(ctx, len(reqs), func(i int) scriptItem {
 		return scriptItem{key: reqs[i].Key, limit: reqs[i].Limit, op: opReturn, n: reqs[i].Tokens}
 	})
-	return err
+	if err != nil {
+		return err
+	}
+	return itemError(replies)
 }
 
 // SetShares applies shares with MemoryStore.SetSharesAt's semantics at the
@@ -172,13 +191,16 @@ func (s *RedisStore) SetShares(ctx context.Context, ups []ShareUpdate, out []Sha
 	}
 	replies, err := s.run(ctx, len(ups), func(i int) scriptItem {
 		u := ups[i]
-		return scriptItem{key: u.Key, limit: u.Limit, op: opShare, n: u.SharePPM, gen: u.Gen, received: u.Received}
+		return scriptItem{key: u.Key, limit: u.Limit, op: opShare, n: u.SharePPM, gen: u.Gen, received: u.Received, window: u.Window}
 	})
+	if err == nil {
+		err = itemError(replies)
+	}
 	if err != nil || out == nil {
 		return err
 	}
 	for i, rep := range replies {
-		out[i] = ShareResult{Released: rep.granted, Tokens: rep.tokens}
+		out[i] = ShareResult{Released: rep.granted, Tokens: rep.tokens, Window: rep.window}
 	}
 	return nil
 }
@@ -285,6 +307,10 @@ func (s *RedisStore) run(ctx context.Context, n int, item func(int) scriptItem) 
 	replies := make([]scriptReply, n)
 	for i, c := range cmds {
 		if err := c.Err(); err != nil {
+			if redis.HasErrorPrefix(err, "ration: the store clock") {
+				replies[i].err = fmt.Errorf("%w (%v)", errClockOutsideWindow, err)
+				continue
+			}
 			return nil, s.fail("script", err)
 		}
 		rep, err := parseScriptReply(c.Val())

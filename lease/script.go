@@ -39,6 +39,7 @@ type scriptItem struct {
 	n        int64
 	gen      uint64
 	received int64
+	window   int64 // the window of received
 }
 
 // scriptArgs is ARGV for one call of the script.
@@ -60,14 +61,25 @@ func scriptArgs(it scriptItem) []any {
 		strconv.FormatInt(it.n, 10),
 		strconv.FormatUint(it.gen, 10),
 		strconv.FormatInt(it.received, 10),
+		strconv.FormatInt(it.window, 10),
+		strconv.FormatInt(l.Window[0], 10),
+		strconv.FormatInt(l.Window[1], 10),
+		strconv.FormatInt(l.Window[2], 10),
+		strconv.FormatInt(l.Window[3], 10),
 	}
 }
 
-// scriptReply is the script's answer: {granted, tokens, share}.
+// scriptReply is the script's answer: {granted, tokens, share, µs to a
+// fixed window's end, the window's start}.
 type scriptReply struct {
 	granted  int64
 	tokens   float64
 	sharePPM int64
+	untilEnd int64
+	window   int64
+	// err is an item's error (a fixed window whose boundaries do not
+	// span the server's clock); the other fields are zero then.
+	err error
 }
 
 // parseScriptReply decodes what go-redis made of the script's return value.
@@ -75,21 +87,23 @@ type scriptReply struct {
 // mangles replies) is an error, never a panic.
 func parseScriptReply(v any) (scriptReply, error) {
 	arr, ok := v.([]any)
-	if !ok || len(arr) != 3 {
+	if !ok || len(arr) != 5 {
 		return scriptReply{}, fmt.Errorf("lease: unexpected script reply %#v", v)
 	}
 	granted, ok1 := arr[0].(int64)
 	tokensStr, ok2 := arr[1].(string)
 	share, ok3 := arr[2].(int64)
-	if !ok1 || !ok2 || !ok3 {
+	untilEnd, ok4 := arr[3].(int64)
+	window, ok5 := arr[4].(int64)
+	if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 {
 		return scriptReply{}, fmt.Errorf("lease: unexpected script reply %#v", v)
 	}
 	tokens, err := strconv.ParseFloat(tokensStr, 64)
 	if err != nil {
 		return scriptReply{}, fmt.Errorf("lease: unexpected tokens in script reply: %w", err)
 	}
-	if granted < 0 || share < 0 || share > region.PPM || tokens != tokens {
+	if granted < 0 || share < 0 || share > region.PPM || tokens != tokens || untilEnd < 0 || window < 0 {
 		return scriptReply{}, fmt.Errorf("lease: script reply out of range %#v", v)
 	}
-	return scriptReply{granted: granted, tokens: tokens, sharePPM: share}, nil
+	return scriptReply{granted: granted, tokens: tokens, sharePPM: share, untilEnd: untilEnd, window: window}, nil
 }

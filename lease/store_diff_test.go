@@ -55,6 +55,13 @@ func TestRedisMatchesMemory(t *testing.T) {
 			Cost:         cost,
 			InitialShare: []int64{0, 1, 333_333, 777_777, region.PPM}[rng.IntN(5)],
 		}
+		if rng.IntN(3) == 0 {
+			// A fixed window around last, where both stores' clocks are
+			// clamped: of 1 s to a day, last anywhere in it.
+			d := int64(1+rng.IntN(86_400)) * 1e6
+			start := last.UnixMicro() - rng.Int64N(d)
+			l.Window = [4]int64{start - d, start, start + d, start + 2*d}
+		}
 		tokens := rng.Float64() * l.Burst
 		// Both stores start from the same bucket.
 		if err := client.HSet(ctx, rs.bucketKey(key),
@@ -82,6 +89,9 @@ func TestRedisMatchesMemory(t *testing.T) {
 				u := []ShareUpdate{{Key: key, SharePPM: rng.Int64N(region.PPM + 1), Limit: l}}
 				if rng.IntN(2) == 0 { // tokens given with the share, sometimes again or of an older generation
 					u[0].Gen, u[0].Received = uint64(1+rng.IntN(3)), rng.Int64N(400_000)
+					if l.Fixed() && rng.IntN(4) > 0 {
+						u[0].Window = l.Window[1+rng.IntN(2)] // this window, or the next (not credited)
+					}
 				}
 				got, want := make([]ShareResult, 1), make([]ShareResult, 1)
 				if err := rs.SetShares(ctx, u, got); err != nil {

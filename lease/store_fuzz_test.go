@@ -66,19 +66,19 @@ func FuzzParseRedisAddr(f *testing.F) {
 // FuzzParseScriptReply: a malformed script reply is an error, never a
 // panic or a grant of a negative or non-numeric amount.
 func FuzzParseScriptReply(f *testing.F) {
-	f.Add(int64(3), "0.5", int64(region.PPM), false)
-	f.Add(int64(-1), "NaN", int64(-5), true)
-	f.Add(int64(0), "1e400", int64(region.PPM+1), false)
-	f.Fuzz(func(t *testing.T, granted int64, tokens string, share int64, short bool) {
-		reply := []any{granted, tokens, share}
+	f.Add(int64(3), "0.5", int64(region.PPM), int64(0), int64(0), false)
+	f.Add(int64(-1), "NaN", int64(-5), int64(-1), int64(7), true)
+	f.Add(int64(0), "1e400", int64(region.PPM+1), int64(5), int64(-3), false)
+	f.Fuzz(func(t *testing.T, granted int64, tokens string, share, untilEnd, window int64, short bool) {
+		reply := []any{granted, tokens, share, untilEnd, window}
 		if short {
-			reply = reply[:2]
+			reply = reply[:3]
 		}
 		r, err := parseScriptReply(reply)
 		if err != nil {
 			return
 		}
-		if short || r.granted < 0 || r.sharePPM < 0 || r.sharePPM > region.PPM || math.IsNaN(r.tokens) {
+		if short || r.granted < 0 || r.sharePPM < 0 || r.sharePPM > region.PPM || math.IsNaN(r.tokens) || r.untilEnd < 0 || r.window < 0 {
 			t.Fatalf("parseScriptReply(%#v) = %+v, want an error", reply, r)
 		}
 	})
