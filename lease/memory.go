@@ -71,7 +71,7 @@ type memEntry struct {
 	hasBucket bool
 	share     int64
 	hasShare  bool
-	escrow // lives with the share: it does not expire
+	escrow    // lives with the share: it does not expire
 }
 
 // live reports whether the entry holds a bucket that has not expired at
