@@ -140,8 +140,8 @@ type ShareResult struct {
 }
 
 // ShareUpdateFor is the store write that carries out the exchange's share
-// change c for a key of limit l; the write's ShareResult.Released goes back
-// into c.Released.
+// change c for a key of limit l; the write's ShareResult.Released and
+// Window go back into c.Released and c.ReleasedWindow.
 func ShareUpdateFor(c region.ShareChange, l Limit) ShareUpdate {
-	return ShareUpdate{Key: c.Key, SharePPM: c.SharePPM, Limit: l, Gen: c.Gen, Received: c.Received}
+	return ShareUpdate{Key: c.Key, SharePPM: c.SharePPM, Limit: l, Gen: c.Gen, Received: c.Received, Window: c.Window}
 }

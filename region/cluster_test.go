@@ -244,7 +244,7 @@ func (c *cluster) write(i int, ch region.ShareChange) (region.ShareChange, bool)
 	if err := c.nodes[i].store.SetSharesAt(c.now, []lease.ShareUpdate{lease.ShareUpdateFor(ch, c.limit(i))}, res); err != nil {
 		c.t.Fatalf("step %d: %s writes %+v: %v", c.step, c.nodes[i].name, ch, err)
 	}
-	ch.Released = res[0].Released
+	ch.Released, ch.ReleasedWindow = res[0].Released, res[0].Window
 	c.released += ch.Released
 	c.checked(fmt.Sprintf("%s writes %s=%d", c.nodes[i].name, ch.Key, ch.SharePPM))
 	return ch, !c.chance(c.f.ghostWrite)

@@ -54,7 +54,8 @@ func (s *State) enter(now time.Time, ks *keyState, base int64) {
 	clear(ks.inTakenStored)
 	clear(ks.tok)
 	clear(ks.tokIn) // tokens given in older generations are never credited now
-	ks.tokCredited = 0
+	clear(ks.tokInWin)
+	ks.tokWin, ks.tokCredited, ks.tokCreditedWin = 0, 0, 0
 	ks.rowGen[me] = g
 	ks.bases[me] = base
 	for k := 0; k < n; k++ {

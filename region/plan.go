@@ -46,10 +46,14 @@ type ShareChange struct {
 	// bucket's capacity. Gen 0 carries no tokens.
 	Gen      uint64
 	Received int64
-	// Released is set by Effects.WriteShares: the tokens the write took out
-	// of the bucket because they were above its new capacity. The region
-	// gives them with its next gifts of share.
-	Released int64
+	// Window is, for a fixed-window key, the window (its start in Unix µs)
+	// whose tokens Received counts: each window's tokens are its own.
+	Window int64
+	// Released and ReleasedWindow are set by Effects.WriteShares: the
+	// tokens the write took out of the bucket because they were above its
+	// new capacity, and the fixed window they belong to (0 for a token
+	// bucket). The region gives them with this epoch's gifts of share.
+	Released, ReleasedWindow int64
 
 	step int32 // 1 + index in Plan.steps
 }
@@ -64,9 +68,9 @@ type step struct {
 	takes   []int64 // nil: none
 	intake  []int64 // inTaken when planned, to acknowledge at Commit (nil: unchanged)
 	entry   int8    // 0 none, 1 Lower, 2 Raise
-	// released is what the Lower write took out of the bucket, given with
-	// the gifts at Commit.
-	released int64
+	// released is what the Lower write took out of the bucket, in the
+	// fixed window releasedWin, given with the gifts at Commit.
+	released, releasedWin int64
 }
 
 // Epoch runs one sync step for every active key at now (DESIGN.md, "Each
@@ -160,7 +164,7 @@ func (s *State) Commit(p Plan) error {
 			}
 			kept[i] = true
 			if list.entry == 1 {
-				p.steps[i].released = c.Released
+				p.steps[i].released, p.steps[i].releasedWin = c.Released, c.ReleasedWindow
 			}
 		}
 	}
@@ -184,7 +188,7 @@ func (s *State) Commit(p Plan) error {
 			}
 		}
 		if st.gifts != nil && st.released > 0 {
-			s.giveTokens(ks, st.gifts, st.released)
+			s.giveTokens(ks, st.gifts, st.released, st.releasedWin)
 		}
 		if st.gifts != nil || st.takes != nil {
 			ks.lastTransfer = s.now
@@ -224,7 +228,7 @@ func (s *State) Apply() []ShareChange {
 			continue
 		}
 		a := clamp(s.own(ks), 0, PPM)
-		if a > ks.applied || ks.received() > ks.tokCredited {
+		if a > ks.applied || ks.creditPending() {
 			// Tokens come with gifts of share; a write for tokens alone
 			// (its share written already) writes the share it holds.
 			ks.applied = max(ks.applied, a)

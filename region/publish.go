@@ -70,7 +70,7 @@ func (s *State) keyReport(e *KeyReport, ks *keyState, b *rowSlab, acks *[]uint64
 		e.Taken = b.takeOpt(s.ownTaken(ks))
 		e.In = b.takeOpt(ks.in)
 		e.InTaken = b.takeOpt(ks.inTakenStored)
-		e.Tokens = b.takeOpt(ks.tok)
+		e.Tokens, e.TokensWindow = b.takeOpt(ks.tok), ks.tokWin
 	}
 	if ks.announcing != 0 {
 		e.Settled = (*acks)[:n:n]

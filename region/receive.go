@@ -197,7 +197,7 @@ func (s *State) checkRegress(ks *keyState, k int, e *KeyReport, cols []int, myCo
 		if len(e.Taken) > 0 {
 			tk = e.Taken[myCol]
 		}
-		if e.Row[myCol] < ks.in[k] || tk < ks.inTaken[k] || tokensAt(e.Tokens, myCol) < ks.tokIn[k] {
+		if e.Row[myCol] < ks.in[k] || tk < ks.inTaken[k] || (e.TokensWindow == ks.tokInWin[k] && tokensAt(e.Tokens, myCol) < ks.tokIn[k]) || e.TokensWindow < ks.tokInWin[k] {
 			return fmt.Errorf("%w: key %q generation %d: gifts of %q to us went down", ErrRegressed, e.Key, e.Generation, s.cfg.Regions[k])
 		}
 	}

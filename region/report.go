@@ -56,8 +56,11 @@ type KeyReport struct {
 	// are acknowledged, so that retiring loses nothing). Nil when all zero.
 	In, InTaken []int64
 	// Tokens is the sender's row of tokens given with share: TG[sender][j],
-	// cumulative in Generation, in TokenScale units. Nil when all zero.
-	Tokens []int64
+	// cumulative in Generation and, for a fixed-window key, in the window
+	// starting at TokensWindow (Unix µs; 0 for a token bucket), in
+	// TokenScale units. Nil when all zero.
+	Tokens       []int64
+	TokensWindow int64
 	// SharePPM is the sender region's applied share.
 	SharePPM int64
 	// Demand is the tokens asked for in the epoch at this replica,
@@ -165,6 +168,8 @@ func checkKeyShape(r *Report, i, self int) error {
 		return badReport(r, "key %q: SharePPM %d not in [0, %d]", k.Key, k.SharePPM, PPM)
 	case k.Base < -PPM || k.Base > PPM:
 		return badReport(r, "key %q: Base %d not in [%d, %d]", k.Key, k.Base, -PPM, PPM)
+	case k.TokensWindow < 0 || k.TokensWindow > maxCounter || (k.TokensWindow != 0 && k.Generation == 0):
+		return badReport(r, "key %q: TokensWindow %d", k.Key, k.TokensWindow)
 	}
 	if !r.Exchange {
 		if k.Generation != 0 || len(k.Row) != 0 || len(k.Taken) != 0 || len(k.In) != 0 || len(k.InTaken) != 0 || len(k.Tokens) != 0 || len(k.Exits) != 0 || len(k.Settled) != 0 || k.Base != 0 {

@@ -105,7 +105,7 @@ func checkKeyCounters(region string, k *KeySnapshot, m int) error {
 	for _, v := range []struct {
 		what string
 		row  []int64
-	}{{"Tokens", k.Tokens}, {"TokensIn", k.TokensIn}} {
+	}{{"Tokens", k.Tokens}, {"TokensIn", k.TokensIn}, {"TokensInWindow", k.TokensInWindow}} {
 		if len(v.row) != 0 {
 			if err := checkCounters(region, k.Key, v.what, v.row, m); err != nil {
 				return err
@@ -178,7 +178,7 @@ func (s *State) restoreKey(k *KeySnapshot, cols []int) {
 
 // restoreCounters restores the base, rows and smoothed demand of a key in a generation.
 func (s *State) restoreCounters(ks *keyState, k *KeySnapshot, cols []int) {
-	ks.base = k.Base
+	ks.base, ks.tokWin = k.Base, k.TokensWindow
 	row, tk := s.ownRow(ks), s.ownTaken(ks)
 	for c, j := range cols {
 		if j < 0 {
@@ -189,7 +189,7 @@ func (s *State) restoreCounters(ks *keyState, k *KeySnapshot, cols []int) {
 		}
 		row[j], tk[j] = k.Row[c], k.Taken[c]
 		ks.in[j], ks.inTaken[j] = k.In[c], k.InTaken[c]
-		ks.tok[j], ks.tokIn[j] = tokensAt(k.Tokens, c), tokensAt(k.TokensIn, c)
+		ks.tok[j], ks.tokIn[j], ks.tokInWin[j] = tokensAt(k.Tokens, c), tokensAt(k.TokensIn, c), tokensAt(k.TokensInWindow, c)
 		ks.refund[j], ks.unclaim[j] = k.Refund[c], k.Unclaim[c]
 		ks.ack[j], ks.ackTkn[j] = k.Ack[c], k.AckTaken[c]
 		ks.ewma[j] = k.Demand[c]

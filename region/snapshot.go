@@ -64,9 +64,12 @@ type KeySnapshot struct {
 	Settled []uint64
 	// Tokens is the region's own row of tokens given with share, and
 	// TokensIn the tokens each region gave it, in Generation (TokenScale
-	// units). Persisted before publishing, so a successor never announces
-	// less than a peer saw.
+	// units); TokensWindow and TokensInWindow the fixed windows they count
+	// (0 for a token bucket). Persisted before publishing, so a successor
+	// never announces less than a peer saw.
 	Tokens, TokensIn []int64
+	TokensWindow     int64
+	TokensInWindow   []int64
 	// Demand is the smoothed demand of each region, in tokens per epoch.
 	Demand []float64
 	// Exits are the generations the region left and still announces,
@@ -140,7 +143,7 @@ func (s *State) snapshotSize() (sz snapSize, floor uint64) {
 		}
 		sz.keys++
 		if ks.gen != 0 {
-			sz.ints += 10 * n
+			sz.ints += 11 * n
 			sz.floats += n
 		}
 		sz.exits += len(ks.exits)
@@ -170,7 +173,7 @@ func (s *State) keySnapshot(k *KeySnapshot, ks *keyState, b *snapBufs) {
 		k.In, k.InTaken = r.take(ks.in), r.take(ks.inTaken)
 		k.Refund, k.Unclaim = r.take(ks.refund), r.take(ks.unclaim)
 		k.Ack, k.AckTaken = r.take(ks.ack), r.take(ks.ackTkn)
-		k.Tokens, k.TokensIn = r.take(ks.tok), r.take(ks.tokIn)
+		k.Tokens, k.TokensIn, k.TokensWindow, k.TokensInWindow = r.take(ks.tok), r.take(ks.tokIn), ks.tokWin, r.take(ks.tokInWin)
 		k.Demand = b.floats[:n:n]
 		b.floats = b.floats[n:]
 		copy(k.Demand, ks.ewma)

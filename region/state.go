@@ -99,10 +99,13 @@ type keyState struct {
 	moved, rose, flipped uint64
 
 	// Tokens escrowed with share (tokens.go), in TokenScale units: tok[j]
-	// is what we gave j in gen (our row), tokIn[k] what k gave us in gen,
-	// and tokCredited the Σ tokIn our store confirmed crediting.
-	tok, tokIn  []int64
-	tokCredited int64
+	// is what we gave j in gen and fixed window tokWin (our row), tokIn[k]
+	// what k gave us in gen and window tokInWin[k]; tokCredited is the Σ
+	// tokIn of window tokCreditedWin our store confirmed crediting. For a
+	// token bucket every window is 0.
+	tok, tokIn, tokInWin        []int64
+	tokWin                      int64
+	tokCredited, tokCreditedWin int64
 
 	exits []*exitState // generations we left and still announce, oldest first
 	// settled[k] is the newest generation of k's exit records we have
@@ -285,7 +288,7 @@ func (s *State) LastEpoch() uint64 { return s.epoch }
 
 func (s *State) addKey(key string) *keyState {
 	n := s.n
-	ints := make([]int64, 2*n*n+11*n)
+	ints := make([]int64, 2*n*n+12*n)
 	gens := make([]uint64, 5*n)
 	ks := &keyState{
 		key:     key,
@@ -298,7 +301,7 @@ func (s *State) addKey(key string) *keyState {
 	next := func() []int64 { v := ints[o : o+n : o+n]; o += n; return v }
 	ks.bases, ks.in, ks.inTaken, ks.refund, ks.unclaim, ks.shares = next(), next(), next(), next(), next(), next()
 	ks.ack, ks.ackTkn, ks.inTakenStored = next(), next(), next()
-	ks.tok, ks.tokIn = next(), next()
+	ks.tok, ks.tokIn, ks.tokInWin = next(), next(), next()
 	ks.rowGen, ks.cur, ks.seen, ks.settled = gens[0:n:n], gens[n:2*n:2*n], gens[2*n:3*n:3*n], gens[3*n:4*n:4*n]
 	ks.born = gens[4*n : 5*n : 5*n]
 	copy(ks.born, s.exchEpoch)

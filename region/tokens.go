@@ -3,6 +3,7 @@ package region
 import (
 	"math"
 	"math/bits"
+	"slices"
 )
 
 // This file holds the escrow of tokens (docs/DESIGN.md, "Tokens move with
@@ -24,23 +25,33 @@ import (
 // split among regions still move their balance.
 const TokenScale = 1000
 
-// received is Σ of the tokens peers gave us in the key's generation: what
-// our store must have credited.
-func (ks *keyState) received() int64 {
-	var sum int64
-	for _, v := range ks.tokIn {
-		sum += v
+// received is Σ of the tokens peers gave us in the key's generation and
+// its newest fixed window (0 for a token bucket): what our store must have
+// credited.
+func (ks *keyState) received() (sum, window int64) {
+	window = slices.Max(ks.tokInWin)
+	for k, v := range ks.tokIn {
+		if ks.tokInWin[k] == window {
+			sum += v
+		}
 	}
-	return sum
+	return sum, window
 }
 
 // change is a write of share a for ks, carrying the tokens given to us.
 func (ks *keyState) change(a int64) ShareChange {
 	c := ShareChange{Key: ks.key, SharePPM: a, Gen: ks.gen}
 	if ks.gen != 0 {
-		c.Received = ks.received()
+		c.Received, c.Window = ks.received()
 	}
 	return c
+}
+
+// creditPending reports whether peers gave us tokens our store has not
+// confirmed crediting.
+func (ks *keyState) creditPending() bool {
+	sum, window := ks.received()
+	return window > ks.tokCreditedWin || (window == ks.tokCreditedWin && sum > ks.tokCredited)
 }
 
 // Wrote takes the share writes the store confirmed: the tokens received
@@ -50,17 +61,30 @@ func (ks *keyState) change(a int64) ShareChange {
 // drops its refill.
 func (s *State) Wrote(cs []ShareChange) {
 	for _, c := range cs {
-		if ks := s.byKey[c.Key]; ks != nil && c.Gen != 0 && c.Gen == ks.gen {
-			ks.tokCredited = max(ks.tokCredited, c.Received)
+		ks := s.byKey[c.Key]
+		if ks == nil || c.Gen == 0 || c.Gen != ks.gen || c.Window < ks.tokCreditedWin {
+			continue
 		}
+		if c.Window > ks.tokCreditedWin {
+			ks.tokCredited, ks.tokCreditedWin = 0, c.Window
+		}
+		ks.tokCredited = max(ks.tokCredited, c.Received)
 	}
 }
 
-// giveTokens gives the tokens our store released for ks with this epoch's
-// gifts of share, in proportion to them, each at most the key's burst times
-// the share given; the rest (and what a counter near its limit cannot take)
-// is dropped.
-func (s *State) giveTokens(ks *keyState, gifts []int64, released int64) {
+// giveTokens gives the tokens our store released for ks, in the fixed
+// window win (0 for a token bucket), with this epoch's gifts of share, in
+// proportion to them, each at most the key's burst times the share given;
+// the rest (and what a counter near its limit cannot take) is dropped. A
+// newer window starts our row afresh; tokens of an older one are dropped.
+func (s *State) giveTokens(ks *keyState, gifts []int64, released, win int64) {
+	switch {
+	case win < ks.tokWin:
+		return
+	case win > ks.tokWin:
+		clear(ks.tok)
+		ks.tokWin = win
+	}
 	var total uint64
 	for _, g := range gifts {
 		total += uint64(max(g, 0))
@@ -81,15 +105,19 @@ func (s *State) giveTokens(ks *keyState, gifts []int64, released int64) {
 	}
 }
 
-// mergeTokens takes the tokens peer k says it gave us in our generation.
+// mergeTokens takes the tokens peer k says it gave us in our generation: a
+// newer window replaces what k gave in an older one.
 func (s *State) mergeTokens(ks *keyState, k int, e *KeyReport, myCol int) {
-	if len(e.Tokens) == 0 {
+	v := tokensAt(e.Tokens, myCol)
+	switch {
+	case e.TokensWindow > ks.tokInWin[k]:
+		ks.tokIn[k], ks.tokInWin[k] = v, e.TokensWindow
+	case e.TokensWindow == ks.tokInWin[k] && v > ks.tokIn[k]:
+		ks.tokIn[k] = v
+	default:
 		return
 	}
-	if v := e.Tokens[myCol]; v > ks.tokIn[k] {
-		ks.tokIn[k] = v
-		s.raised(ks)
-	}
+	s.raised(ks)
 }
 
 // tokensAt is column c of a Tokens row, 0 for an empty row (all zero).

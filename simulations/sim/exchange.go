@@ -49,7 +49,7 @@ func (fx regionFx) WriteShares(_ context.Context, cs []region.ShareChange) []reg
 		return nil
 	}
 	for i := range cs {
-		cs[i].Released = res[i].Released
+		cs[i].Released, cs[i].ReleasedWindow = res[i].Released, res[i].Window
 	}
 	w.shareWrites += int64(len(cs))
 	// A rewrite (after a restart or a failover) may put back share that a

@@ -45,17 +45,18 @@ func randomReport(rng *rand.Rand, regions []string, n int, exchange bool) region
 	}
 	for i := 0; i < n; i++ {
 		k := region.KeyReport{
-			Key:        fmt.Sprintf("rule-%d/tenant=%d", rng.IntN(4), i),
-			Generation: rng.Uint64N(1 << 35),
-			Base:       rng.Int64N(2_000_000) - 1_000_000,
-			Row:        row(),
-			Taken:      row(),
-			In:         row(),
-			InTaken:    row(),
-			Tokens:     row(),
-			SharePPM:   rng.Int64N(1_000_001),
-			Demand:     rng.Int64N(1 << 20),
-			Granted:    rng.Int64N(1 << 20),
+			Key:          fmt.Sprintf("rule-%d/tenant=%d", rng.IntN(4), i),
+			Generation:   rng.Uint64N(1 << 35),
+			Base:         rng.Int64N(2_000_000) - 1_000_000,
+			Row:          row(),
+			Taken:        row(),
+			In:           row(),
+			InTaken:      row(),
+			Tokens:       row(),
+			TokensWindow: rng.Int64N(2) * rng.Int64N(1<<52),
+			SharePPM:     rng.Int64N(1_000_001),
+			Demand:       rng.Int64N(1 << 20),
+			Granted:      rng.Int64N(1 << 20),
 		}
 		for e := rng.IntN(3); e > 0; e-- {
 			k.Exits = append(k.Exits, region.Exit{Generation: rng.Uint64N(1 << 30), Row: row(), Taken: row(), In: row(), InTaken: row()})

@@ -88,6 +88,8 @@ func keyToPB(pk *syncv1.Key, k *region.KeyReport) {
 		Granted:    k.Granted,
 		Settled:    k.Settled,
 		Tokens:     k.Tokens,
+
+		TokensWindow: k.TokensWindow,
 	}
 	for _, x := range k.Exits {
 		pk.Exits = append(pk.Exits, &syncv1.Exit{
@@ -186,6 +188,8 @@ func keyFromPB(k *syncv1.Key) region.KeyReport {
 		Granted:    k.Granted,
 		Settled:    k.Settled,
 		Tokens:     k.Tokens,
+
+		TokensWindow: k.TokensWindow,
 	}
 	if len(k.Exits) > 0 {
 		kr.Exits = make([]region.Exit, len(k.Exits))
@@ -221,7 +225,7 @@ func encodeSnapshotGenerated(s *region.Snapshot) ([]byte, error) {
 			Row: k.Row, Taken: k.Taken, In: k.In, InTaken: k.InTaken,
 			Refund: k.Refund, Unclaim: k.Unclaim, Demand: k.Demand,
 			Ack: k.Ack, AckTaken: k.AckTaken, Settled: k.Settled,
-			Tokens: k.Tokens, TokensIn: k.TokensIn,
+			Tokens: k.Tokens, TokensIn: k.TokensIn, TokensWindow: k.TokensWindow, TokensInWindow: k.TokensInWindow,
 		}
 		for _, x := range k.Exits {
 			keys[i].Exits = append(keys[i].Exits, &syncv1.ExitSnapshot{

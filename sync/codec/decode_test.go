@@ -260,7 +260,7 @@ func (s scrambler) key(k *syncv1.Key) []byte {
 		s.str(fKeyKey, k.Key, true), s.scalar(fKeyGeneration, k.Generation), s.scalar(fKeyBase, protowire.EncodeZigZag(k.Base)),
 		ints(s, fKeyRow, k.Row), ints(s, fKeyTaken, k.Taken), ints(s, fKeyIn, k.In), ints(s, fKeyInTaken, k.InTaken),
 		s.scalar(fKeySharePPM, uint64(k.SharePpm)), s.scalar(fKeyDemand, uint64(k.Demand)), s.scalar(fKeyGranted, uint64(k.Granted)),
-		ints(s, fKeySettled, k.Settled), ints(s, fKeyTokens, k.Tokens),
+		ints(s, fKeySettled, k.Settled), ints(s, fKeyTokens, k.Tokens), s.scalar(fKeyTokensWin, uint64(k.TokensWindow)),
 	}
 	var exits field
 	for _, x := range k.Exits {

@@ -188,7 +188,7 @@ func keySize(k *region.KeyReport) int {
 	n := stringSize(k.Key) + varintSize(k.Generation) + varintSize(protowire.EncodeZigZag(k.Base)) +
 		packedSize(k.Row) + packedSize(k.Taken) + packedSize(k.In) + packedSize(k.InTaken) +
 		varintSize(uint64(k.SharePPM)) + varintSize(uint64(k.Demand)) + varintSize(uint64(k.Granted)) +
-		packedSize(k.Settled) + packedSize(k.Tokens)
+		packedSize(k.Settled) + packedSize(k.Tokens) + varintSize(uint64(k.TokensWindow))
 	for i := range k.Exits {
 		n += 1 + protowire.SizeBytes(exitSize(&k.Exits[i]))
 	}
@@ -219,7 +219,8 @@ func appendKey(b []byte, k *region.KeyReport, size int) []byte {
 		b = appendPacked(b, fExitInTaken, x.InTaken)
 	}
 	b = appendPacked(b, fKeySettled, k.Settled)
-	return appendPacked(b, fKeyTokens, k.Tokens)
+	b = appendPacked(b, fKeyTokens, k.Tokens)
+	return appendVarint(b, fKeyTokensWin, uint64(k.TokensWindow))
 }
 
 func exitSize(x *region.Exit) int {

@@ -175,6 +175,8 @@ func keyVarint(k *region.KeyReport, num protowire.Number, v uint64) {
 		k.Demand = int64(v)
 	case fKeyGranted:
 		k.Granted = int64(v)
+	case fKeyTokensWin:
+		k.TokensWindow = int64(v)
 	}
 }
 

@@ -88,7 +88,8 @@ func keySnapshotSize(k *region.KeySnapshot) int {
 		packedSize(k.Row) + packedSize(k.Taken) + packedSize(k.In) + packedSize(k.InTaken) +
 		packedSize(k.Refund) + packedSize(k.Unclaim) + doublesSize(k.Demand) +
 		packedSize(k.Ack) + packedSize(k.AckTaken) + packedSize(k.Settled) +
-		wideTag(packedSize(k.Tokens)) + wideTag(packedSize(k.TokensIn))
+		wideTag(packedSize(k.Tokens)) + wideTag(packedSize(k.TokensIn)) +
+		wideTag(varintSize(uint64(k.TokensWindow))) + wideTag(packedSize(k.TokensInWindow))
 	for i := range k.Exits {
 		n += 1 + protowire.SizeBytes(exitSnapshotSize(&k.Exits[i]))
 	}
@@ -134,7 +135,9 @@ func appendKeySnapshot(b []byte, k *region.KeySnapshot, size int) []byte {
 	b = appendPacked(b, 14, k.AckTaken)
 	b = appendPacked(b, 15, k.Settled)
 	b = appendPacked(b, 16, k.Tokens)
-	return appendPacked(b, 17, k.TokensIn)
+	b = appendPacked(b, 17, k.TokensIn)
+	b = appendVarint(b, 18, uint64(k.TokensWindow))
+	return appendPacked(b, 19, k.TokensInWindow)
 }
 
 // wideTag adds to the size of a field numbered 16 to 2047 (0 when the field
@@ -187,7 +190,7 @@ func DecodeSnapshot(b []byte) (region.Snapshot, error) {
 			Row: k.Row, Taken: k.Taken, In: k.In, InTaken: k.InTaken,
 			Refund: k.Refund, Unclaim: k.Unclaim, Demand: k.Demand,
 			Ack: k.Ack, AckTaken: k.AckTaken, Settled: k.Settled,
-			Tokens: k.Tokens, TokensIn: k.TokensIn,
+			Tokens: k.Tokens, TokensIn: k.TokensIn, TokensWindow: k.TokensWindow, TokensInWindow: k.TokensInWindow,
 		}
 		for _, x := range k.Exits {
 			e := x.GetExit()

@@ -36,6 +36,7 @@ const (
 	fKeyExits      = 11
 	fKeySettled    = 12
 	fKeyTokens     = 13
+	fKeyTokensWin  = 14
 
 	fExitGeneration = 1
 	fExitRow        = 2

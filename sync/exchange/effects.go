@@ -35,7 +35,7 @@ func (fx effects) WriteShares(ctx context.Context, cs []region.ShareChange) []re
 			continue
 		}
 		for j, c := range batch {
-			c.Released = res[j].Released
+			c.Released, c.ReleasedWindow = res[j].Released, res[j].Window
 			x.noteWritten(c.Key, c.SharePPM, c.Released)
 			ok = append(ok, c)
 		}

@@ -266,7 +266,10 @@ type Key struct {
 	Settled []uint64 `protobuf:"varint,12,rep,packed,name=settled,proto3" json:"settled,omitempty"`
 	// G for tokens: the tokens (thousandths) the sender gave each region
 	// with share in generation, cumulative; empty when all zero.
-	Tokens        []int64 `protobuf:"varint,13,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
+	Tokens []int64 `protobuf:"varint,13,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
+	// The fixed window (its start, Unix µs) tokens counts; 0 for a token
+	// bucket.
+	TokensWindow  int64 `protobuf:"varint,14,opt,name=tokens_window,json=tokensWindow,proto3" json:"tokens_window,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -390,6 +393,13 @@ func (x *Key) GetTokens() []int64 {
 		return x.Tokens
 	}
 	return nil
+}
+
+func (x *Key) GetTokensWindow() int64 {
+	if x != nil {
+		return x.TokensWindow
+	}
+	return 0
 }
 
 // Exit is a region's final state in a generation it left (region.Exit).
@@ -584,10 +594,13 @@ type KeySnapshot struct {
 	Settled         []uint64               `protobuf:"varint,15,rep,packed,name=settled,proto3" json:"settled,omitempty"`
 	// The region's own row of tokens given with share and the tokens each
 	// region gave it (thousandths; absent in snapshots of older versions).
-	Tokens        []int64 `protobuf:"varint,16,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
-	TokensIn      []int64 `protobuf:"varint,17,rep,packed,name=tokens_in,json=tokensIn,proto3" json:"tokens_in,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Tokens   []int64 `protobuf:"varint,16,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
+	TokensIn []int64 `protobuf:"varint,17,rep,packed,name=tokens_in,json=tokensIn,proto3" json:"tokens_in,omitempty"`
+	// The fixed windows tokens and tokens_in count (0 for a token bucket).
+	TokensWindow   int64   `protobuf:"varint,18,opt,name=tokens_window,json=tokensWindow,proto3" json:"tokens_window,omitempty"`
+	TokensInWindow []int64 `protobuf:"varint,19,rep,packed,name=tokens_in_window,json=tokensInWindow,proto3" json:"tokens_in_window,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *KeySnapshot) Reset() {
@@ -739,6 +752,20 @@ func (x *KeySnapshot) GetTokensIn() []int64 {
 	return nil
 }
 
+func (x *KeySnapshot) GetTokensWindow() int64 {
+	if x != nil {
+		return x.TokensWindow
+	}
+	return 0
+}
+
+func (x *KeySnapshot) GetTokensInWindow() []int64 {
+	if x != nil {
+		return x.TokensInWindow
+	}
+	return nil
+}
+
 // ExitSnapshot is a persisted exit record (region.ExitSnapshot).
 type ExitSnapshot struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
@@ -840,7 +867,7 @@ const file_sync_proto_rawDesc = "" +
 	"\n" +
 	"keys_total\x18\n" +
 	" \x01(\rR\tkeysTotal\x12'\n" +
-	"\x04keys\x18\v \x03(\v2\x13.ration.sync.v1.KeyR\x04keys\"\xcb\x02\n" +
+	"\x04keys\x18\v \x03(\v2\x13.ration.sync.v1.KeyR\x04keys\"\xf0\x02\n" +
 	"\x03Key\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1e\n" +
 	"\n" +
@@ -857,7 +884,8 @@ const file_sync_proto_rawDesc = "" +
 	" \x01(\x03R\agranted\x12*\n" +
 	"\x05exits\x18\v \x03(\v2\x14.ration.sync.v1.ExitR\x05exits\x12\x18\n" +
 	"\asettled\x18\f \x03(\x04R\asettled\x12\x16\n" +
-	"\x06tokens\x18\r \x03(\x03R\x06tokens\"y\n" +
+	"\x06tokens\x18\r \x03(\x03R\x06tokens\x12#\n" +
+	"\rtokens_window\x18\x0e \x01(\x03R\ftokensWindow\"y\n" +
 	"\x04Exit\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x01 \x01(\x04R\n" +
@@ -873,7 +901,7 @@ const file_sync_proto_rawDesc = "" +
 	"\x10generation_floor\x18\x04 \x01(\x04R\x0fgenerationFloor\x12\x14\n" +
 	"\x05heard\x18\x05 \x03(\x04R\x05heard\x12+\n" +
 	"\x12heard_at_unix_nano\x18\x06 \x03(\x03R\x0fheardAtUnixNano\x12/\n" +
-	"\x04keys\x18\a \x03(\v2\x1b.ration.sync.v1.KeySnapshotR\x04keys\"\xcd\x03\n" +
+	"\x04keys\x18\a \x03(\v2\x1b.ration.sync.v1.KeySnapshotR\x04keys\"\x9c\x04\n" +
 	"\vKeySnapshot\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1e\n" +
 	"\n" +
@@ -894,7 +922,9 @@ const file_sync_proto_rawDesc = "" +
 	"\tack_taken\x18\x0e \x03(\x03R\backTaken\x12\x18\n" +
 	"\asettled\x18\x0f \x03(\x04R\asettled\x12\x16\n" +
 	"\x06tokens\x18\x10 \x03(\x03R\x06tokens\x12\x1b\n" +
-	"\ttokens_in\x18\x11 \x03(\x03R\btokensIn\"\x9e\x01\n" +
+	"\ttokens_in\x18\x11 \x03(\x03R\btokensIn\x12#\n" +
+	"\rtokens_window\x18\x12 \x01(\x03R\ftokensWindow\x12(\n" +
+	"\x10tokens_in_window\x18\x13 \x03(\x03R\x0etokensInWindow\"\x9e\x01\n" +
 	"\fExitSnapshot\x12(\n" +
 	"\x04exit\x18\x01 \x01(\v2\x14.ration.sync.v1.ExitR\x04exit\x12\x16\n" +
 	"\x06refund\x18\x02 \x03(\x03R\x06refund\x12\x10\n" +
