@@ -35,6 +35,7 @@ type meter struct {
 
 	totAsked, totAdmitted, admittedReqs int64
 	phases                              []phase
+	vs                                  versus
 }
 
 type keyMeter struct {
@@ -59,6 +60,7 @@ type faultSpan struct {
 
 // phase is a demand step whose share targets convergence is measured to.
 type phase struct {
+	step       int // its index in Scenario.Demand
 	start, end int64
 	target     []int64
 	done       bool
@@ -117,6 +119,7 @@ func newMeter(w *world) *meter {
 	m.smpAsked = make([]int64, m.nreg)
 	m.smpAdm = make([]int64, m.nreg)
 	m.resetRatio()
+	m.vs = newVersus(len(w.keys), len(sc.Demand))
 	if w.alg == Escrow {
 		m.phases = w.phases()
 	}
@@ -143,6 +146,7 @@ func (m *meter) admitted(key, region int, cost int64) {
 	m.smpAdm[region] += cost
 	m.totAdmitted += cost
 	m.admittedReqs++
+	m.vs.admitted[m.w.demandAt] += cost
 }
 
 func (m *meter) addFault(key int, from, to int64, tokens float64) {
@@ -292,7 +296,7 @@ func (w *world) phases() []phase {
 		for ri, name := range sc.Regions {
 			need[ri] = d.Rates[name] * frac * float64(k.cost) / k.rate * region.PPM
 		}
-		out = append(out, phase{start: int64(d.At + d.Ramp), end: int64(end), target: region.Targets(region.PPM, need, floor, weights)})
+		out = append(out, phase{step: i, start: int64(d.At + d.Ramp), end: int64(end), target: region.Targets(region.PPM, need, floor, weights)})
 	}
 	return out
 }

@@ -92,8 +92,8 @@ func (p *parser) keys(f yamlfield.Field) []KeyGroup {
 	return out
 }
 
-var keyGroupFields = []string{"name", "limit", "limit_max", "burst", "cost", "count", "weight", "zipf", "on_error",
-	"partition_reclaim_after"}
+var keyGroupFields = []string{"name", "limit", "limit_max", "period", "algorithm", "burst", "cost", "count", "weight",
+	"zipf", "on_error", "partition_reclaim_after"}
 
 // keyGroup decodes one key group; earlier are the groups before it, whose
 // names it must not repeat. It returns ok=false only when n is not a
@@ -103,11 +103,12 @@ func (p *parser) keyGroup(n *yaml.Node, path string, earlier []KeyGroup) (KeyGro
 	if !ok {
 		return KeyGroup{}, false
 	}
-	g := KeyGroup{Cost: 1, Count: 1, Weight: 1, OnError: "local"}
+	g := KeyGroup{Period: time.Second, RuleAlgorithm: TokenBucket, Cost: 1, Count: 1, Weight: 1, OnError: "local"}
 	if f, ok := p.required(fs, path, "name"); ok {
 		g.Name = p.groupName(f, path+".name", earlier)
 	}
 	p.groupTokens(fs, path, &g)
+	p.groupPeriod(fs, path, &g)
 	p.groupSpread(fs, path, &g)
 	p.groupRule(fs, path, &g)
 	if g.LimitMax != 0 && g.LimitMax < g.Limit {
@@ -156,6 +157,32 @@ func (p *parser) groupTokens(fs fields, path string, g *KeyGroup) {
 		}
 		if x, ok := p.intIn(f, path+"."+t.name, 1, 1<<40, "1, 2^40"); ok {
 			*t.dst = x
+		}
+	}
+}
+
+// groupPeriod decodes the rule's period and algorithm.
+func (p *parser) groupPeriod(fs fields, path string, g *KeyGroup) {
+	if f, ok := fs.Get("period"); ok {
+		if d, ok := p.duration(f, path+".period"); ok {
+			// The policy's own limit, so that every period accepted here
+			// makes a valid rule.
+			if d <= 0 || d > policy.MaxPeriod {
+				p.Errorf(f.Key.Line, path+".period", "must be > 0 and at most %s (got %s)", policy.MaxPeriod, d)
+			} else {
+				g.Period = d
+			}
+		}
+	}
+	if f, ok := fs.Get("algorithm"); ok {
+		field := path + ".algorithm"
+		switch s, _ := p.Enum(f, field, TokenBucket, FixedWindow); s {
+		case TokenBucket:
+			g.RuleAlgorithm = s
+		case FixedWindow:
+			// The place for fixed windows: the policy rule's algorithm, and
+			// the bound of one window (limit + the fault terms) in the meter.
+			p.Errorf(f.Key.Line, field, "%s is not supported yet (only %s; fixed windows come with issue 11)", FixedWindow, TokenBucket)
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 const goodHead = "name: x\nduration: 10s\nregions: [us, eu]\nkeys:\n  - { name: k, limit: 10 }\ndemand:\n  - { at: 0s, rates: { us: 1 } }\n"
@@ -65,6 +66,8 @@ func TestParseDefaults(t *testing.T) {
 		t.Errorf("got step %v, sync %v, ttl %v, agents %d; want 1ms, 1s, 100ms, 1", sc.Step, sc.SyncPeriod, sc.LeaseTTL, sc.AgentsPerRegion)
 	case sc.Keys[0].Burst != 10 || sc.Keys[0].Cost != 1 || sc.Keys[0].Count != 1:
 		t.Errorf("got key %+v, want burst 10, cost 1, count 1", sc.Keys[0])
+	case sc.Keys[0].Period != time.Second || sc.Keys[0].RuleAlgorithm != TokenBucket:
+		t.Errorf("got key %+v, want period 1s, algorithm token_bucket", sc.Keys[0])
 	case strings.Join(sc.Regions, ",") != "eu,us":
 		t.Errorf("got regions %v, want them sorted", sc.Regions)
 	}

@@ -181,6 +181,7 @@ func (w *world) request(r *regiond, ri int, now time.Duration) {
 	ki := w.pick.draw(w.arr)
 	k := &w.keys[ki]
 	w.m.asked(ki, ri, k.cost)
+	w.m.idealAsked(ki, int64(now))
 	if w.alg == Ideal {
 		w.idealOps++
 		w.ideal.GrantAt(w.base.Add(now), w.idealReq[ki:ki+1], w.idealOut)

@@ -76,9 +76,17 @@ type Redis struct {
 type KeyGroup struct {
 	// Name is the rule's name and its key descriptor's name.
 	Name string
-	// Limit is L in tokens per second; with LimitMax the keys' limits are
-	// spread evenly over [Limit, LimitMax].
+	// Limit is the tokens a key is granted per Period; with LimitMax the
+	// keys' limits are spread evenly over [Limit, LimitMax].
 	Limit, LimitMax int64
+	// Period is the rule's period (default 1s, at most policy.MaxPeriod).
+	// A key's rate L is its limit ÷ Period tokens per second, a fraction
+	// for a long period ("100 a minute" is 1.67 tokens/s).
+	Period time.Duration
+	// RuleAlgorithm is the rule's algorithm (yaml algorithm): TokenBucket
+	// (the default and, so far, the only one the stores implement). Not to
+	// be confused with a run's Algorithm (escrow, static, ideal).
+	RuleAlgorithm string
 	// Burst is b in tokens (default the key's limit).
 	Burst int64
 	// Cost is tokens per request (default 1).
@@ -97,6 +105,15 @@ type KeyGroup struct {
 	// regions reclaim a region silent that long (0: never, fail-static).
 	ReclaimAfter time.Duration
 }
+
+// The rule algorithms of a key group.
+const (
+	// TokenBucket refills Limit tokens per Period continuously, up to Burst.
+	TokenBucket = "token_bucket"
+	// FixedWindow admits Limit tokens per calendar-aligned Period (issue
+	// 11). Parse refuses it until the policy and the stores implement it.
+	FixedWindow = "fixed_window"
+)
 
 // DemandStep sets the request rates from At on.
 type DemandStep struct {

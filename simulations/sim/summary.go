@@ -27,6 +27,18 @@ type Summary struct {
 	Requests int64 `json:"requests"`
 	Demanded int64 `json:"demanded"`
 	Admitted int64 `json:"admitted"`
+	// IdealAdmitted is what one ideal bucket per key (rate L, capacity b,
+	// full at the start, no latency) admits when asked by the run's own
+	// requests at their instants; VersusIdealPct is Admitted ÷ that, in
+	// percent (null when it admitted nothing). Unlike UtilizationPct, which
+	// clips every second at L, it counts the tokens a bucket holds: for a
+	// long period almost all of the quota. Above 100 is admitted beyond
+	// what one bucket would have, within the bound's B.
+	IdealAdmitted  int64    `json:"ideal_admitted"`
+	VersusIdealPct *float64 `json:"admitted_vs_ideal_pct"`
+	// Steps is, per demand step, admitted against the ideal buckets and,
+	// for escrow, the step's convergence.
+	Steps []StepSummary `json:"steps"`
 	// OvershootPct is, per window length, the worst excess over L·W in
 	// percent of L·W, over every key and window (negative: never reached
 	// L·W). It includes the burst b, which the ideal bucket also admits.
@@ -124,6 +136,9 @@ func (w *world) result() *Result {
 	if w.alg == Ideal {
 		s.Agents = 0
 	}
+	s.IdealAdmitted = sum64(m.vs.idealAdmitted)
+	s.VersusIdealPct = ratioPct(s.Admitted, s.IdealAdmitted)
+	s.Steps = w.steps()
 	for i, n := range m.nw {
 		if n == 0 {
 			continue
@@ -239,6 +254,14 @@ func (w *world) result() *Result {
 	return &Result{Summary: s, Series: m.series, Regions: sc.Regions, limit: limit}
 }
 
+func sum64(xs []int64) int64 {
+	var s int64
+	for _, x := range xs {
+		s += x
+	}
+	return s
+}
+
 func sum(xs []float64) float64 {
 	var s float64
 	for _, x := range xs {
@@ -286,6 +309,7 @@ func WriteTable(out io.Writer, sums []Summary) error {
 	row("bound ratio max", func(s *Summary) string { return fmt.Sprintf("%.3f", s.BoundRatioMax) })
 	row("windows over bound", func(s *Summary) string { return fmt.Sprint(s.WindowsOverBound) })
 	row("utilization", func(s *Summary) string { return optPct(s.UtilizationPct) })
+	row("admitted vs ideal", func(s *Summary) string { return optPct(s.VersusIdealPct) })
 	row("Jain fairness", func(s *Summary) string { return fmt.Sprintf("%.4f", s.JainFairness) })
 	row("least served region", func(s *Summary) string { return fmt.Sprintf("%.2f%%", s.LeastServedPct) })
 	row("convergence", func(s *Summary) string { return optSec(s.ConvergenceS, s.UnconvergedChanges) })

@@ -239,8 +239,10 @@ func (w *world) buildPolicy() error {
 			}
 			if !seen[name] {
 				seen[name] = true
-				fmt.Fprintf(&doc, "  - {name: %s, match: {rule: %s}, key: [%s], limit: %d, burst: %d, cost: %d, on_error: %s, partition_reclaim_after: %s}\n",
-					name, name, g.Name, limit, burst, g.Cost, g.OnError, g.ReclaimAfter)
+				// Every group is a token bucket so far (Parse refuses the
+				// others); a fixed window will add its algorithm here.
+				fmt.Fprintf(&doc, "  - {name: %s, match: {rule: %s}, key: [%s], limit: %d, period: %s, burst: %d, cost: %d, on_error: %s, partition_reclaim_after: %s}\n",
+					name, name, g.Name, limit, g.Period, burst, g.Cost, g.OnError, g.ReclaimAfter)
 			}
 			keyRules = append(keyRules, ruleOf{name, limit})
 		}
