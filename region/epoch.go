@@ -88,6 +88,13 @@ func (s *State) smoothDemand(ks *keyState, pol KeyPolicy) bool {
 			ks.ewma[k] = s.x[k]
 		default:
 			a := cfg.Alpha * gain(max(s.x[k], ks.ewma[k]), pol.Cost) * ks.turning(bit, s.x[k] > ks.ewma[k])
+			if s.x[k] == 0 && ks.ewma[k] >= noiseRequests*perRequest(pol.Cost) {
+				// No request at all where Poisson noise would have shown a
+				// few: the demand left. It is gone now, not in a long
+				// tail of a few tokens an epoch, which for a quota of a
+				// few tokens a second is most of it.
+				a = 1
+			}
 			ks.ewma[k] = a*s.x[k] + (1-a)*ks.ewma[k]
 		}
 		active = active || s.x[k] > 0

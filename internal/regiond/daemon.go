@@ -132,6 +132,7 @@ func New(cfg Config) (*Daemon, error) {
 		Logger:       d.log,
 	}
 	if cfg.exchanging() {
+		scfg.ShareRetryAfter = cfg.SyncPeriod
 		scfg.Observer = &d.obs
 		scfg.InitialShareFor = func(string, *policy.Rule) int64 { return d.initial }
 	}

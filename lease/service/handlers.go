@@ -48,13 +48,13 @@ func (s *Service) putBatch(b *batch) {
 	s.bufs.Put(b)
 }
 
-// limitFor is the allocator's view of rule r for key in this region.
-func (s *Service) limitFor(key string, r *policy.Rule) lease.Limit {
+// limitFor is the allocator's view of rule r for key in this region at now.
+func (s *Service) limitFor(key string, r *policy.Rule, now time.Time) lease.Limit {
 	share := s.cfg.InitialShare
 	if s.cfg.InitialShareFor != nil && r.Scope != policy.ScopeRegion {
 		share = s.cfg.InitialShareFor(key, r)
 	}
-	return Limit(r, share)
+	return Limit(r, share, now)
 }
 
 // Limit is the allocator's view of rule r in a region whose initial share of
@@ -62,22 +62,28 @@ func (s *Service) limitFor(key string, r *policy.Rule) lease.Limit {
 // and the share a key holds before the exchange moves any (region.PPM for a
 // `scope: region` rule). A nil rule (a key whose rule left the policy) gets
 // a limit of one token: writing its share then only clips its bucket, which
-// nobody can lease from anyway. lease/service, sync/exchange and the
+// nobody can lease from anyway. A fixed-window rule's limit carries the
+// window boundaries around now (policy.Rule.Boundaries); the store uses the
+// window its own clock is in. lease/service, sync/exchange and the
 // simulator all build limits with it.
-func Limit(r *policy.Rule, initialShare int64) lease.Limit {
+func Limit(r *policy.Rule, initialShare int64, now time.Time) lease.Limit {
 	if r == nil {
 		return lease.Limit{Rate: 1, Burst: 1, Cost: 1, InitialShare: initialShare}
 	}
 	if r.Scope == policy.ScopeRegion {
 		initialShare = region.PPM
 	}
-	return lease.Limit{
+	l := lease.Limit{
 		Rate:         r.Rate(),
 		Burst:        float64(r.Burst),
 		Cost:         r.Cost,
 		InitialShare: initialShare,
 		StartEmpty:   r.StartEmpty,
 	}
+	if r.FixedWindow() {
+		l.Window = r.Boundaries(now)
+	}
+	return l
 }
 
 func invalid(format string, args ...any) error {
@@ -142,12 +148,12 @@ func (s *Service) Lease(ctx context.Context, req *leasev1.LeaseRequest) (*leasev
 	}
 	b := s.getBatch(len(items))
 	defer s.putBatch(b)
-	if err := s.leaseBatch(b, items); err != nil {
+	now := s.cfg.Clock()
+	if err := s.leaseBatch(b, items, now); err != nil {
 		s.metrics.lease.invalid.Inc()
 		s.metrics.invalidItem.Add(float64(len(items)))
 		return nil, err
 	}
-	now := s.cfg.Clock()
 	s.agents.saw(req.GetAgent().GetId(), now)
 
 	sctx, cancel := context.WithTimeout(ctx, s.cfg.StoreTimeout)
@@ -165,14 +171,14 @@ func (s *Service) Lease(ctx context.Context, req *leasev1.LeaseRequest) (*leasev
 		Agents: int32(min(s.agents.count(now), 1<<31-1)),
 		Region: s.cfg.Region,
 	}
-	s.grants(resp, b, items)
+	s.grants(resp, b, items, now)
 	s.metrics.lease.ok.Inc()
 	return resp, nil
 }
 
 // leaseBatch validates every item and fills b with its rule, store key and
 // grant request.
-func (s *Service) leaseBatch(b *batch, items []*leasev1.LeaseItem) error {
+func (s *Service) leaseBatch(b *batch, items []*leasev1.LeaseItem, now time.Time) error {
 	pol := s.Policy()
 	for i, it := range items {
 		r, err := s.checkItem(pol, i, it.GetRule(), it.GetKey())
@@ -191,21 +197,21 @@ func (s *Service) leaseBatch(b *batch, items []*leasev1.LeaseItem) error {
 		key := string(b.buf)
 		b.rules = append(b.rules, r)
 		b.keys = append(b.keys, key)
-		b.grants = append(b.grants, lease.GrantRequest{Key: key, Want: it.GetWant(), Limit: s.limitFor(key, r)})
+		b.grants = append(b.grants, lease.GrantRequest{Key: key, Want: it.GetWant(), Limit: s.limitFor(key, r, now)})
 	}
 	return nil
 }
 
 // grants turns the store's answers in b into resp's grants, counts them and
 // tells the exchange the demand and grants of global keys.
-func (s *Service) grants(resp *leasev1.LeaseResponse, b *batch, items []*leasev1.LeaseItem) {
+func (s *Service) grants(resp *leasev1.LeaseResponse, b *batch, items []*leasev1.LeaseItem, now time.Time) {
 	ttl := durationpb.New(s.cfg.LeaseTTL)
 	var granted int64
 	for i, g := range b.out {
 		r := b.rules[i]
 		lg := &leasev1.LeaseGrant{
 			Granted:   g.Granted,
-			Ttl:       ttl,
+			Ttl:       s.leaseTTL(r, now, ttl),
 			Rate:      g.Rate,
 			Capacity:  g.Capacity,
 			Remaining: g.Tokens,
@@ -220,7 +226,14 @@ func (s *Service) grants(resp *leasev1.LeaseResponse, b *batch, items []*leasev1
 			s.metrics.invalidItem.Inc()
 			lg.Granted = 0
 		case g.Granted == 0:
-			lg.RetryAfter = durationpb.New(g.RetryAfter)
+			ra := g.RetryAfter
+			if r.Scope != policy.ScopeRegion && s.cfg.ShareRetryAfter > 0 {
+				// The share, and with it the refill, may rise every
+				// sync period: an agent that waited for the store's
+				// hint would hide its demand from the exchange.
+				ra = min(ra, s.cfg.ShareRetryAfter)
+			}
+			lg.RetryAfter = durationpb.New(ra)
 			s.metrics.denied.Inc()
 		case g.Granted < items[i].GetWant():
 			s.metrics.partial.Inc()
@@ -236,6 +249,29 @@ func (s *Service) grants(resp *leasev1.LeaseResponse, b *batch, items []*leasev1
 	s.metrics.tokensGranted.Add(float64(granted))
 }
 
+// leaseTTL is how long a lease of rule r granted at now may be spent: τ,
+// and never past the end of a fixed window (a window's tokens are its own).
+func (s *Service) leaseTTL(r *policy.Rule, now time.Time, ttl *durationpb.Duration) *durationpb.Duration {
+	if !r.FixedWindow() {
+		return ttl
+	}
+	if _, end := r.Window(now); end.Sub(now) < s.cfg.LeaseTTL {
+		return durationpb.New(end.Sub(now))
+	}
+	return ttl
+}
+
+// staleReturn reports whether tokens returned for a fixed-window rule at now
+// may come from a lease of the window before, which ended less than τ ago:
+// crediting them to the new window would create tokens, so they are dropped.
+func (s *Service) staleReturn(r *policy.Rule, now time.Time) bool {
+	if !r.FixedWindow() {
+		return false
+	}
+	start, _ := r.Window(now)
+	return now.Sub(start) < s.cfg.LeaseTTL
+}
+
 // Return implements leasev1.LeaseServiceServer.
 func (s *Service) Return(ctx context.Context, req *leasev1.ReturnRequest) (*leasev1.ReturnResponse, error) {
 	items := req.GetItems()
@@ -246,6 +282,7 @@ func (s *Service) Return(ctx context.Context, req *leasev1.ReturnRequest) (*leas
 	pol := s.Policy()
 	b := s.getBatch(0)
 	defer s.putBatch(b)
+	now := s.cfg.Clock()
 	var total int64
 	for i, it := range items {
 		r, err := s.checkItem(pol, i, it.GetRule(), it.GetKey())
@@ -256,12 +293,16 @@ func (s *Service) Return(ctx context.Context, req *leasev1.ReturnRequest) (*leas
 			s.metrics.ret.invalid.Inc()
 			return nil, err
 		}
+		if s.staleReturn(r, now) {
+			s.metrics.staleReturns.Add(float64(it.GetTokens()))
+			continue
+		}
 		b.buf = policy.AppendStoreKey(b.buf[:0], r.Name, it.GetKey())
 		key := string(b.buf)
-		b.rets = append(b.rets, lease.ReturnRequest{Key: key, Tokens: it.GetTokens(), Limit: s.limitFor(key, r)})
+		b.rets = append(b.rets, lease.ReturnRequest{Key: key, Tokens: it.GetTokens(), Limit: s.limitFor(key, r, now)})
 		total += it.GetTokens()
 	}
-	s.agents.saw(req.GetAgent().GetId(), s.cfg.Clock())
+	s.agents.saw(req.GetAgent().GetId(), now)
 	sctx, cancel := context.WithTimeout(ctx, s.cfg.StoreTimeout)
 	start := time.Now()
 	err := s.cfg.Store.Return(sctx, b.rets)

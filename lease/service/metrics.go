@@ -12,6 +12,7 @@ type metrics struct {
 	items          *prometheus.CounterVec   // lease items by outcome
 	tokensGranted  prometheus.Counter       // tokens pre-debited into leases
 	tokensReturned prometheus.Counter       // tokens credited back
+	staleReturns   prometheus.Counter       // tokens returned too early in a fixed window, dropped
 	storeLatency   *prometheus.HistogramVec // store call latency by op
 	storeErrors    *prometheus.CounterVec   // store call failures by op
 
@@ -49,6 +50,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "ration_tokens_returned_total",
 			Help: "Unused lease tokens credited back to regional buckets.",
 		}),
+		staleReturns: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ration_tokens_return_dropped_total",
+			Help: "Tokens returned for a fixed-window rule within a lease TTL of the window's start, dropped: they may be the window before's.",
+		}),
 		storeLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "ration_store_call_duration_seconds",
 			Help:    "Latency of allocator store calls by op (grant, return).",
@@ -68,7 +73,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.items, m.tokensGranted, m.tokensReturned, m.storeLatency, m.storeErrors} {
+	for _, c := range []prometheus.Collector{m.requests, m.items, m.tokensGranted, m.tokensReturned, m.staleReturns, m.storeLatency, m.storeErrors} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

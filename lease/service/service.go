@@ -67,8 +67,14 @@ type Config struct {
 	// exchange knows each key's initial split).
 	InitialShareFor func(key string, rule *policy.Rule) int64
 	// LeaseTTL is τ, how long an agent may spend a lease, measured from when
-	// it sent the request (default DefaultLeaseTTL).
+	// it sent the request (default DefaultLeaseTTL). A fixed window's lease
+	// never outlives its window.
 	LeaseTTL time.Duration
+	// ShareRetryAfter, when an exchange moves the shares of global keys,
+	// is the longest retry hint given for one (set it to the sync period):
+	// the exchange may raise the key's share at every epoch, and an agent
+	// that asks again reports its demand. Zero caps nothing.
+	ShareRetryAfter time.Duration
 	// StoreTimeout bounds each store call; when it passes the call fails with
 	// codes.Unavailable (default DefaultStoreTimeout).
 	StoreTimeout time.Duration
@@ -141,7 +147,7 @@ func (c Config) validate() error {
 		return bad("Store is required")
 	case c.InitialShare < 0 || c.InitialShare > region.PPM:
 		return bad("InitialShare %d outside [0, %d]", c.InitialShare, region.PPM)
-	case c.LeaseTTL < 0, c.StoreTimeout < 0, c.AgentWindow < 0:
+	case c.LeaseTTL < 0, c.StoreTimeout < 0, c.AgentWindow < 0, c.ShareRetryAfter < 0:
 		return bad("durations must not be negative")
 	case c.MaxItems < 0, c.MaxKeyLen < 0, c.MaxAgents < 0:
 		return bad("limits must not be negative")

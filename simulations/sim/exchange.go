@@ -41,7 +41,7 @@ func (fx regionFx) WriteShares(_ context.Context, cs []region.ShareChange) []reg
 	w, r := fx.w, fx.r
 	ups := make([]lease.ShareUpdate, len(cs))
 	for i, c := range cs {
-		ups[i] = lease.ShareUpdateFor(c, service.Limit(w.set.RuleOf(c.Key), r.initial))
+		ups[i] = lease.ShareUpdateFor(c, service.Limit(w.set.RuleOf(c.Key), r.initial, w.base.Add(dur(w.now))))
 	}
 	res := make([]lease.ShareResult, len(cs))
 	if err := r.store.SetSharesAt(w.base.Add(dur(w.now)), ups, res); err != nil {

@@ -222,8 +222,8 @@ func (p *parser) groupRule(fs fields, path string, g *KeyGroup) {
 	}
 	if f, ok := fs.Get("partition_reclaim_after"); ok {
 		if d, ok := p.duration(f, path+".partition_reclaim_after"); ok {
-			if d < 0 || d > policy.MaxPeriod {
-				p.Errorf(f.Key.Line, path+".partition_reclaim_after", "must be in [0, %s]", policy.MaxPeriod)
+			if d < 0 || d > policy.MaxReclaimAfter {
+				p.Errorf(f.Key.Line, path+".partition_reclaim_after", "must be in [0, %s]", policy.MaxReclaimAfter)
 			}
 			g.ReclaimAfter = d
 		}

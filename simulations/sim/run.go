@@ -184,6 +184,7 @@ func (w *world) request(r *regiond, ri int, now time.Duration) {
 	w.m.idealAsked(ki, int64(now))
 	if w.alg == Ideal {
 		w.idealOps++
+		w.idealRequest(&w.idealReq[ki], ki, w.base.Add(now))
 		w.ideal.GrantAt(w.base.Add(now), w.idealReq[ki:ki+1], w.idealOut)
 		if w.idealOut[0].Granted > 0 {
 			w.m.admitted(ki, ri, k.cost)

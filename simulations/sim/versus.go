@@ -1,6 +1,12 @@
 package sim
 
-import "math"
+import (
+	"time"
+
+	"github.com/ration-dev/ration/lease"
+	"github.com/ration-dev/ration/lease/service"
+	"github.com/ration-dev/ration/region"
+)
 
 // Every run also asks, for every request, one ideal bucket per key (rate L,
 // capacity b, full at the start, no latency), and counts what it would
@@ -10,57 +16,42 @@ import "math"
 // and the per-second utilisation clips each second at L, which hides the
 // tokens a bucket holds, almost all of a quota with a long period.
 
-// idealBucket is one key's ideal bucket, with lease.MemoryStore's
-// arithmetic (lease/bucket.go), so that in the ideal algorithm's run it
-// admits exactly what the store does (TestVersusIdealMatchesTheStore).
-type idealBucket struct {
-	tokens float64
-	last   int64 // µs of simulated time
-	used   bool
-}
-
-// take refills b to nowUS at rate, up to capacity, and debits one cost if
-// it holds one. A bucket the store would have let expire is full again by
-// then, so expiry changes nothing here.
-func (b *idealBucket) take(nowUS int64, rate, capacity float64, cost int64) bool {
-	if !b.used {
-		b.tokens, b.last, b.used = capacity, nowUS, true
-	}
-	if nowUS > b.last {
-		elapsed := float64(nowUS-b.last) / 1e6
-		t := b.tokens + float64(elapsed*rate)
-		b.tokens = min(t, capacity)
-		b.last = nowUS
-	}
-	c := float64(cost)
-	n := math.Floor(b.tokens / c)
-	if n*c > b.tokens {
-		n--
-	}
-	if n < 1 {
-		return false
-	}
-	b.tokens -= c
-	return true
-}
-
 // versus counts, per demand step, what the run and the ideal buckets
 // admitted.
 type versus struct {
-	buckets       []idealBucket // per key
-	admitted      []int64       // per demand step
+	// ideal holds the ideal buckets: a lease.MemoryStore, whose grants of
+	// one cost at a time are the ideal bucket's, for a fixed window too.
+	ideal         *lease.MemoryStore
+	req           []lease.GrantRequest // per key
+	out           []lease.Grant
+	admitted      []int64 // per demand step
 	idealAdmitted []int64
 }
 
 func newVersus(keys, steps int) versus {
-	return versus{buckets: make([]idealBucket, keys), admitted: make([]int64, steps), idealAdmitted: make([]int64, steps)}
+	return versus{
+		ideal: lease.NewMemoryStore(lease.MemoryConfig{Shards: 1}), req: make([]lease.GrantRequest, keys), out: make([]lease.Grant, 1),
+		admitted: make([]int64, steps), idealAdmitted: make([]int64, steps),
+	}
 }
 
 // idealAsked offers a request of key ki to its ideal bucket at t (ns).
 func (m *meter) idealAsked(ki int, t int64) {
-	k := &m.w.keys[ki]
-	if m.vs.buckets[ki].take(t/1000, k.rate, k.burst, k.cost) {
-		m.vs.idealAdmitted[m.w.demandAt] += k.cost
+	at := m.w.base.Add(time.Duration(t))
+	m.w.idealRequest(&m.vs.req[ki], ki, at)
+	m.vs.ideal.GrantAt(at, m.vs.req[ki:ki+1], m.vs.out)
+	if m.vs.out[0].Granted > 0 {
+		m.vs.idealAdmitted[m.w.demandAt] += m.vs.out[0].Granted
+	}
+}
+
+// idealRequest sets r to one cost of key ki from the key's one ideal bucket
+// (the whole quota in one region) at time at.
+func (w *world) idealRequest(r *lease.GrantRequest, ki int, at time.Time) {
+	k := &w.keys[ki]
+	if r.Key == "" || k.rule.FixedWindow() {
+		// A fixed window's boundaries move with time.
+		*r = lease.GrantRequest{Key: k.storeKey, Want: k.cost, Limit: service.Limit(k.rule, region.PPM, at)}
 	}
 }
 

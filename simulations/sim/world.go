@@ -183,6 +183,7 @@ func newWorld(sc *Scenario, alg Algorithm) (*world, error) {
 		}
 		if alg == Escrow {
 			cfg.Observer = observer{r}
+			cfg.ShareRetryAfter = sc.SyncPeriod
 		}
 		var err error
 		if r.svc, err = service.New(cfg); err != nil {
@@ -193,9 +194,6 @@ func newWorld(sc *Scenario, alg Algorithm) (*world, error) {
 	if alg == Ideal {
 		w.ideal = lease.NewMemoryStore(lease.MemoryConfig{Clock: clock, Shards: 1})
 		w.idealReq = make([]lease.GrantRequest, len(w.keys))
-		for i, k := range w.keys {
-			w.idealReq[i] = lease.GrantRequest{Key: k.storeKey, Want: k.cost, Limit: service.Limit(k.rule, region.PPM)}
-		}
 		w.idealOut = make([]lease.Grant, 1)
 	} else {
 		for _, r := range w.rs {

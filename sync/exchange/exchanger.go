@@ -284,7 +284,7 @@ func (x *Exchanger) merge(ctx context.Context, now time.Time, r *region.Report) 
 
 // limit is the allocator's limit of a key in the policy the epoch took.
 func (x *Exchanger) limit(key string) lease.Limit {
-	return service.Limit(x.pol.RuleOf(key), x.initial)
+	return service.Limit(x.pol.RuleOf(key), x.initial, x.cfg.Clock())
 }
 
 // drainTallies hands the tallies observed since the last epoch to the Node.
