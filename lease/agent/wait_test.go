@@ -61,9 +61,9 @@ func TestWaitAfter(t *testing.T) {
 }
 
 // scriptedWait runs a waitLoop over scripted decisions in a synctest
-// bubble and returns what it returned, when (since the start) and the
-// times of its attempts.
-func scriptedWait(t *testing.T, timeout time.Duration, script []Decision, rule *policy.Rule) (d Decision, err error, took time.Duration, at []time.Duration) {
+// bubble and returns its decision, when it returned (since the start),
+// the times of its attempts and its error.
+func scriptedWait(t *testing.T, timeout time.Duration, script []Decision, rule *policy.Rule) (d Decision, took time.Duration, at []time.Duration, err error) {
 	synctest.Test(t, func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		defer cancel()
@@ -79,51 +79,51 @@ func scriptedWait(t *testing.T, timeout time.Duration, script []Decision, rule *
 		d, err = w.run(ctx, 1)
 		took = time.Since(start)
 	})
-	return d, err, took, at
+	return d, took, at, err
 }
 
 func TestWaitLoop(t *testing.T) {
 	r := &policy.Rule{Name: "r", Limit: 10, Period: time.Hour, Burst: 5, Cost: 1}
-	ms := time.Millisecond
+	const milli = time.Millisecond
 	allowed := Decision{Allowed: true, Rule: "r", Path: PathLease}
 
 	// Each denial's RetryAfter, then a growing backoff when none is given.
-	_, err, took, at := scriptedWait(t, time.Second, []Decision{
-		{Rule: "r", Path: PathDenyCache, RetryAfter: 30 * ms},
+	_, took, at, err := scriptedWait(t, time.Second, []Decision{
+		{Rule: "r", Path: PathDenyCache, RetryAfter: 30 * milli},
 		{Rule: "r", Path: PathLease}, {Rule: "r", Path: PathLease}, {Rule: "r", Path: PathLease}, {Rule: "r", Path: PathLease},
 		allowed,
 	}, r)
-	if want := []time.Duration{0, 30 * ms, 31 * ms, 33 * ms, 37 * ms, 41 * ms}; err != nil || !equalDurations(at, want) {
+	if want := []time.Duration{0, 30 * milli, 31 * milli, 33 * milli, 37 * milli, 41 * milli}; err != nil || !equalDurations(at, want) {
 		t.Errorf("attempts at %v (err %v), want %v: the retry, then 1, 2, 4, 4ms of backoff", at, err, want)
 	}
-	if took != 41*ms {
+	if took != 41*milli {
 		t.Errorf("allowed after %v, want 41ms", took)
 	}
 
 	// A denial past the deadline returns at once, with the denial.
-	d, err, took, at := scriptedWait(t, 20*ms, []Decision{{Rule: "r", Path: PathDenyCache, RetryAfter: 30 * ms}}, r)
-	if !errors.Is(err, ErrWouldExceedDeadline) || !errors.Is(err, context.DeadlineExceeded) || took != 0 || len(at) != 1 || d.RetryAfter != 30*ms {
+	d, took, at, err := scriptedWait(t, 20*milli, []Decision{{Rule: "r", Path: PathDenyCache, RetryAfter: 30 * milli}}, r)
+	if !errors.Is(err, ErrWouldExceedDeadline) || !errors.Is(err, context.DeadlineExceeded) || took != 0 || len(at) != 1 || d.RetryAfter != 30*milli {
 		t.Errorf("a 30ms denial with 20ms left got %+v, %v after %v and %d attempts, want the denial and ErrWouldExceedDeadline at once", d, err, took, len(at))
 	}
 	// The same after a first wait that fitted.
-	_, err, took, _ = scriptedWait(t, 50*ms, []Decision{
-		{Rule: "r", Path: PathDenyCache, RetryAfter: 30 * ms},
-		{Rule: "r", Path: PathDenyCache, RetryAfter: 30 * ms},
+	_, took, _, err = scriptedWait(t, 50*milli, []Decision{
+		{Rule: "r", Path: PathDenyCache, RetryAfter: 30 * milli},
+		{Rule: "r", Path: PathDenyCache, RetryAfter: 30 * milli},
 	}, r)
-	if !errors.Is(err, ErrWouldExceedDeadline) || took != 30*ms {
+	if !errors.Is(err, ErrWouldExceedDeadline) || took != 30*milli {
 		t.Errorf("a second 30ms denial with 20ms left got %v after %v, want ErrWouldExceedDeadline at 30ms", err, took)
 	}
 
 	// More than the burst returns at once.
-	_, err, took, _ = scriptedWait(t, time.Second, []Decision{{Rule: "r", Path: PathLease}}, &policy.Rule{Name: "r", Limit: 10, Period: time.Hour, Burst: 0, Cost: 1})
+	_, took, _, err = scriptedWait(t, time.Second, []Decision{{Rule: "r", Path: PathLease}}, &policy.Rule{Name: "r", Limit: 10, Period: time.Hour, Burst: 0, Cost: 1})
 	if !errors.Is(err, ErrExceedsBurst) || took != 0 || !strings.Contains(err.Error(), `"r"`) {
 		t.Errorf("over the burst got %v after %v, want ErrExceedsBurst naming the rule at once", err, took)
 	}
 
 	// A failure mode's denial retries every probe interval until ctx ends:
 	// the region may come back before the emergency bucket refills.
-	_, err, took, at = scriptedWait(t, 250*ms, []Decision{{Rule: "r", Path: PathFallbackLocal, RetryAfter: time.Hour}}, r)
-	if want := []time.Duration{0, 100 * ms, 200 * ms}; !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrWouldExceedDeadline) || took != 250*ms || !equalDurations(at, want) {
+	_, took, at, err = scriptedWait(t, 250*milli, []Decision{{Rule: "r", Path: PathFallbackLocal, RetryAfter: time.Hour}}, r)
+	if want := []time.Duration{0, 100 * milli, 200 * milli}; !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrWouldExceedDeadline) || took != 250*milli || !equalDurations(at, want) {
 		t.Errorf("fallback denials got %v after %v, attempts %v; want ctx's error at 250ms, attempts %v", err, took, at, want)
 	}
 }
