@@ -35,10 +35,14 @@ func (c *core) leaseDone(f *flight, req *leasev1.LeaseRequest, wants []int64, se
 	for i, k := range f.keys {
 		k.mu.Lock()
 		// What the requests waiting for this round trip need beyond its
-		// grant: the key's next lease asks for it.
+		// grant, when the grant was all it asked for (else the region ran
+		// dry, and the deny cache holds them off): the key's next lease
+		// asks for it.
 		k.unserved, k.unservedAt = 0, now
 		if err == nil {
-			k.unserved = max(f.needs[i]+k.joined-max(resp.Grants[i].GetGranted(), 0), 0)
+			if g := max(resp.Grants[i].GetGranted(), 0); g >= wants[i] {
+				k.unserved = max(f.needs[i]+k.joined-g, 0)
+			}
 		}
 		k.joined = 0
 		if err == nil {
