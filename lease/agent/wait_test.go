@@ -204,6 +204,21 @@ func TestWaitFailsFast(t *testing.T) {
 	if !errors.Is(err, ErrWouldExceedDeadline) || !errors.Is(err, context.DeadlineExceeded) || d.Allowed || d.Rule != "small" || d.RetryAfter < 10*time.Second {
 		t.Errorf("an hour's quota spent got %+v, %v; want a denial by small for minutes and ErrWouldExceedDeadline", d, err)
 	}
+	// With another rule that would allow: the denying rule decides, and
+	// the other spends nothing (here its key is not even looked at: the
+	// deny cache answers first).
+	d, err = a.Wait(ctx, ds("tenant", "t3", "user", "u2"), 1)
+	if !errors.Is(err, ErrWouldExceedDeadline) || d.Rule != "small" {
+		t.Errorf("small spent and big fine got %+v, %v; want a denial by small and ErrWouldExceedDeadline", d, err)
+	}
+	if k := a.c.keys.get([]byte("big\x00user=u2")); k != nil {
+		k.mu.Lock()
+		spent := k.spentLocked()
+		k.mu.Unlock()
+		if spent != 0 {
+			t.Errorf("big's key spent %d tokens for a denied request, want 0", spent)
+		}
+	}
 	// Without a deadline the same Wait would block: a context that is
 	// cancelled meanwhile ends it with its own error.
 	cctx, ccancel := context.WithCancel(context.Background())
