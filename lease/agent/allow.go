@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"time"
 
 	"github.com/ration-dev/ration/policy"
 )
@@ -70,46 +69,6 @@ func await(ctx context.Context, s *scratch) {
 		case <-f.done:
 		case <-ctx.Done():
 			return
-		}
-	}
-}
-
-// Wait is Allow for producers that would rather queue than be rejected: it
-// blocks until the request is allowed, ctx is done (returning the last
-// denial and ctx's error) or the agent is shut down (ErrClosed). It waits
-// each denial's RetryAfter, and a growing backoff when a denial gives none.
-func (a *Agent) Wait(ctx context.Context, ds []policy.Descriptor, hits int64) (Decision, error) {
-	backoff := time.Millisecond
-	var t *time.Timer
-	defer func() {
-		if t != nil {
-			t.Stop()
-		}
-	}()
-	for {
-		if a.shut.Load() {
-			return Decision{}, ErrClosed
-		}
-		d := a.Allow(ctx, ds, hits)
-		if d.Allowed {
-			return d, nil
-		}
-		wait := d.RetryAfter
-		if wait <= 0 {
-			wait = backoff
-			backoff = min(2*backoff, a.cfg.LeasePeriod)
-		}
-		if t == nil {
-			t = time.NewTimer(wait)
-		} else {
-			t.Reset(wait)
-		}
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			return d, ctx.Err()
-		case <-a.done:
-			return d, ErrClosed
 		}
 	}
 }

@@ -93,18 +93,12 @@ func (c *core) decideLocal(d *Decision, s *scratch, now int64, ds []policy.Descr
 		*d = Decision{Allowed: true}
 		return false
 	}
+	if c.exceedsBurst(d, s, now) {
+		return false
+	}
 	for i := range s.res {
 		rr := &s.res[i]
-		if rr.need > min(rr.rule.Burst, maxSpend) {
-			// More than the rule's whole bucket: no lease can ever hold it.
-			rr.done, rr.path = true, PathLease
-			if rr.k != nil {
-				rr.k.denied.Add(min(rr.need, maxSpend))
-			}
-			if !rr.rule.Shadow {
-				c.finishInto(d, s, now)
-				return false
-			}
+		if rr.done {
 			continue
 		}
 		if rr.k == nil {
@@ -135,6 +129,29 @@ func (c *core) decideLocal(d *Decision, s *scratch, now int64, ds []policy.Descr
 		c.finishInto(d, s, now)
 	}
 	return slow
+}
+
+// exceedsBurst denies, into d, a request that needs more tokens than an
+// enforced rule's whole bucket holds (no lease can ever hold them), before
+// anything is spent, so that the denial names that rule whatever the
+// others say (Wait fails fast on it). A shadow rule so exceeded is decided
+// as would-deny. It reports whether the request was denied.
+func (c *core) exceedsBurst(d *Decision, s *scratch, now int64) bool {
+	for i := range s.res {
+		rr := &s.res[i]
+		if rr.need <= min(rr.rule.Burst, maxSpend) {
+			continue
+		}
+		rr.done, rr.path = true, PathLease
+		if rr.k != nil {
+			rr.k.denied.Add(min(rr.need, maxSpend))
+		}
+		if !rr.rule.Shadow {
+			c.finishInto(d, s, now)
+			return true
+		}
+	}
+	return false
 }
 
 // match fills s with the rules of set that match ds, each with its key's

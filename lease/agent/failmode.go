@@ -55,8 +55,8 @@ func (c *core) failMode(rr *ruleResult, now int64) {
 		k.denied.Add(rr.need)
 	default:
 		k.mu.Lock()
-		rate, capacity := c.emergencyParams(k, rr.rule, rr.need)
-		ok, activated, wait := k.fallback.take(now, rr.need, rate, capacity)
+		rate, start, capacity := c.emergencyParams(k, rr.rule, rr.need)
+		ok, activated, wait := k.fallback.take(now, rr.need, rate, start, capacity)
 		k.mu.Unlock()
 		if activated {
 			c.ctr.fallbacks.Add(1)
@@ -75,16 +75,21 @@ func (c *core) failMode(rr *ruleResult, now int64) {
 	}
 }
 
-// emergencyParams is the rate and capacity of k's emergency bucket: the
-// regional rate from the last grant (the rule's global rate if there was
-// none) divided among the region's agents, times the headroom, with a
-// capacity of one lease TTL at that rate (at least the request's tokens).
-// Called with k.mu held.
-func (c *core) emergencyParams(k *keyState, r *policy.Rule, need int64) (rate, capacity float64) {
+// emergencyParams is k's emergency bucket (DESIGN.md, "Failure modes"):
+// its rate is the regional rate from the last grant (the rule's global rate
+// if there was none) divided among the region's agents, times the
+// headroom; it starts with one cost, so that a key's first request when
+// the region cannot be reached is admitted however slow its quota; and it
+// banks at most max(τ, period/10) at that rate (at least the request's
+// tokens), so that the bursts of a slow quota can use the rate, while a
+// per-second quota banks one lease TTL, as before. Called with k.mu held.
+func (c *core) emergencyParams(k *keyState, r *policy.Rule, need int64) (rate, start, capacity float64) {
 	rate = r.Rate()
 	if k.hasGrant {
 		rate = k.regionRate
 	}
 	rate = rate / float64(max(c.agents.Load(), 1)) * c.cfg.FallbackHeadroom
-	return rate, max(float64(need), rate*c.cfg.LeaseTTL.Seconds())
+	start = float64(r.Cost)
+	capacity = max(float64(need), start, rate*max(c.cfg.LeaseTTL.Seconds(), r.Period.Seconds()/10))
+	return rate, start, capacity
 }

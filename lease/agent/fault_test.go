@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	leasev1 "github.com/ration-dev/ration/lease/v1"
 )
 
 // faultPolicy has one rule per failure mode, on separate descriptors.
@@ -167,9 +169,10 @@ func checkOutage(t *testing.T, run *faultRun) {
 		}
 	}
 	out := run.outage
-	// local: the emergency bucket bounds what it admits.
+	// local: the emergency bucket bounds what it admits: its start (a
+	// lease TTL at its rate) and its rate, 2 × 1000/s for one agent.
 	fb := out[0].paths[PathFallbackLocal][1].Load() + run.after[0].paths[PathFallbackLocal][1].Load()
-	bound := 2000*run.recovered.Sub(run.stopped).Seconds() + 1
+	bound := 2000*(run.recovered.Sub(run.stopped).Seconds()+leasev1.DefaultLeaseTTL.Seconds()) + 1
 	if fb == 0 || float64(fb) > bound {
 		t.Errorf("local: %d admitted by the emergency bucket, want within (0, %.0f]", fb, bound)
 	}

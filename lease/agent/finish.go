@@ -145,7 +145,7 @@ func (c *core) undoAll(s *scratch) {
 			}
 		case undoFallback:
 			rr.k.mu.Lock()
-			_, capacity := c.emergencyParams(rr.k, rr.rule, rr.need)
+			_, _, capacity := c.emergencyParams(rr.k, rr.rule, rr.need)
 			rr.k.fallback.give(rr.need, capacity)
 			rr.k.mu.Unlock()
 			rr.k.extra.Add(-rr.need)

@@ -3,6 +3,7 @@ package agent
 import (
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/ration-dev/ration/policy"
 )
@@ -49,9 +50,15 @@ type keyState struct {
 	reportedAsked, reportedAdmitted int64
 	rate                            spendRate
 	lastWant                        int64 // the previous lease's size, which caps the next
+	// Tokens of requests that joined the round trip in flight, and those of
+	// the last one's waiting requests that its grant did not cover (when
+	// it completed: unservedAt), which the next lease asks for.
+	joined, unserved int64
+	unservedAt       int64
 	// What the last grant said.
 	hasGrant             bool
 	regionRate, capacity float64
+	ttl                  time.Duration // the lease TTL
 	fallback             emergency
 	// Activity, for returning an unused lease and evicting an idle key.
 	checkedAsked int64

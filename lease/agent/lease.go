@@ -34,6 +34,17 @@ func (c *core) leaseDone(f *flight, req *leasev1.LeaseRequest, wants []int64, se
 	}
 	for i, k := range f.keys {
 		k.mu.Lock()
+		// What the requests waiting for this round trip need beyond its
+		// grant, when the grant was all it asked for (else the region ran
+		// dry, and the deny cache holds them off): the key's next lease
+		// asks for it.
+		k.unserved, k.unservedAt = 0, now
+		if err == nil {
+			if g := max(resp.Grants[i].GetGranted(), 0); g >= wants[i] {
+				k.unserved = max(f.needs[i]+k.joined-g, 0)
+			}
+		}
+		k.joined = 0
 		if err == nil {
 			c.applyLocked(k, f.rules[i], resp.Grants[i], sent, now, wants[i])
 		} else {
@@ -83,10 +94,15 @@ func (c *core) applyLocked(k *keyState, r *policy.Rule, g *leasev1.LeaseGrant, s
 		}
 	}
 	c.dropLocked(k, k.collect(now))
+	if k.fallback.active {
+		// The region answers: the emergency bucket is idle again, as of
+		// the rate it ran at.
+		rate, start, capacity := c.emergencyParams(k, r, r.Cost)
+		k.fallback.idle(now, rate, start, capacity)
+	}
 	k.hasGrant = true
-	k.regionRate, k.capacity = g.GetRate(), g.GetCapacity()
+	k.regionRate, k.capacity, k.ttl = g.GetRate(), g.GetCapacity(), ttl
 	k.remaining.Store(int64(min(max(g.GetRemaining(), 0), maxLeaseTokens)))
-	k.fallback.active = false
 
 	lead := c.lead.Load()
 	k.lowWater.Store(lowWater(k.rate.rate, time.Duration(lead), r.Cost))
@@ -97,7 +113,9 @@ func (c *core) applyLocked(k *keyState, r *policy.Rule, g *leasev1.LeaseGrant, s
 		k.denyUntil.Store(0)
 	}
 	if granted > 0 && exp > now {
-		c.scheduleAt(k, exp-c.renewLead())
+		// Checked before the first of its leases expires, not the new one:
+		// an older lease's tokens go back then rather than expire.
+		c.scheduleAt(k, k.firstExpiry(now)-c.renewLead())
 	} else {
 		c.scheduleAt(k, now+max(hold, int64(c.cfg.LeasePeriod)))
 	}
@@ -196,8 +214,12 @@ func (c *core) leaseRequest(f *flight, sent int64) (*leasev1.LeaseRequest, []int
 		if !k.hasGrant {
 			capacity = float64(r.Burst)
 		}
-		wants[i] = leaseSize(k.rate.rate, c.cfg.LeasePeriod, lead, f.needs[i], r.Cost, capacity, agents, k.lastWant)
-		k.lastWant = wants[i]
+		var waiting int64
+		if sent-k.unservedAt <= int64(c.cfg.RoundTripTimeout) {
+			waiting = k.unserved // they are about to ask again, or are asking
+		}
+		wants[i] = leaseSize(k.rate.rate, c.cfg.LeasePeriod, lead, f.needs[i], waiting, r.Cost, capacity, agents, k.lastWant)
+		k.lastWant, k.unserved = wants[i], 0
 		admitted := asked - k.denied.Load()
 		demand := max(asked-k.reportedAsked, 0)
 		req.Items[i] = &leasev1.LeaseItem{

@@ -115,12 +115,25 @@ func (c *core) check(k *keyState, pol *policy.Set, now int64, rets *returnBatch)
 	case active || k.queued.Load():
 		return c.checkActive(k, pol.Rule(k.rule), now, rets)
 	case now-k.lastActive >= int64(c.cfg.IdleAfter):
+		if at := c.keepForEmergency(k, pol.Rule(k.rule), now); at > now && at < math.MaxInt64 {
+			c.scheduleAt(k, at)
+			return actNone
+		}
 		c.evictLocked(k, now, rets)
 		return actNone
 	}
 	if live := k.liveTokens(now); live > 0 {
 		if renewAt := k.firstExpiry(now) - c.renewLead(); now+int64(c.tick()) < renewAt {
 			c.scheduleAt(k, renewAt)
+			return actNone
+		}
+		horizon := now + c.renewLead() + int64(c.tick())
+		if lasting := k.liveTokens(horizon); lasting > 0 {
+			// Unused since the last check, which may have been a moment
+			// ago: only the leases about to expire give back, as an active
+			// key's do, and a later one is checked before it expires.
+			c.returnSurplusLocked(k, now, horizon, lasting, rets)
+			c.scheduleAt(k, k.firstExpiry(horizon)-c.renewLead())
 			return actNone
 		}
 		// Unused since the last check and about to expire: give the
@@ -152,12 +165,20 @@ func (c *core) checkActive(k *keyState, r *policy.Rule, now int64, rets *returnB
 		// A lease is about to expire. What the key will not spend before
 		// then goes back to the region instead of being dropped, and the
 		// key is renewed only if it is still spending.
-		c.returnSurplusLocked(k, now, horizon, rets)
+		c.returnSurplusLocked(k, now, horizon, lasting, rets)
 		if k.recentRate*c.cfg.LeaseTTL.Seconds() < float64(r.Cost) {
-			c.scheduleAt(k, k.lastActive+int64(c.cfg.IdleAfter))
+			next := k.lastActive + int64(c.cfg.IdleAfter)
+			if lasting > 0 {
+				// A later lease still holds tokens: check it before it expires.
+				next = min(next, k.firstExpiry(horizon)-c.renewLead())
+			}
+			c.scheduleAt(k, next)
 			return actNone
 		}
 	case live > 0:
+		// The lease expiring first, if it does before the horizon, gives
+		// back what the key will not spend from it.
+		c.returnSurplusLocked(k, now, horizon, lasting, rets)
 		c.scheduleAt(k, k.firstExpiry(horizon)-c.renewLead())
 		return actNone
 	default:
@@ -175,19 +196,61 @@ func (c *core) checkActive(k *keyState, r *policy.Rule, now int64, rets *returnB
 
 // returnSurplusLocked returns the tokens of leases expiring before horizon
 // beyond what the key, at its recent rate, will spend until they expire.
-func (c *core) returnSurplusLocked(k *keyState, now, horizon int64, rets *returnBatch) {
+// lasting is what the key holds beyond the horizon.
+//
+// A token dropped at expiry is lost to the quota until the region refills
+// it: milliseconds for a per-second quota, minutes for a daily one. A
+// Return costs a store operation and holds up the refresher for a round
+// trip. So the key keeps for its spending at most its spare (what its
+// region refills in a lease TTL: nothing, for a slow quota), and while a
+// later lease still holds tokens, an expiring lease gives back only a
+// surplus larger than the spare: a per-second quota lets a few tokens
+// expire rather than delay its next refresh, and a slow one gives every
+// token back.
+func (c *core) returnSurplusLocked(k *keyState, now, horizon, lasting int64, rets *returnBatch) {
+	spare := c.spareLocked(k)
+	floor := int64(0)
+	if lasting > 0 {
+		floor = spare
+	}
 	for i := range k.slots.word {
 		exp := k.slots.exp[i].Load()
 		if exp <= now || exp > horizon {
 			continue
 		}
-		use := int64(math.Ceil(k.recentRate * float64(exp-now) / 1e9))
-		if surplus := balance(k.slots.word[i].Load()) - use; surplus > 0 {
+		use := min(int64(math.Ceil(k.recentRate*float64(exp-now)/1e9)), spare)
+		if surplus := balance(k.slots.word[i].Load()) - use; surplus > floor {
 			n := k.slots.takeUpTo(i, surplus)
 			k.returned += n
 			rets.add(k, n)
 		}
 	}
+}
+
+// spareLocked is how many tokens k may let expire unspent: what its region
+// refills in a lease TTL, so that a drop costs no more than the lease term
+// of the bound already counts.
+func (c *core) spareLocked(k *keyState) int64 {
+	return int64(k.regionRate * k.ttl.Seconds())
+}
+
+// keepForEmergency returns until when an idle key must stay in memory for
+// its emergency bucket (now when it may go): until the bucket holds what a
+// new one would start with, since forgetting it sooner would let a new one
+// start over (DESIGN.md, "Failure modes"); and while the region is
+// unreachable and the bucket in use, until it is full, so that the bursts
+// of a slow quota can use the rate banked between them. A bucket that never
+// refills (a share of 0) does not keep its key.
+func (c *core) keepForEmergency(k *keyState, r *policy.Rule, now int64) int64 {
+	if r == nil || !k.fallback.init {
+		return now
+	}
+	rate, start, capacity := c.emergencyParams(k, r, r.Cost)
+	target := start
+	if k.fallback.active && c.down.Load() {
+		target = capacity
+	}
+	return k.fallback.full(now, rate, target)
 }
 
 // evictLocked forgets k, returning its live tokens.

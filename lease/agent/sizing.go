@@ -60,20 +60,27 @@ func (e *spendRate) observe(now, asked int64, p rateParams) {
 }
 
 // leaseSize returns how many tokens to ask for: enough for the key's rate
-// over one lease period plus the refresh lead, clamped to [need, fair] where
-// need is what the asking request must have and fair is the key's regional
-// capacity divided among the region's agents, and rounded up to whole
-// costs, because the region grants only whole costs.
+// over one lease period plus the refresh lead, and at least what requests
+// still waiting for the key need (waiting, beyond the asking request's
+// need), clamped to [need, fair] where need is what the asking request
+// must have and fair is the key's regional capacity divided among the
+// region's agents, and rounded up to whole costs, because the region grants
+// only whole costs.
 //
-// A lease also grows at most to twice the previous ask (prev, 0 for none):
-// a burst of requests can make the rate estimate overshoot, and an
-// oversized lease is mostly dropped at expiry. Doubling reaches any size in
-// a few round trips, which a growing key makes anyway.
-func leaseSize(rate float64, period, lead time.Duration, need, cost int64, capacity float64, agents, prev int64) int64 {
+// A lease grows with the rate at most to twice the previous ask (prev, 0
+// for none): a burst of requests can make the rate estimate overshoot, and
+// an oversized lease is mostly given back or dropped. Doubling reaches any
+// size in a few round trips, which a growing key makes anyway. Requests
+// that waited for the previous round trip and found its grant too small
+// are demand already there, not an estimate, and are asked for at once:
+// otherwise a burst on a cold key (all of a slow quota's keys are cold)
+// gets one more token per round trip and mostly gives up.
+func leaseSize(rate float64, period, lead time.Duration, need, waiting, cost int64, capacity float64, agents, prev int64) int64 {
 	want := math.Ceil(rate * (period + lead).Seconds())
 	if prev > 0 {
 		want = min(want, 2*float64(prev))
 	}
+	want = max(want, float64(waiting))
 	if capacity > 0 {
 		fair := capacity / float64(max(agents, 1))
 		want = min(want, fair)

@@ -41,25 +41,29 @@ func TestLeaseSize(t *testing.T) {
 		name     string
 		rate     float64
 		need     int64
+		waiting  int64
 		cost     int64
 		capacity float64
 		agents   int64
 		prev     int64
 		want     int64
 	}{
-		{"rate times period plus lead", 1000, 1, 1, 1e6, 1, 0, 55},
-		{"cold key asks what the request needs", 0, 3, 1, 1e6, 1, 0, 3},
-		{"at least one cost", 0, 1, 10, 1e6, 1, 0, 10},
-		{"rounded up to whole costs", 1000, 1, 10, 1e6, 1, 0, 60},
-		{"capped at the fair share of capacity", 1e6, 1, 1, 1000, 4, 0, 250},
-		{"the request's need beats the cap", 1e6, 400, 1, 1000, 4, 0, 400},
-		{"no capacity known yet: uncapped", 1e4, 1, 1, 0, 1, 0, 550},
-		{"agents unknown count as one", 1e6, 1, 1, 100, 0, 0, 100},
-		{"at most twice the previous ask", 1e4, 1, 1, 1e6, 1, 20, 40},
-		{"shrinking is not capped", 10, 1, 1, 1e6, 1, 500, 1},
+		{"rate times period plus lead", 1000, 1, 0, 1, 1e6, 1, 0, 55},
+		{"cold key asks what the request needs", 0, 3, 0, 1, 1e6, 1, 0, 3},
+		{"at least one cost", 0, 1, 0, 10, 1e6, 1, 0, 10},
+		{"rounded up to whole costs", 1000, 1, 0, 10, 1e6, 1, 0, 60},
+		{"capped at the fair share of capacity", 1e6, 1, 0, 1, 1000, 4, 0, 250},
+		{"the request's need beats the cap", 1e6, 400, 0, 1, 1000, 4, 0, 400},
+		{"no capacity known yet: uncapped", 1e4, 1, 0, 1, 0, 1, 0, 550},
+		{"agents unknown count as one", 1e6, 1, 0, 1, 100, 0, 0, 100},
+		{"at most twice the previous ask", 1e4, 1, 0, 1, 1e6, 1, 20, 40},
+		{"shrinking is not capped", 10, 1, 0, 1, 1e6, 1, 500, 1},
+		{"waiting requests are asked for at once, past the doubling", 10, 1, 49, 1, 1e6, 1, 1, 49},
+		{"waiting requests within the fair share", 10, 1, 500, 1, 1000, 4, 1, 250},
+		{"waiting requests in whole costs", 0, 5, 7, 5, 1e6, 1, 0, 10},
 	}
 	for _, tt := range tests {
-		got := leaseSize(tt.rate, 50*time.Millisecond, 5*time.Millisecond, tt.need, tt.cost, tt.capacity, tt.agents, tt.prev)
+		got := leaseSize(tt.rate, 50*time.Millisecond, 5*time.Millisecond, tt.need, tt.waiting, tt.cost, tt.capacity, tt.agents, tt.prev)
 		if got != tt.want {
 			t.Errorf("%s: got %d, want %d", tt.name, got, tt.want)
 		}

@@ -178,7 +178,9 @@ func (c *core) joinOrStart(s *scratch, now int64) *flight {
 				continue
 			}
 			k.lastActive = now
-			if k.flight == nil {
+			if k.flight != nil {
+				k.joined += rr.need
+			} else {
 				if own == nil {
 					own = &flight{done: make(chan struct{})}
 				}

@@ -42,14 +42,15 @@ rules:
 		err       error // and failed
 		denyUntil int64
 		expired   bool // the request's deadline has passed
-		want      outcome
+		// The key's emergency bucket spent its start at this instant.
+		fallbackSpent bool
+		want          outcome
 	}{
 		{name: "granted", rule: "local", lease: 5, answered: true,
 			want: outcome{Decided: true, Done: true, OK: true, Path: PathLease}},
 		{name: "no answer in time, local", rule: "local", expired: true,
-			// The emergency bucket starts empty: 100/s shared by one agent,
-			// headroom 2, so the first token comes in 5ms.
-			want: outcome{Decided: true, Done: true, Path: PathFallbackLocal, Retry: 5*time.Millisecond + 1}},
+			// The emergency bucket starts with one cost.
+			want: outcome{Decided: true, Done: true, OK: true, Path: PathFallbackLocal}},
 		{name: "region failed, open", rule: "open", answered: true, err: errors.New("unavailable"),
 			want: outcome{Decided: true, Done: true, OK: true, Path: PathFailedOpen}},
 		{name: "region failed, closed", rule: "closed", answered: true, err: errors.New("unavailable"),
@@ -59,6 +60,9 @@ rules:
 		{name: "tokens went to others, deadline ahead", rule: "local", answered: true,
 			want: outcome{}},
 		{name: "tokens went to others, deadline passed", rule: "local", answered: true, expired: true,
+			want: outcome{Decided: true, Done: true, OK: true, Path: PathFallbackLocal}},
+		{name: "no answer in time, local, start spent", rule: "local", expired: true, fallbackSpent: true,
+			// 100/s shared by one agent, headroom 2: the next token in 5ms.
 			want: outcome{Decided: true, Done: true, Path: PathFallbackLocal, Retry: 5*time.Millisecond + 1}},
 	}
 	for _, tt := range tests {
@@ -77,6 +81,9 @@ rules:
 				k.slots.install(now, now+100*ms, tt.lease)
 			}
 			k.denyUntil.Store(tt.denyUntil)
+			if tt.fallbackSpent {
+				k.fallback = emergency{init: true, active: true, last: now}
+			}
 			f := &flight{done: make(chan struct{}), err: tt.err}
 			if tt.answered {
 				close(f.done)
