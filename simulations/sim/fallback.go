@@ -11,14 +11,16 @@ import (
 // its rule's on_error (lease/agent): closed denies, open admits everything,
 // local spends the leases held and then an emergency bucket per agent at
 // the regional rate of its last grant (the rule's rate L before any) ÷ the
-// agents the region last reported × FallbackHeadroom, starting empty, with
-// a capacity of τ at that rate (at least one cost). That is this fault's
+// agents the region last reported × FallbackHeadroom, starting with one
+// cost, with a capacity of max(τ, period/10) at that rate (at least one
+// cost; lease/agent's emergency bucket). That is this fault's
 // E_fault (DESIGN.md, "open or local fallback while a region is
 // unreachable"): the region's bucket keeps its share of L·W + b, and on
 // top of it, in windows that meet the outage,
 //
 //	local: Σ_agents headroom × L ÷ agents_a   per second in the outage,
-//	       plus τ of that rate and one cost per agent (the capacities);
+//	       plus max(τ, period/10) of that rate and one cost per agent
+//	       (the capacities, and the cost each starts with);
 //	open:  unbounded (such windows are not checked);
 //	closed: nothing.
 //
@@ -51,10 +53,16 @@ func (w *world) fallbackStart(fault int, r *regiond, t int64) {
 		default:
 			rate := w.headroom() * k.rate * inv
 			w.addTerm(&o, ki, faultSpan{from: t, to: math.MaxInt64, rate: rate,
-				tokens: rate*w.sc.LeaseTTL.Seconds() + float64(len(r.agents)*int(k.cost))}, true)
+				tokens: rate*w.emergencyBank(k) + float64(len(r.agents)*int(k.cost))}, true)
 		}
 	}
 	w.terms = append(w.terms, o)
+}
+
+// emergencyBank is how long, at its rate, an agent's emergency bucket for
+// key k banks: max(τ, period/10) seconds (lease/agent).
+func (w *world) emergencyBank(k *simKey) float64 {
+	return max(w.sc.LeaseTTL.Seconds(), k.rule.Period.Seconds()/10)
 }
 
 func (w *world) headroom() float64 {
@@ -79,7 +87,7 @@ func (w *world) fallbackAgents(r *regiond, n int) {
 			f := &w.m.keys[s.key].faults[s.span]
 			rate := w.headroom() * k.rate * float64(n)
 			f.rate += rate
-			f.tokens += rate*w.sc.LeaseTTL.Seconds() + float64(n*int(k.cost))
+			f.tokens += rate*w.emergencyBank(k) + float64(n*int(k.cost))
 		}
 	}
 }
