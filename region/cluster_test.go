@@ -83,6 +83,9 @@ type cluster struct {
 	// burst testBurst, full at the start) debited with every region's
 	// grants: the fleet's buckets and tokens in flight never hold more.
 	ideal map[string]float64
+	// rate and burst are every key's L and b in the stores (default
+	// testRate and testBurst): set them with the Config's Policy.
+	rate, burst float64
 	// stats
 	delivered, lost, stale, unknown int
 	released                        int64 // tokens stores released, in TokenScale units
@@ -92,7 +95,7 @@ var ctx = context.Background()
 
 func newCluster(t testing.TB, rng *rand.Rand, n int, tweak func(*region.Config)) *cluster {
 	t.Helper()
-	c := &cluster{t: t, rng: rng, period: time.Second, now: time.Unix(1_700_000_000, 0), ideal: map[string]float64{}}
+	c := &cluster{t: t, rng: rng, period: time.Second, now: time.Unix(1_700_000_000, 0), ideal: map[string]float64{}, rate: testRate, burst: testBurst}
 	for i := 0; i < n; i++ {
 		c.regions = append(c.regions, fmt.Sprintf("r%d", i))
 	}
@@ -137,7 +140,7 @@ const testBurst = 1000.0
 // limit is the store's limit of every test key in region i.
 func (c *cluster) limit(i int) lease.Limit {
 	nd := c.nodes[i]
-	return lease.Limit{Rate: testRate, Burst: testBurst, Cost: 1, InitialShare: nd.n.Initial(nd.name)}
+	return lease.Limit{Rate: c.rate, Burst: c.burst, Cost: 1, InitialShare: nd.n.Initial(nd.name)}
 }
 
 // spend grants region i's demand for key from its store, as its agents
@@ -400,9 +403,9 @@ func (c *cluster) refillIdeal(keys []string) {
 	for _, key := range keys {
 		b, ok := c.ideal[key]
 		if !ok {
-			b = testBurst // every region's bucket starts full too
+			b = c.burst // every region's bucket starts full too
 		} else {
-			b = min(testBurst, b+testRate*c.period.Seconds())
+			b = min(c.burst, b+c.rate*c.period.Seconds())
 		}
 		c.ideal[key] = b
 	}

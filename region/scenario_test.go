@@ -342,3 +342,51 @@ func TestScenarioIdleKeysRetire(t *testing.T) {
 		}
 	}
 }
+
+// TestScenarioSlowQuotaFollowsDemand moves all demand of a quota of 2
+// tokens a second (120 a minute) from region to region, at 10 requests an
+// epoch: the region it left saw no request where noise would have shown
+// several, so its demand is gone at once, and the shares reach the targets
+// within 2 epochs of each move (a long tail of smoothed demand, whose
+// noise headroom is most of such a quota, took a hundred epochs). The
+// buckets' tokens move with the share: the fleet never holds more than
+// one ideal bucket (checkTokens after every write).
+func TestScenarioSlowQuotaFollowsDemand(t *testing.T) {
+	const rate, burst = 2.0, 120.0
+	rng := rand.New(rand.NewPCG(testSeed(t), 1))
+	c := newCluster(t, rng, 3, func(cfg *region.Config) {
+		cfg.Policy = func(string) region.KeyPolicy { return region.KeyPolicy{Rate: rate, Burst: burst, Cost: 1} }
+	})
+	c.rate, c.burst = rate, burst
+	checkSum(t, c, []string{"k"}, nil)
+	inner := c.check
+	c.check = func(c *cluster, when string) {
+		inner(c, when)
+		c.checkTokens("k", when)
+	}
+	floor := c.nodes[0].st().Config().FloorPPM
+	for move, busy := range []int{0, 1, 2, 0} {
+		demand := func(r int, _ string) int64 {
+			if r == busy {
+				return 10
+			}
+			return 0
+		}
+		took := 0
+		for e := 1; e <= 20; e++ {
+			c.run([]string{"k"}, demand)
+			sh := sharesOf(c, "k")
+			ok := sh[busy] >= region.PPM-2*floor-50_000
+			for r := range sh {
+				ok = ok && (r == busy || sh[r] <= floor+50_000)
+			}
+			if ok && took == 0 {
+				took = e
+			}
+		}
+		t.Logf("move %d (demand in r%d): within 5%% of the targets after %d epochs: %v", move, busy, took, sharesOf(c, "k"))
+		if took == 0 || (move > 0 && took > 2) {
+			t.Errorf("move %d: shares %v reached the targets after %d epochs (0: never in 20), want ≤ 2", move, sharesOf(c, "k"), took)
+		}
+	}
+}
