@@ -45,12 +45,14 @@ func (w *world) openReclaim(ki int, t int64) {
 	frac := float64(max(e, 0)) / region.PPM
 	k := &w.keys[ki]
 	o := openTerm{fault: -1, region: -1, healed: true, tail: 2 * int64(w.sc.LeaseTTL)}
-	w.addTerm(&o, ki, faultSpan{
-		from:   t,
-		to:     math.MaxInt64,
-		tokens: frac * (k.burst + k.rate*w.sc.LeaseTTL.Seconds()),
-		rate:   frac * k.rate,
-	}, false)
+	span := faultSpan{from: t, to: math.MaxInt64, tokens: frac * (k.burst + k.rate*w.sc.LeaseTTL.Seconds()), rate: frac * k.rate}
+	if k.rule.FixedWindow() {
+		// A window does not refill, and its leases end with it: a region
+		// entering a window at a reclaimed share fills at most e × limit
+		// more.
+		span.tokens, span.rate = frac*k.burst, 0
+	}
+	w.addTerm(&o, ki, span, false)
 	o.over = func() bool {
 		if w.shareSum(ki) > region.PPM {
 			return false
