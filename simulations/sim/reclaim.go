@@ -15,7 +15,8 @@ import (
 // fault's E_fault (DESIGN.md): with the shares summing to at most 1 + e,
 // the buckets hold at most b·(1+e), leases at most L·τ·(1+e), and refill
 // runs at L·(1+e), so a window gains e·(b + L·τ) plus e·L per second it
-// spends in the reclaim.
+// spends in the reclaim. A fixed window gains e·limit: it does not refill,
+// and a region that enters it at a reclaimed share fills that much more.
 //
 // Silence comes from partitions, but also from reports lost in a row, so
 // the term is opened by the reclaims themselves: when a share written for
