@@ -173,3 +173,26 @@ func TestWindowsFollowStartAndTimeZone(t *testing.T) {
 		t.Errorf("default start: admitted %d in %d windows, want 100 in 1", s.Admitted, s.WindowBound.Windows)
 	}
 }
+
+// TestWindowSkewDoubleCount: the skew term is needed, and enough. With the
+// stores 800 ms apart (us 400 ms ahead, eu 400 ms behind), demand moving
+// from us to eu 1.5 s before a boundary makes us, already in the new
+// window and full at its old share, give that share to eu while eu is
+// still in the window before: eu then enters the new window full at the
+// raised share, and the window admits 60% above its limit. The raise is
+// counted in that window's bound, which it stays within.
+func TestWindowSkewDoubleCount(t *testing.T) {
+	doc := "name: dc\nseed: 3\nstart: 2026-03-29T00:58:00+01:00\nduration: 2m\nregions: [us, eu]\nagents_per_region: 4\n" +
+		"network: { delay: 20ms }\nkeys:\n  - { name: k, limit: 1000, period: 1m, algorithm: fixed_window }\n" +
+		"demand:\n  - { at: 0s, rates: { us: 30 } }\n  - { at: 58.5s, rates: { eu: 3000 } }\n"
+	w := windowWorld(t, doc, Escrow)
+	us, eu := w.rs[w.sc.regionIndex("us")], w.rs[w.sc.regionIndex("eu")]
+	us.skew, us.storeSkew = int64(400*time.Millisecond), int64(400*time.Millisecond)
+	eu.skew, eu.storeSkew = -int64(400*time.Millisecond), -int64(400*time.Millisecond)
+	w.m = newMeter(w)
+	w.loop(nil)
+	b := w.m.windowBound()
+	if len(w.m.keys[0].faults) == 0 || b.AdmittedMaxPct < 150 || b.WindowsOver != 0 || b.RatioMax > 1 {
+		t.Errorf("got %d skew spans, window bound %+v; want a window above 150%% of the limit, within its bound with the skew term", len(w.m.keys[0].faults), b)
+	}
+}
