@@ -159,7 +159,7 @@ func (w *world) noteWindowRaises(r *regiond, cs []region.ShareChange) {
 	if !w.m.anyWindow || w.alg != Escrow {
 		return
 	}
-	var ahead int64
+	ahead := r.storeSkew
 	for _, q := range w.rs {
 		ahead = max(ahead, q.storeSkew)
 	}

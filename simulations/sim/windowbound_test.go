@@ -113,7 +113,8 @@ func TestWindowBoundCountsStoreClocks(t *testing.T) {
 func TestWindowRaiseTerm(t *testing.T) {
 	w := windowWorld(t, windowDoc, Escrow)
 	us, eu := w.rs[w.sc.regionIndex("us")], w.rs[w.sc.regionIndex("eu")]
-	us.storeSkew, eu.storeSkew = int64(50*time.Millisecond), -int64(50*time.Millisecond)
+	// Both behind true time: the most advanced store is us's.
+	us.storeSkew, eu.storeSkew = -int64(10*time.Millisecond), -int64(110*time.Millisecond)
 	key := w.keys[0].storeKey
 	write := func(r *regiond, at int64, share int64) {
 		w.now = at
@@ -123,8 +124,9 @@ func TestWindowRaiseTerm(t *testing.T) {
 	}
 	write(eu, boundary-int64(time.Second), 600_000)         // every store in the first window
 	write(eu, boundary-int64(10*time.Millisecond), 500_000) // a lowering
-	write(eu, boundary-int64(10*time.Millisecond), 700_000) // us is past the boundary, eu not
-	write(us, boundary-int64(10*time.Millisecond), 800_000) // us itself is ahead
+	write(us, boundary+int64(5*time.Millisecond), 550_000)  // us, the most advanced, is not past it yet
+	write(eu, boundary+int64(50*time.Millisecond), 700_000) // us is past the boundary, eu not
+	write(us, boundary+int64(60*time.Millisecond), 800_000) // us itself is the most advanced
 	faults := w.m.keys[0].faults
 	if len(faults) != 1 {
 		t.Fatalf("got fault spans %+v, want one", faults)
