@@ -40,11 +40,13 @@ func (w *world) newNode(r *regiond) error {
 func (fx regionFx) WriteShares(_ context.Context, cs []region.ShareChange) []region.ShareChange {
 	w, r := fx.w, fx.r
 	ups := make([]lease.ShareUpdate, len(cs))
+	now := w.regionTime(r)
 	for i, c := range cs {
-		ups[i] = lease.ShareUpdateFor(c, service.Limit(w.set.RuleOf(c.Key), r.initial, w.base.Add(dur(w.now))))
+		ups[i] = lease.ShareUpdateFor(c, service.Limit(w.set.RuleOf(c.Key), r.initial, now))
 	}
 	res := make([]lease.ShareResult, len(cs))
-	if err := r.store.SetSharesAt(w.base.Add(dur(w.now)), ups, res); err != nil {
+	w.noteWindowRaises(r, cs)
+	if err := r.store.SetSharesAt(now, ups, res); err != nil {
 		w.fail(fmt.Errorf("sim: region %s: writing shares: %w", r.name, err))
 		return nil
 	}

@@ -24,7 +24,9 @@ import (
 //	open:  unbounded (such windows are not checked);
 //	closed: nothing.
 //
-// The regional rate of a grant is at most L, so the term takes L. It lasts
+// The regional rate of a grant is at most L, so the term takes L (for a
+// fixed window L is its limit ÷ period, which the grants' rate is a share
+// of, and a window counts the part of the outage within it). It lasts
 // until every agent of the region has closed its breaker after the outage,
 // plus a refresh timeout (a call sent before that fails at its deadline)
 // and 2τ.

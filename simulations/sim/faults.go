@@ -111,6 +111,10 @@ func (w *world) failover(r *regiond, f *Fault, t int64) {
 		cur, old := w.share(r, r.store, k.storeKey), w.share(r, snap, k.storeKey)
 		s := max(cur, old)
 		excess := k.burst * float64(s) / region.PPM
+		if k.rule.FixedWindow() {
+			w.windowFailover(ki, t, f.LostWrites, back, excess, old-cur)
+			continue
+		}
 		w.m.addFault(ki, t-int64(f.LostWrites), t+w.refillSpan(k, s), excess)
 		if old > cur {
 			km := &w.m.keys[ki]
@@ -119,6 +123,19 @@ func (w *world) failover(r *regiond, f *Fault, t int64) {
 	}
 	r.store.Restore(snap)
 	r.snap = nil
+}
+
+// windowFailover adds a failover's E_fault for fixed-window key ki: the
+// restored bucket holds up to limit × s_r again (excess), spendable only
+// in the window the store is in, since leases end with it; and where the
+// lost writes had lowered the share (by lowered ppm), a window the region
+// enters before its next decision rewrites it (back) fills at the
+// restored share, limit × the difference more.
+func (w *world) windowFailover(ki int, t int64, lostWrites time.Duration, back int64, excess float64, lowered int64) {
+	w.m.addFault(ki, t-int64(lostWrites), t+2*int64(w.sc.LeaseTTL), excess)
+	if lowered > 0 {
+		w.m.addFault(ki, t, back, w.keys[ki].burst*float64(lowered)/region.PPM)
+	}
 }
 
 // refillSpan is how long tokens a failover gave back can stay in a

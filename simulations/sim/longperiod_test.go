@@ -35,21 +35,18 @@ func TestParsePeriod(t *testing.T) {
 }
 
 func TestParsePeriodErrors(t *testing.T) {
-	key := func(fields string) string {
-		return strings.Replace(goodHead, "limit: 10 }", "limit: 10, "+fields+" }", 1)
-	}
-	// The policy's longest period, which the simulator follows.
-	most, tooLong := policy.MaxPeriod.String(), (policy.MaxPeriod + time.Hour).String()
+	// The policy's longest period, which the simulator follows, and its
+	// messages: the policy package decodes a key group's period.
+	tooLong := (policy.MaxPeriod + time.Hour).String()
 	tests := []struct {
 		name, doc, want string
 	}{
-		{"zero period", key("period: 0s"), "s.yaml:5: keys[0].period: must be > 0 and at most " + most + " (got 0s)"},
-		{"period too long", key("period: " + tooLong), "s.yaml:5: keys[0].period: must be > 0 and at most " + most + " (got " + tooLong + ")"},
-		{"negative period", key("period: -1m"), "s.yaml:5: keys[0].period: must not be negative"},
-		{"period not a duration", key("period: 60"), `s.yaml:5: keys[0].period: must be a Go duration such as "1s" or "500ms" (got integer 60)`},
-		{"fixed window", key("algorithm: fixed_window"), "s.yaml:5: keys[0].algorithm: fixed_window is not supported yet (only token_bucket"},
-		{"unknown algorithm", key("algorithm: sliding_log"), `s.yaml:5: keys[0].algorithm: must be one of "token_bucket", "fixed_window" (got`},
-		{"algorithm not a string", key("algorithm: 3"), `s.yaml:5: keys[0].algorithm: must be one of "token_bucket", "fixed_window" (got integer 3)`},
+		{"zero period", keyWith("period: 0s"), "s.yaml:5: keys[0].period: must be > 0"},
+		{"period too long", keyWith("period: " + tooLong), "s.yaml:5: keys[0].period: must be at most 744h (31 days)"},
+		{"negative period", keyWith("period: -1m"), "s.yaml:5: keys[0].period: must be > 0"},
+		{"period not a duration", keyWith("period: 60"), `s.yaml:5: keys[0].period: must be a Go duration with a unit, such as "1s" or "500ms" (got integer 60)`},
+		{"unknown algorithm", keyWith("algorithm: sliding_log"), `s.yaml:5: keys[0].algorithm: must be one of "token_bucket", "fixed_window" (got`},
+		{"algorithm not a string", keyWith("algorithm: 3"), `s.yaml:5: keys[0].algorithm: must be one of "token_bucket", "fixed_window" (got integer 3)`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -67,35 +64,12 @@ func TestParsePeriodErrors(t *testing.T) {
 	}
 }
 
-// TestPendingScenarios keeps the scenarios that wait for fixed windows
-// valid but for that: each is refused only for its algorithm. When fixed
-// windows exist, they move to ../scenarios/ and this test goes.
-func TestPendingScenarios(t *testing.T) {
-	files, err := filepath.Glob("../scenarios/pending/*.yaml")
-	if err != nil || len(files) == 0 {
-		t.Fatalf("found %d pending scenarios (%v), want some", len(files), err)
-	}
-	for _, f := range files {
-		_, err := LoadFile(f)
-		var es Errors
-		if !errors.As(err, &es) {
-			t.Errorf("%s: got %v, want the fixed_window error", f, err)
-			continue
-		}
-		for _, e := range es {
-			if !strings.HasSuffix(e.Field, ".algorithm") || !strings.Contains(e.Msg, "not supported yet") {
-				t.Errorf("%s: got %v, want only the fixed_window error", f, e)
-			}
-		}
-	}
-}
-
 // TestVersusIdealMatchesTheStore: in the ideal algorithm's run, the ideal
 // buckets every run asks admit exactly what its one lease.MemoryStore
 // does, request by request, so that admitted_vs_ideal_pct compares like
 // with like.
 func TestVersusIdealMatchesTheStore(t *testing.T) {
-	for _, f := range []string{"testdata/golden.yaml", "../scenarios/minute-bucket-moving.yaml", "../scenarios/ten-minute-quota.yaml"} {
+	for _, f := range append([]string{"testdata/golden.yaml"}, longPeriodScenarios...) {
 		res, err := Run(load(t, f), Options{Algorithm: Ideal})
 		if err != nil {
 			t.Fatal(err)
@@ -113,50 +87,82 @@ func TestVersusIdealMatchesTheStore(t *testing.T) {
 }
 
 // longPeriodScenarios are the committed scenarios of quotas with a long
-// period (issue 11).
-var longPeriodScenarios = []string{"../scenarios/minute-bucket-moving.yaml", "../scenarios/ten-minute-quota.yaml"}
+// period (issue 11), token buckets and fixed windows.
+var longPeriodScenarios = []string{
+	"../scenarios/minute-bucket-moving.yaml", "../scenarios/ten-minute-quota.yaml",
+	"../scenarios/daily-window-moving.yaml", "../scenarios/window-boundary.yaml",
+}
 
-// TestLongPeriodBound: escrow keeps the bound for quotas with long
-// periods, as for every other scenario.
+// TestLongPeriodBound: escrow, static and ideal keep the bound for quotas
+// with long periods, as for every other scenario: L·W + B for token
+// buckets, and limit + terms in every fixed window.
 func TestLongPeriodBound(t *testing.T) {
 	for _, f := range longPeriodScenarios {
-		res, err := Run(load(t, f), Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if s := res.Summary; s.BoundRatioMax > 1 || s.WindowsOverBound > 0 {
-			t.Errorf("%s: bound_ratio_max %v, %d windows over the bound; want ≤ 1, 0", f, s.BoundRatioMax, s.WindowsOverBound)
+		sc := load(t, f)
+		for _, alg := range Algorithms {
+			res, err := Run(sc, Options{Algorithm: alg})
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := res.Summary
+			if s.BoundBroken() {
+				t.Errorf("%s %s: bound_ratio_max %v, %d windows over the bound, window bound %+v; want every ratio ≤ 1, no window over", f, alg, s.BoundRatioMax, s.WindowsOverBound, s.WindowBound)
+			}
+			if fixed := sc.Keys[0].RuleAlgorithm == FixedWindow; fixed != (s.WindowBound != nil) || fixed && s.WindowBound.Windows == 0 {
+				t.Errorf("%s %s: window bound %+v, want it checked in some window exactly for fixed windows", f, alg, s.WindowBound)
+			}
 		}
 	}
 }
 
 // TestLongPeriodTargets is issue 11's target for quotas whose tokens are
-// almost all balance: escrow admits ≥ 97% of what one ideal bucket fed the
-// same requests admits, over the run and in every demand step (the first
-// 10 s of ten-minute-quota, the end-to-end window: ≥ 95%), and its shares
-// converge within 3 s of every step.
+// almost all balance: escrow admits ≥ 97% of what one ideal bucket (or
+// window) fed the same requests admits, over the run and in every demand
+// step in which the ideal admits anything (the first 10 s of
+// ten-minute-quota, the end-to-end window: ≥ 95%), and its shares converge
+// within 3 s of every step.
 func TestLongPeriodTargets(t *testing.T) {
-	t.Skip("needs token escrow (issue 11)")
-	for _, f := range longPeriodScenarios {
-		res, err := Run(load(t, f), Options{})
-		if err != nil {
-			t.Fatal(err)
+	tests := []struct {
+		file string
+		skip string // why the target is not met yet
+	}{
+		{file: "../scenarios/minute-bucket-moving.yaml"},
+		{file: "../scenarios/ten-minute-quota.yaml", skip: "agents drop leased tokens at expiry: 78% of the ideal in the first 10 s (issue 11, lease/agent)"},
+		{file: "../scenarios/daily-window-moving.yaml", skip: "the exchange keeps a stopped demand of ~1 request an epoch as a need for more " +
+			"than a day (below 4 requests an epoch the smoothing's gain falls with the demand, so it decays as 1/t, and at " +
+			"0.0116 tokens/s, with the noise headroom √demand, a demand above 1.3e-4 tokens an epoch is a full share's need): after the move to eu, us keeps half the share, " +
+			"holds fewer tokens than its new capacity and releases none, and eu admits 5 of the ideal's 414 (region; " +
+			"the first move takes 12.4 s since a cold key's first lease call carries no demand: lease/agent)"},
+	}
+	for _, tc := range tests {
+		t.Run(strings.TrimSuffix(filepath.Base(tc.file), ".yaml"), func(t *testing.T) {
+			if tc.skip != "" {
+				t.Skip(tc.skip)
+			}
+			res, err := Run(load(t, tc.file), Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkTargets(t, tc.file, res.Summary)
+		})
+	}
+}
+
+func checkTargets(t *testing.T, f string, s Summary) {
+	t.Helper()
+	if s.VersusIdealPct == nil || *s.VersusIdealPct < 97 {
+		t.Errorf("%s: admitted_vs_ideal_pct %v, want ≥ 97", f, optPct(s.VersusIdealPct))
+	}
+	for i, st := range s.Steps {
+		want := 97.0
+		if strings.HasSuffix(f, "ten-minute-quota.yaml") && i == 0 {
+			want = 95
 		}
-		s := res.Summary
-		if s.VersusIdealPct == nil || *s.VersusIdealPct < 97 {
-			t.Errorf("%s: admitted_vs_ideal_pct %v, want ≥ 97", f, optPct(s.VersusIdealPct))
+		if st.IdealAdmitted > 0 && (st.VersusIdealPct == nil || *st.VersusIdealPct < want) {
+			t.Errorf("%s: steps[%d] (at %vs): admitted_vs_ideal_pct %v, want ≥ %v", f, i, st.AtS, optPct(st.VersusIdealPct), want)
 		}
-		for i, st := range s.Steps {
-			want := 97.0
-			if strings.HasSuffix(f, "ten-minute-quota.yaml") && i == 0 {
-				want = 95
-			}
-			if st.VersusIdealPct == nil || *st.VersusIdealPct < want {
-				t.Errorf("%s: steps[%d] (at %vs): admitted_vs_ideal_pct %v, want ≥ %v", f, i, st.AtS, optPct(st.VersusIdealPct), want)
-			}
-			if st.ConvergenceS == nil || *st.ConvergenceS > 3 || st.Unconverged {
-				t.Errorf("%s: steps[%d] (at %vs): convergence %v (unconverged %v), want ≤ 3 s", f, i, st.AtS, optSec(st.ConvergenceS, 0), st.Unconverged)
-			}
+		if st.ConvergenceS == nil || *st.ConvergenceS > 3 || st.Unconverged {
+			t.Errorf("%s: steps[%d] (at %vs): convergence %v (unconverged %v), want ≤ 3 s", f, i, st.AtS, optSec(st.ConvergenceS, 0), st.Unconverged)
 		}
 	}
 }

@@ -36,6 +36,12 @@ type meter struct {
 	totAsked, totAdmitted, admittedReqs int64
 	phases                              []phase
 	vs                                  versus
+
+	// The window bound's (windowbound.go): per region, the skew its
+	// admissions are counted at; the least, and the largest in magnitude.
+	winSkew         []int64
+	minSkew, spread int64
+	anyWindow       bool // some key is a fixed window
 }
 
 type keyMeter struct {
@@ -48,6 +54,7 @@ type keyMeter struct {
 	maxRatio  float64
 	over      int64 // windows above the bound
 	checked   bool
+	win       *windowMeter // a fixed window's: its windows instead
 }
 
 // faultSpan is excess a fault allows in windows that meet [from, to]:
@@ -120,6 +127,7 @@ func newMeter(w *world) *meter {
 	m.smpAdm = make([]int64, m.nreg)
 	m.resetRatio()
 	m.vs = newVersus(len(w.keys), len(sc.Demand))
+	m.newWindowMeters()
 	if w.alg == Escrow {
 		m.phases = w.phases()
 	}
@@ -139,9 +147,13 @@ func (m *meter) asked(key, region int, cost int64) {
 	m.totAsked += cost
 }
 
-// admitted counts an admitted request's tokens.
-func (m *meter) admitted(key, region int, cost int64) {
-	m.keys[key].cur += cost
+// admitted counts an admitted request's tokens, at t.
+func (m *meter) admitted(key, region int, cost, t int64) {
+	if m.keys[key].win != nil {
+		m.windowAdmitted(key, region, cost, t)
+	} else {
+		m.keys[key].cur += cost
+	}
 	m.secAdm[key*m.nreg+region] += cost
 	m.smpAdm[region] += cost
 	m.totAdmitted += cost
@@ -334,13 +346,19 @@ func (w *world) boundBase(k *simKey) float64 {
 	}
 	b := k.burst + k.rate*w.sc.LeaseTTL.Seconds()
 	for _, r := range w.rs {
-		least := r.initial
-		if w.alg == Escrow {
-			least = min(least, r.node.Config().FloorPPM)
-		}
-		if k.burst*float64(least)/region.PPM < float64(k.cost) {
+		if w.belowCost(r, k) {
 			b += float64(k.cost)
 		}
 	}
 	return b
+}
+
+// belowCost reports whether region r's bucket of key k may run at a share
+// whose b × share is below a cost, so that its capacity is one cost.
+func (w *world) belowCost(r *regiond, k *simKey) bool {
+	least := r.initial
+	if w.alg == Escrow {
+		least = min(least, r.node.Config().FloorPPM)
+	}
+	return k.burst*float64(least)/region.PPM < float64(k.cost)
 }

@@ -99,7 +99,7 @@ func (p *parser) intIn(f yamlfield.Field, path string, lo, hi int64, rng string)
 	return x, ok
 }
 
-var scenarioFields = []string{"name", "seed", "duration", "step", "grid", "sample", "regions",
+var scenarioFields = []string{"name", "seed", "start", "duration", "step", "grid", "sample", "regions",
 	"agents_per_region", "sync_period", "lease_ttl", "lease_period", "network", "redis", "keys", "demand", "faults"}
 
 func (p *parser) document(data []byte) *Scenario {
@@ -112,12 +112,14 @@ func (p *parser) document(data []byte) *Scenario {
 		return nil
 	}
 	sc := &Scenario{
-		Step: time.Millisecond, SyncPeriod: time.Second, LeaseTTL: leasev1.DefaultLeaseTTL,
+		Start: time.Unix(defaultStart, 0).UTC(),
+		Step:  time.Millisecond, SyncPeriod: time.Second, LeaseTTL: leasev1.DefaultLeaseTTL,
 		LeasePeriod: agent.DefaultLeasePeriod, AgentsPerRegion: 1,
 		Network: Network{AgentRTT: time.Millisecond, AgentJitter: 200 * time.Microsecond},
 		Redis:   Redis{Latency: 500 * time.Microsecond},
 	}
 	p.head(fs, sc)
+	p.start(fs, sc)
 	p.times(fs, sc)
 	p.body(fs, sc)
 	p.checkTimes(fs, sc)
@@ -134,6 +136,38 @@ func (p *parser) head(fs fields, sc *Scenario) {
 		if v := f.Val; v.Kind != yaml.ScalarNode || v.ShortTag() != "!!int" || v.Decode(&sc.Seed) != nil {
 			p.Errorf(f.Key.Line, "seed", "must be an integer in [0, 2^64) (got %s)", yamlfield.Describe(v))
 		}
+	}
+}
+
+// The range of a run's start: the stores keep fixed windows' boundaries in
+// Unix microseconds, positive and below 2^53 (year 2255), and a window
+// before the start's must fit too.
+var (
+	earliestStart = time.Date(1971, 1, 1, 0, 0, 0, 0, time.UTC)
+	latestStart   = time.Date(2200, 1, 1, 0, 0, 0, 0, time.UTC)
+)
+
+// start decodes the wall-clock instant the run starts at.
+func (p *parser) start(fs fields, sc *Scenario) {
+	f, ok := fs.Get("start")
+	if !ok {
+		return
+	}
+	// Unquoted, YAML reads an RFC 3339 time as a timestamp, quoted as a
+	// string: the text is the same.
+	v := f.Val
+	if v.Kind != yaml.ScalarNode || (v.ShortTag() != "!!str" && v.ShortTag() != "!!timestamp") {
+		p.Errorf(f.Key.Line, "start", `must be an RFC 3339 time such as "2026-03-29T00:58:00+01:00" (got %s)`, yamlfield.Describe(v))
+		return
+	}
+	t, err := time.Parse(time.RFC3339Nano, v.Value)
+	switch {
+	case err != nil:
+		p.Errorf(f.Key.Line, "start", `must be an RFC 3339 time with a date, a time and an offset, such as "2026-03-29T00:58:00+01:00" (got %q)`, yamlfield.Clip(v.Value))
+	case t.Before(earliestStart) || !t.Before(latestStart):
+		p.Errorf(f.Key.Line, "start", "must be from 1971 to 2199 (got %s)", yamlfield.Clip(v.Value))
+	default:
+		sc.Start = t
 	}
 }
 

@@ -92,8 +92,8 @@ func (p *parser) keys(f yamlfield.Field) []KeyGroup {
 	return out
 }
 
-var keyGroupFields = []string{"name", "limit", "limit_max", "period", "algorithm", "burst", "cost", "count", "weight",
-	"zipf", "on_error", "partition_reclaim_after"}
+var keyGroupFields = []string{"name", "limit", "limit_max", "period", "algorithm", "time_zone", "burst", "cost", "count",
+	"weight", "zipf", "on_error", "partition_reclaim_after"}
 
 // keyGroup decodes one key group; earlier are the groups before it, whose
 // names it must not repeat. It returns ok=false only when n is not a
@@ -107,8 +107,8 @@ func (p *parser) keyGroup(n *yaml.Node, path string, earlier []KeyGroup) (KeyGro
 	if f, ok := p.required(fs, path, "name"); ok {
 		g.Name = p.groupName(f, path+".name", earlier)
 	}
+	p.groupAlgorithm(fs, path, &g)
 	p.groupTokens(fs, path, &g)
-	p.groupPeriod(fs, path, &g)
 	p.groupSpread(fs, path, &g)
 	p.groupRule(fs, path, &g)
 	if g.LimitMax != 0 && g.LimitMax < g.Limit {
@@ -118,7 +118,11 @@ func (p *parser) keyGroup(n *yaml.Node, path string, earlier []KeyGroup) (KeyGro
 	if g.Burst == 0 {
 		g.Burst = g.Limit
 	}
-	if g.Cost > g.Burst {
+	switch {
+	case g.Cost <= g.Burst:
+	case g.RuleAlgorithm == FixedWindow:
+		p.Errorf(n.Line, path+".cost", "must be <= limit (%d), the tokens of one window", g.Limit)
+	default:
 		p.Errorf(n.Line, path+".cost", "must be <= burst (%d)", g.Burst)
 	}
 	return g, true
@@ -148,6 +152,9 @@ func (p *parser) groupTokens(fs fields, path string, g *KeyGroup) {
 		required bool
 	}{{"limit", &g.Limit, true}, {"limit_max", &g.LimitMax, false}, {"burst", &g.Burst, false}, {"cost", &g.Cost, false}}
 	for _, t := range ints {
+		if t.name == "burst" && g.RuleAlgorithm == FixedWindow {
+			continue // the policy refuses it (groupAlgorithm)
+		}
 		f, ok := fs.Get(t.name)
 		if !ok {
 			if t.required {
@@ -157,32 +164,6 @@ func (p *parser) groupTokens(fs fields, path string, g *KeyGroup) {
 		}
 		if x, ok := p.intIn(f, path+"."+t.name, 1, 1<<40, "1, 2^40"); ok {
 			*t.dst = x
-		}
-	}
-}
-
-// groupPeriod decodes the rule's period and algorithm.
-func (p *parser) groupPeriod(fs fields, path string, g *KeyGroup) {
-	if f, ok := fs.Get("period"); ok {
-		if d, ok := p.duration(f, path+".period"); ok {
-			// The policy's own limit, so that every period accepted here
-			// makes a valid rule.
-			if d <= 0 || d > policy.MaxPeriod {
-				p.Errorf(f.Key.Line, path+".period", "must be > 0 and at most %s (got %s)", policy.MaxPeriod, d)
-			} else {
-				g.Period = d
-			}
-		}
-	}
-	if f, ok := fs.Get("algorithm"); ok {
-		field := path + ".algorithm"
-		switch s, _ := p.Enum(f, field, TokenBucket, FixedWindow); s {
-		case TokenBucket:
-			g.RuleAlgorithm = s
-		case FixedWindow:
-			// The place for fixed windows: the policy rule's algorithm, and
-			// the bound of one window (limit + the fault terms) in the meter.
-			p.Errorf(f.Key.Line, field, "%s is not supported yet (only %s; fixed windows come with issue 11)", FixedWindow, TokenBucket)
 		}
 	}
 }

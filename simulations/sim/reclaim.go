@@ -15,7 +15,8 @@ import (
 // fault's E_fault (DESIGN.md): with the shares summing to at most 1 + e,
 // the buckets hold at most b·(1+e), leases at most L·τ·(1+e), and refill
 // runs at L·(1+e), so a window gains e·(b + L·τ) plus e·L per second it
-// spends in the reclaim.
+// spends in the reclaim. A fixed window gains e·limit: it does not refill,
+// and a region that enters it at a reclaimed share fills that much more.
 //
 // Silence comes from partitions, but also from reports lost in a row, so
 // the term is opened by the reclaims themselves: when a share written for
@@ -45,12 +46,14 @@ func (w *world) openReclaim(ki int, t int64) {
 	frac := float64(max(e, 0)) / region.PPM
 	k := &w.keys[ki]
 	o := openTerm{fault: -1, region: -1, healed: true, tail: 2 * int64(w.sc.LeaseTTL)}
-	w.addTerm(&o, ki, faultSpan{
-		from:   t,
-		to:     math.MaxInt64,
-		tokens: frac * (k.burst + k.rate*w.sc.LeaseTTL.Seconds()),
-		rate:   frac * k.rate,
-	}, false)
+	span := faultSpan{from: t, to: math.MaxInt64, tokens: frac * (k.burst + k.rate*w.sc.LeaseTTL.Seconds()), rate: frac * k.rate}
+	if k.rule.FixedWindow() {
+		// A window does not refill, and its leases end with it: a region
+		// entering a window at a reclaimed share fills at most e × limit
+		// more.
+		span.tokens, span.rate = frac*k.burst, 0
+	}
+	w.addTerm(&o, ki, span, false)
 	o.over = func() bool {
 		if w.shareSum(ki) > region.PPM {
 			return false

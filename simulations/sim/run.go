@@ -105,6 +105,7 @@ func (w *world) loop(progress func(done, total time.Duration)) {
 	}
 	w.events(end, false)
 	w.m.closeBin(end)
+	w.m.closeWindows()
 	if end%int64(time.Second) == 0 {
 		w.m.closeSecond()
 	}
@@ -134,7 +135,7 @@ func (w *world) handle(e *event) {
 	case evDone:
 		if a := e.ag; a.alive {
 			a.d.Complete(dur(e.at), e.call, e.resp, e.err)
-			w.resolved(a)
+			w.resolved(a, e.at)
 			w.poll(a, e.at)
 		}
 	case evEpoch:
@@ -187,7 +188,7 @@ func (w *world) request(r *regiond, ri int, now time.Duration) {
 		w.idealRequest(&w.idealReq[ki], ki, w.base.Add(now))
 		w.ideal.GrantAt(w.base.Add(now), w.idealReq[ki:ki+1], w.idealOut)
 		if w.idealOut[0].Granted > 0 {
-			w.m.admitted(ki, ri, k.cost)
+			w.m.admitted(ki, ri, k.cost, int64(now))
 		}
 		return
 	}
@@ -196,7 +197,7 @@ func (w *world) request(r *regiond, ri int, now time.Duration) {
 	}
 	a := r.agents[w.arr.IntN(len(r.agents))]
 	if d, ok := a.d.Decide(now, k.ds, 1, uint64(ki)); ok && d.Allowed {
-		w.m.admitted(ki, ri, k.cost)
+		w.m.admitted(ki, ri, k.cost, int64(now))
 	}
 	if !a.dirty && a.d.Wants() {
 		a.dirty = true
@@ -204,12 +205,12 @@ func (w *world) request(r *regiond, ri int, now time.Duration) {
 	}
 }
 
-// resolved counts the decisions of a's requests that waited.
-func (w *world) resolved(a *agentSim) {
+// resolved counts the decisions of a's requests that waited, made at t.
+func (w *world) resolved(a *agentSim, t int64) {
 	for _, res := range a.d.Resolved() {
 		if res.Decision.Allowed {
 			ki := int(res.Tag)
-			w.m.admitted(ki, a.r.idx, w.keys[ki].cost)
+			w.m.admitted(ki, a.r.idx, w.keys[ki].cost, t)
 		}
 	}
 }
@@ -248,7 +249,7 @@ func (w *world) poll(a *agentSim, t int64) {
 	for _, c := range a.d.Poll(dur(t)) {
 		w.send(a, c, t)
 	}
-	w.resolved(a)
+	w.resolved(a, t)
 	a.nextTick = int64(a.d.NextTick())
 }
 

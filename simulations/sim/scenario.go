@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/ration-dev/ration/internal/yamlfield"
+	"github.com/ration-dev/ration/policy"
 )
 
 // Scenario is a validated simulation scenario. Durations are virtual time.
@@ -25,6 +26,10 @@ type Scenario struct {
 	Seed uint64
 	// Duration is the simulated time.
 	Duration time.Duration
+	// Start is the wall-clock instant the run starts at (yaml start, RFC
+	// 3339): where fixed windows fall, and the time zone offsets in force.
+	// Default 2023-11-14T22:13:20Z.
+	Start time.Time
 	// Step is the arrival clock step: requests arriving within one step
 	// are decided at its start (default 1ms).
 	Step time.Duration
@@ -79,15 +84,24 @@ type KeyGroup struct {
 	// Limit is the tokens a key is granted per Period; with LimitMax the
 	// keys' limits are spread evenly over [Limit, LimitMax].
 	Limit, LimitMax int64
-	// Period is the rule's period (default 1s, at most policy.MaxPeriod).
-	// A key's rate L is its limit ÷ Period tokens per second, a fraction
-	// for a long period ("100 a minute" is 1.67 tokens/s).
+	// Period is the rule's period (default 1s), as the policy reads it: a
+	// token bucket's refill period, at most policy.MaxPeriod; a fixed
+	// window's length, which divides a day, or for a calendar window
+	// (Calendar) its nominal length. A key's rate L is its limit ÷ Period
+	// tokens per second, a fraction for a long period ("100 a minute" is
+	// 1.67 tokens/s).
 	Period time.Duration
 	// RuleAlgorithm is the rule's algorithm (yaml algorithm): TokenBucket
-	// (the default and, so far, the only one the stores implement). Not to
-	// be confused with a run's Algorithm (escrow, static, ideal).
+	// (the default) or FixedWindow. Not to be confused with a run's
+	// Algorithm (escrow, static, ideal).
 	RuleAlgorithm string
-	// Burst is b in tokens (default the key's limit).
+	// Calendar is a fixed window's calendar period (yaml period: day,
+	// week, month, or 24h); "" otherwise.
+	Calendar policy.Calendar
+	// TimeZone is a fixed window's time_zone, an IANA name ("": UTC).
+	TimeZone string
+	// Burst is b in tokens (default the key's limit; a fixed window's is
+	// always its limit).
 	Burst int64
 	// Cost is tokens per request (default 1).
 	Cost int64
@@ -110,10 +124,14 @@ type KeyGroup struct {
 const (
 	// TokenBucket refills Limit tokens per Period continuously, up to Burst.
 	TokenBucket = "token_bucket"
-	// FixedWindow admits Limit tokens per calendar-aligned Period (issue
-	// 11). Parse refuses it until the policy and the stores implement it.
+	// FixedWindow admits Limit tokens per window of Period, aligned to the
+	// calendar of TimeZone (policy.Rule.Window).
 	FixedWindow = "fixed_window"
 )
+
+// defaultStart is a scenario's Start when it gives none, in Unix seconds:
+// 2023-11-14T22:13:20Z.
+const defaultStart = 1_700_000_000
 
 // DemandStep sets the request rates from At on.
 type DemandStep struct {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
@@ -52,6 +53,10 @@ type Summary struct {
 	// window; above 1 the bound is broken. WindowsOverBound counts those.
 	BoundRatioMax    float64 `json:"bound_ratio_max"`
 	WindowsOverBound int64   `json:"windows_over_bound"`
+	// WindowBound is the fixed-window keys' check against the bound of one
+	// window, which replaces the sliding windows above for them; absent
+	// when the run has no fixed-window key.
+	WindowBound *WindowBound `json:"window_bound,omitempty"`
 	// UtilizationPct is Σ min(admitted, L) / Σ L over the one-second
 	// windows (per key) whose demand was at least L; null when none was.
 	UtilizationPct *float64 `json:"utilization_pct"`
@@ -87,6 +92,33 @@ type Summary struct {
 	// WallSeconds is the run's wall-clock time: the only field that
 	// differs between two runs of the same scenario and seed.
 	WallSeconds float64 `json:"wall_s"`
+}
+
+// WindowBound is how the fixed-window keys' windows kept the window bound
+// (DESIGN.md, "The bound for fixed windows"): admitted under a window ≤
+// its limit + one cost per region whose limit × least share is below a
+// cost + the fault terms. A request is counted in the window its region's
+// store was in, on that store's clock.
+type WindowBound struct {
+	// Windows is how many windows admitted anything, over every
+	// fixed-window key; a window the run covers in part counts too.
+	Windows int64 `json:"windows"`
+	// BoundTokens is the bound of the first fixed-window key's windows
+	// without faults.
+	BoundTokens float64 `json:"bound_tokens"`
+	// AdmittedMaxPct is the most one window admitted, in percent of its
+	// key's limit.
+	AdmittedMaxPct float64 `json:"admitted_max_pct"`
+	// RatioMax is the worst admitted ÷ bound over every window; above 1 the
+	// bound is broken, in WindowsOver windows.
+	RatioMax    float64 `json:"ratio_max"`
+	WindowsOver int64   `json:"windows_over"`
+}
+
+// BoundBroken reports whether any window exceeded its bound: a sliding
+// window of a token bucket, or a fixed window.
+func (s *Summary) BoundBroken() bool {
+	return s.BoundRatioMax > 1 || s.WindowsOverBound > 0 || (s.WindowBound != nil && (s.WindowBound.RatioMax > 1 || s.WindowBound.WindowsOver > 0))
 }
 
 // PerWindow holds one value per window length; null when the run is
@@ -157,8 +189,11 @@ func (w *world) result() *Result {
 			s.OvershootPct.set(i, over)
 			s.ExcessOverIdealPct.set(i, overIdeal)
 		}
-		s.BoundTokens.set(i, m.keys[0].base[i])
+		if m.keys[0].win == nil {
+			s.BoundTokens.set(i, m.keys[0].base[i])
+		}
 	}
+	s.WindowBound = m.windowBound()
 	for ki := range m.keys {
 		km := &m.keys[ki]
 		if km.checked {
@@ -308,6 +343,20 @@ func WriteTable(out io.Writer, sums []Summary) error {
 	row("excess over ideal 10s", func(s *Summary) string { return optPct(s.ExcessOverIdealPct.S10) })
 	row("bound ratio max", func(s *Summary) string { return fmt.Sprintf("%.3f", s.BoundRatioMax) })
 	row("windows over bound", func(s *Summary) string { return fmt.Sprint(s.WindowsOverBound) })
+	if slices.ContainsFunc(sums, func(s Summary) bool { return s.WindowBound != nil }) {
+		win := func(f func(b *WindowBound) string) func(s *Summary) string {
+			return func(s *Summary) string {
+				if s.WindowBound == nil {
+					return "-"
+				}
+				return f(s.WindowBound)
+			}
+		}
+		row("fixed windows checked", win(func(b *WindowBound) string { return fmt.Sprint(b.Windows) }))
+		row("window admitted max", win(func(b *WindowBound) string { return fmt.Sprintf("%.2f%%", b.AdmittedMaxPct) }))
+		row("window bound ratio max", win(func(b *WindowBound) string { return fmt.Sprintf("%.3f", b.RatioMax) }))
+		row("windows over window bound", win(func(b *WindowBound) string { return fmt.Sprint(b.WindowsOver) }))
+	}
 	row("utilization", func(s *Summary) string { return optPct(s.UtilizationPct) })
 	row("admitted vs ideal", func(s *Summary) string { return optPct(s.VersusIdealPct) })
 	row("Jain fairness", func(s *Summary) string { return fmt.Sprintf("%.4f", s.JainFairness) })

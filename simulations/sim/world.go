@@ -55,6 +55,11 @@ type regiond struct {
 	node    *region.Node // its exchange: a new one when the regiond restarts
 	initial int64
 	skew    int64 // its clock is ahead of true time by skew
+	// storeSkew is skew in whole milliseconds: its store's and lease
+	// service's clock. The stores count time in µs and expire keys in ms,
+	// so a whole-ms offset changes no token bucket's arithmetic, while it
+	// moves the fixed windows the stores are in.
+	storeSkew int64
 	// partitioned counts the partitions in force that cut it off, and
 	// unreachable the outages that cut its agents off from it.
 	partitioned, unreachable int
@@ -121,13 +126,13 @@ type world struct {
 	// reclaimOpen those with a reclaim term open.
 	reclaimKeys map[string]int
 	reclaimOpen map[int]bool
+	// windowKeys are the fixed-window keys (store key → index).
+	windowKeys map[string]int
 
 	natsMsgs, natsBytes, shareWrites, idealOps int64
 	recvStale, recvErrors                      int64
 	firstErr                                   error
 }
-
-var epoch0 = time.Unix(1_700_000_000, 0).UTC()
 
 // storeTimeout is the lease services' StoreTimeout in a run: longer than any
 // run, since simulated time decides when a store answers.
@@ -146,7 +151,7 @@ func (c callCtx) Deadline() (time.Time, bool) { return c.deadline, true }
 
 func newWorld(sc *Scenario, alg Algorithm) (*world, error) {
 	w := &world{
-		sc: sc, alg: alg, base: epoch0, ctx: callCtx{context.Background(), time.Now().Add(storeTimeout / 2)},
+		sc: sc, alg: alg, base: sc.Start, ctx: callCtx{context.Background(), time.Now().Add(storeTimeout / 2)},
 		arr: rand.New(rand.NewPCG(sc.Seed, 0x61727269)),
 		net: rand.New(rand.NewPCG(sc.Seed, 0x6e6574)),
 	}
@@ -160,7 +165,6 @@ func newWorld(sc *Scenario, alg Algorithm) (*world, error) {
 	w.poisson = make([]poissonDraw, len(sc.Regions))
 	w.counts = make([]int, len(sc.Regions))
 	w.agCfg = agent.Config{LeasePeriod: sc.LeasePeriod, LeaseTTL: sc.LeaseTTL, Logger: slog.New(slog.DiscardHandler)}
-	clock := func() time.Time { return w.base.Add(dur(w.now)) }
 	for i, name := range sc.Regions {
 		r := &regiond{idx: i, name: name, rcfg: region.Config{Self: name, Regions: sc.Regions, Period: sc.SyncPeriod,
 			Policy: func(key string) region.KeyPolicy { return w.set.RuleOf(key).KeyPolicy() }}}
@@ -170,7 +174,11 @@ func newWorld(sc *Scenario, alg Algorithm) (*world, error) {
 		r.initial = r.node.Initial(name)
 		if sc.Network.ClockSkew > 0 {
 			r.skew = w.net.Int64N(2*int64(sc.Network.ClockSkew)+1) - int64(sc.Network.ClockSkew)
+			r.storeSkew = r.skew / int64(time.Millisecond) * int64(time.Millisecond)
 		}
+		// The region's store and lease service run on its clock, which
+		// picks the fixed windows its buckets are in.
+		clock := func() time.Time { return w.regionTime(r) }
 		r.store = lease.NewMemoryStore(lease.MemoryConfig{Clock: clock, Shards: 1})
 		initial := r.initial
 		cfg := service.Config{
@@ -192,7 +200,7 @@ func newWorld(sc *Scenario, alg Algorithm) (*world, error) {
 		w.rs = append(w.rs, r)
 	}
 	if alg == Ideal {
-		w.ideal = lease.NewMemoryStore(lease.MemoryConfig{Clock: clock, Shards: 1})
+		w.ideal = lease.NewMemoryStore(lease.MemoryConfig{Clock: func() time.Time { return w.base.Add(dur(w.now)) }, Shards: 1})
 		w.idealReq = make([]lease.GrantRequest, len(w.keys))
 		w.idealOut = make([]lease.Grant, 1)
 	} else {
@@ -237,10 +245,8 @@ func (w *world) buildPolicy() error {
 			}
 			if !seen[name] {
 				seen[name] = true
-				// Every group is a token bucket so far (Parse refuses the
-				// others); a fixed window will add its algorithm here.
-				fmt.Fprintf(&doc, "  - {name: %s, match: {rule: %s}, key: [%s], limit: %d, period: %s, burst: %d, cost: %d, on_error: %s, partition_reclaim_after: %s}\n",
-					name, name, g.Name, limit, g.Period, burst, g.Cost, g.OnError, g.ReclaimAfter)
+				fmt.Fprintf(&doc, "  - {name: %s, match: {rule: %s}, key: [%s], limit: %d, %s, cost: %d, on_error: %s, partition_reclaim_after: %s}\n",
+					name, name, g.Name, limit, ruleShape(g, burst), g.Cost, g.OnError, g.ReclaimAfter)
 			}
 			keyRules = append(keyRules, ruleOf{name, limit})
 		}
@@ -272,6 +278,12 @@ func (w *world) buildPolicy() error {
 				rate:     r.Rate(), burst: float64(r.Burst), cost: r.Cost,
 			})
 			weights = append(weights, g.Weight/sumW*ps[i])
+			if r.FixedWindow() {
+				if w.windowKeys == nil {
+					w.windowKeys = map[string]int{}
+				}
+				w.windowKeys[w.keys[len(w.keys)-1].storeKey] = len(w.keys) - 1
+			}
 			if r.PartitionReclaimAfter > 0 {
 				if w.reclaimKeys == nil {
 					w.reclaimKeys, w.reclaimOpen = map[string]int{}, map[int]bool{}
@@ -283,6 +295,23 @@ func (w *world) buildPolicy() error {
 	}
 	w.pick = newAlias(weights)
 	return nil
+}
+
+// ruleShape writes a group's algorithm, period and burst (or time zone) as
+// rule fields.
+func ruleShape(g KeyGroup, burst int64) string {
+	if g.RuleAlgorithm != FixedWindow {
+		return fmt.Sprintf("period: %s, burst: %d", g.Period, burst)
+	}
+	period := g.Period.String()
+	if g.Calendar != "" {
+		period = string(g.Calendar)
+	}
+	zone := "UTC"
+	if g.TimeZone != "" {
+		zone = g.TimeZone
+	}
+	return fmt.Sprintf("algorithm: fixed_window, period: %s, time_zone: %s", period, strconv.Quote(zone))
 }
 
 // groupSpread is the probability of each key of a group given a request
@@ -327,6 +356,10 @@ func (w *world) share(r *regiond, store *lease.MemoryStore, key string) int64 {
 	}
 	return out[0]
 }
+
+// regionTime is the time on region r's clock (its store's, its lease
+// service's and its exchange's), skew ahead of true time.
+func (w *world) regionTime(r *regiond) time.Time { return w.base.Add(dur(w.now + r.storeSkew)) }
 
 func (w *world) fail(err error) {
 	if w.firstErr == nil {

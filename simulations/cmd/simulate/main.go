@@ -14,7 +14,7 @@
 // "<!-- table:begin -->" and "<!-- table:end -->" in FILE.
 //
 // Exit status: 0 when every window is within the bound, 1 when a window
-// exceeds it, 2 for a bad scenario or bad flags (the scenario's errors name
+// exceeds it (a sliding window of a token bucket, or a fixed window), 2 for a bad scenario or bad flags (the scenario's errors name
 // file, line and field), 3 when the run or writing its outputs failed.
 package main
 
@@ -135,7 +135,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return exitFailure
 		}
 		sums = append(sums, res.Summary)
-		if res.Summary.BoundRatioMax > 1 {
+		if res.Summary.BoundBroken() {
 			code = exitBound
 		}
 	}
@@ -144,8 +144,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return exitFailure
 	}
 	for _, s := range sums {
-		if s.BoundRatioMax > 1 {
+		if s.BoundRatioMax > 1 || s.WindowsOverBound > 0 {
 			fmt.Fprintf(stdout, "BOUND EXCEEDED: %s: %d windows above L·W + B (worst ratio %.3f)\n", s.Algorithm, s.WindowsOverBound, s.BoundRatioMax)
+		}
+		if b := s.WindowBound; b != nil && (b.RatioMax > 1 || b.WindowsOver > 0) {
+			fmt.Fprintf(stdout, "BOUND EXCEEDED: %s: %d fixed windows above limit + their terms (worst ratio %.3f)\n", s.Algorithm, b.WindowsOver, b.RatioMax)
 		}
 	}
 	return code
