@@ -127,7 +127,7 @@ func TestLongPeriodTargets(t *testing.T) {
 		skip string // why the target is not met yet
 	}{
 		{file: "../scenarios/minute-bucket-moving.yaml"},
-		{file: "../scenarios/ten-minute-quota.yaml", skip: "agents drop leased tokens at expiry: 78% of the ideal in the first 10 s (issue 11, lease/agent)"},
+		{file: "../scenarios/ten-minute-quota.yaml"},
 		{file: "../scenarios/daily-window-moving.yaml", skip: "the exchange keeps a stopped demand of ~1 request an epoch as a need for more " +
 			"than a day (below 4 requests an epoch the smoothing's gain falls with the demand, so it decays as 1/t, and at " +
 			"0.0116 tokens/s, with the noise headroom √demand, a demand above 1.3e-4 tokens an epoch is a full share's need): after the move to eu, us keeps half the share, " +
