@@ -88,11 +88,7 @@ func (s *State) smoothDemand(ks *keyState, pol KeyPolicy) bool {
 			ks.ewma[k] = s.x[k]
 		default:
 			a := cfg.Alpha * gain(max(s.x[k], ks.ewma[k]), pol.Cost) * ks.turning(bit, s.x[k] > ks.ewma[k])
-			if s.x[k] == 0 && ks.ewma[k] >= noiseRequests*perRequest(pol.Cost) {
-				// No request at all where Poisson noise would have shown a
-				// few: the demand left. It is gone now, not in a long
-				// tail of a few tokens an epoch, which for a quota of a
-				// few tokens a second is most of it.
+			if ks.left(k, s.x[k], pol.Cost) {
 				a = 1
 			}
 			ks.ewma[k] = a*s.x[k] + (1-a)*ks.ewma[k]
@@ -190,6 +186,29 @@ const noiseRequests = 4
 func gain(m, cost float64) float64 {
 	n := m / perRequest(cost)
 	return n / (n + noiseRequests)
+}
+
+// left reports whether region k's demand left: no request in the epochs
+// since its last one, where its smoothed demand when they stopped expected
+// noiseRequests of them (Poisson: probability e⁻⁴, under 2%). The demand is
+// then dropped at once, not in a long tail of a few tokens an epoch (the
+// gain falls with the demand, so it decays as 1/t), which for a quota of a
+// few tokens a second, or a day, is a full share's need: one request an
+// epoch that stopped is gone in 4 epochs, 4 requests or more in one.
+func (ks *keyState) left(k int, tally, cost float64) bool {
+	if tally > 0 {
+		ks.missed[k], ks.runBase[k] = 0, 0
+		return false
+	}
+	if ks.missed[k] == 0 {
+		ks.runBase[k] = ks.ewma[k] / perRequest(cost)
+	}
+	ks.missed[k] += ks.runBase[k]
+	if ks.missed[k] < noiseRequests || ks.ewma[k] == 0 {
+		return false
+	}
+	ks.missed[k], ks.runBase[k] = 0, 0
+	return true
 }
 
 // noise is one standard deviation, in tokens, of an epoch's demand of m

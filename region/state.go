@@ -93,6 +93,10 @@ type keyState struct {
 	seen          []uint64 // epoch of k's latest exchange report that listed the key
 	born          []uint64 // State.exchEpoch when we started tracking the key
 	ewma          []float64
+	// missed is, per region, the requests its smoothed demand expected in
+	// the epochs since its last request, counted at the demand it had when
+	// they stopped (runBase): enough of them missed, the demand left.
+	missed, runBase []float64
 	unheard       uint64 // regions not heard at the last epoch: their EWMA restarts
 	// Per region: its EWMA has moved, last moved up, and turned at the
 	// last move.
@@ -295,13 +299,15 @@ func (s *State) addKey(key string) *keyState {
 		applied: -1,
 		rows:    ints[0 : n*n : n*n],
 		taken:   ints[n*n : 2*n*n : 2*n*n],
-		ewma:    make([]float64, n),
+
 	}
 	o := 2 * n * n
 	next := func() []int64 { v := ints[o : o+n : o+n]; o += n; return v }
 	ks.bases, ks.in, ks.inTaken, ks.refund, ks.unclaim, ks.shares = next(), next(), next(), next(), next(), next()
 	ks.ack, ks.ackTkn, ks.inTakenStored = next(), next(), next()
 	ks.tok, ks.tokIn, ks.tokInWin = next(), next(), next()
+	f := make([]float64, 3*n)
+	ks.ewma, ks.missed, ks.runBase = f[:n:n], f[n:2*n:2*n], f[2*n:3*n:3*n]
 	ks.rowGen, ks.cur, ks.seen, ks.settled = gens[0:n:n], gens[n:2*n:2*n], gens[2*n:3*n:3*n], gens[3*n:4*n:4*n]
 	ks.born = gens[4*n : 5*n : 5*n]
 	copy(ks.born, s.exchEpoch)
