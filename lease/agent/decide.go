@@ -49,7 +49,7 @@ type ruleResult struct {
 	need       int64 // tokens: hits × cost
 	start, end int   // the key's id in scratch.buf
 	nameLen    int
-	nsPerToken float64 // the rule's period ÷ limit, for Reset
+	nsPerToken float64      // the rule's period ÷ limit, for Reset
 	fixed      bool         // the rule is a fixed window
 	win        *windowCache // a fixed window's current window (nil: compute it)
 

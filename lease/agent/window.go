@@ -18,7 +18,8 @@ import (
 
 // windowCache holds the window that a fixed-window rule's decisions are in,
 // so that a decision costs an atomic load and two compares rather than
-// Rule.Window's walk through the time zone (130–540 ns). There is one per
+// Rule.Window's walk through the time zone (BenchmarkWindowCache: 1.5 ns
+// against 70 ns for a day in Europe/Berlin). There is one per
 // fixed-window rule of the policy in force, shared by all its keys: a
 // million keys of one rule compute the window once per window, not a
 // million times.
@@ -70,9 +71,6 @@ func (wc *windowCache) at(r *policy.Rule, wall int64) (start, end int64) {
 	}
 	return s * 1e9, e * 1e9
 }
-
-// wallAt is the wall clock, in Unix nanoseconds, at agent time now.
-func (c *core) wallAt(now int64) int64 { return now + c.wall.Load() }
 
 // windowOf returns the cache of fixed-window rule r in the policy in force:
 // nil for a rule of a policy just replaced, whose window is then computed
