@@ -38,12 +38,12 @@ type pendingCall struct {
 
 func newDriverWorld(t testing.TB, yaml string, rtt time.Duration) *driverWorld {
 	t.Helper()
-	return newDriverWorldAt(t, yaml, rtt, time.Unix(1_700_000_000, 0), service.Config{})
+	return newDriverWorldAt(t, yaml, rtt, time.Unix(1_700_000_000, 0), service.Config{}, Config{})
 }
 
 // newDriverWorldAt is newDriverWorld starting at start, with more of the
-// service's configuration.
-func newDriverWorldAt(t testing.TB, yaml string, rtt time.Duration, start time.Time, cfg service.Config) *driverWorld {
+// service's and the agent's configuration.
+func newDriverWorldAt(t testing.TB, yaml string, rtt time.Duration, start time.Time, cfg service.Config, acfg Config) *driverWorld {
 	t.Helper()
 	w := &driverWorld{t: t, start: start, rtt: rtt, tags: map[uint64]Decision{}, at: map[uint64]time.Duration{}}
 	set, err := policy.Parse("test.yaml", []byte(yaml))
@@ -57,7 +57,8 @@ func newDriverWorldAt(t testing.TB, yaml string, rtt time.Duration, start time.T
 	if err != nil {
 		t.Fatal(err)
 	}
-	w.d, err = NewDriver(Config{AgentID: "a1"}, start)
+	acfg.AgentID = "a1"
+	w.d, err = NewDriver(acfg, start)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -135,6 +135,20 @@ func TestFixedWindowDecisions(t *testing.T) {
 			{true, utc("2026-03-30T22:00:00Z"), 24 * time.Hour},
 		},
 	}, {
+		// The week Berlin springs forward: Monday to Monday, 167 hours.
+		name:   "week, Berlin, 167 hours",
+		rule:   "period: week, time_zone: Europe/Berlin",
+		window: Window{Calendar: policy.CalendarWeek, Length: policy.NominalWeek},
+		start:  utc("2026-03-25T12:00:00Z"), // a Wednesday
+		at:     []time.Duration{0, time.Second, 2 * time.Second, 3 * time.Second, 106 * time.Hour},
+		want: []windowCheck{
+			{true, utc("2026-03-29T22:00:00Z"), 167 * time.Hour},
+			{true, utc("2026-03-29T22:00:00Z"), 167 * time.Hour},
+			{true, utc("2026-03-29T22:00:00Z"), 167 * time.Hour},
+			{false, utc("2026-03-29T22:00:00Z"), 167 * time.Hour},
+			{true, utc("2026-04-05T22:00:00Z"), 168 * time.Hour},
+		},
+	}, {
 		name:   "month, February",
 		rule:   "period: month",
 		window: Window{Calendar: policy.CalendarMonth, Length: policy.NominalMonth},
@@ -164,7 +178,7 @@ func TestFixedWindowDecisions(t *testing.T) {
 	}} {
 		t.Run(tt.name, func(t *testing.T) {
 			rule := fmt.Sprintf("rules:\n  - {name: r, key: [tenant], limit: 3, algorithm: fixed_window, %s}\n", tt.rule)
-			w := newDriverWorldAt(t, rule, time.Millisecond, tt.start, service.Config{})
+			w := newDriverWorldAt(t, rule, time.Millisecond, tt.start, service.Config{}, Config{})
 			for i, at := range tt.at {
 				got, when := w.decideAt(at)
 				c := tt.want[i]
@@ -260,7 +274,7 @@ func TestFixedWindowRetryAfterIsTheWindowsEnd(t *testing.T) {
 	start, _ := time.Parse(time.RFC3339, "2026-01-15T10:00:00Z")
 	end := start.Add(14 * time.Hour)
 	w := newDriverWorldAt(t, "rules:\n  - {name: r, key: [tenant], limit: 3, period: day, algorithm: fixed_window}\n",
-		time.Millisecond, start, service.Config{ShareRetryAfter: time.Second})
+		time.Millisecond, start, service.Config{ShareRetryAfter: time.Second}, Config{})
 	for i := range 3 {
 		if d, _ := w.decideAt(time.Duration(i) * time.Millisecond); !d.Allowed {
 			t.Fatalf("request %d denied, want the window's 3 admitted", i)
@@ -298,5 +312,85 @@ func TestFixedWindowRetryAfterIsTheWindowsEnd(t *testing.T) {
 	}
 	if at := denied(at+100*time.Millisecond, 9*time.Second); at >= 0 {
 		t.Errorf("admitted again at %v, want denials until the window's end", at)
+	}
+}
+
+// TestFixedWindowLeaseEndsWithItsWindow leases tokens 50ms before a
+// window's end over a round trip of 20ms: the service clips the lease's TTL
+// at the window's end as its clock sees it when it grants, and the agent
+// measures the TTL from when it sent the request, so the lease expires at
+// the window's end, not a round trip after it; a decision just after the
+// end asks the region (and gets the next window's tokens) rather than
+// spending the window before's.
+func TestFixedWindowLeaseEndsWithItsWindow(t *testing.T) {
+	start, _ := time.Parse(time.RFC3339Nano, "2026-01-15T12:00:59.95Z")
+	w := newDriverWorldAt(t, "rules:\n  - {name: r, key: [tenant], limit: 1000, period: 1m, algorithm: fixed_window}\n",
+		20*time.Millisecond, start, service.Config{}, Config{RoundTripTimeout: 100 * time.Millisecond})
+	if d, at := w.decideAt(0); !d.Allowed || at != 20*time.Millisecond {
+		t.Fatalf("got %+v at %v, want admitted after the round trip", d, at)
+	}
+	k := w.d.c.keys.get([]byte("r\x00tenant=acme"))
+	end := int64(50 * time.Millisecond) // 12:01:00, in agent time
+	for i := range k.slots.exp {
+		if exp := k.slots.exp[i].Load(); exp > end {
+			t.Errorf("slot %d expires at %v, after the window's end at %v", i, time.Duration(exp), time.Duration(end))
+		}
+	}
+	w.advance(55 * time.Millisecond)
+	if k.liveTokens(int64(55*time.Millisecond)) != 0 {
+		t.Errorf("%d tokens of the window before still live after its end", k.liveTokens(int64(55*time.Millisecond)))
+	}
+	d, at := w.decideAt(55 * time.Millisecond)
+	if want := time.Minute - (at - 50*time.Millisecond); !d.Allowed || d.Reset != want {
+		t.Errorf("after the window's end got %+v, want admitted with the next window's Reset %v", d, want)
+	}
+}
+
+// TestFixedWindowDenyCacheEndsWithItsWindow denies a request of two hits
+// 5ms before a window's end when the window has one token left: the deny
+// cache would hold for part of a lease period, into the next window, which
+// is whole; it ends with the window instead, so that a request just after
+// the end is admitted.
+func TestFixedWindowDenyCacheEndsWithItsWindow(t *testing.T) {
+	start, _ := time.Parse(time.RFC3339, "2026-01-15T12:00:50Z")
+	w := newDriverWorldAt(t, "rules:\n  - {name: r, key: [tenant], limit: 3, period: 1m, algorithm: fixed_window}\n",
+		time.Millisecond, start, service.Config{}, Config{})
+	for i := range 2 {
+		if d, _ := w.decideAt(time.Duration(i) * time.Second); !d.Allowed {
+			t.Fatalf("request %d denied", i)
+		}
+	}
+	at := 10*time.Second - 5*time.Millisecond
+	w.advance(at)
+	w.tag++
+	if _, ok := w.d.Decide(at, tenant, 2, w.tag); ok {
+		t.Fatal("decided without a round trip")
+	}
+	w.send(w.d.Poll(at))
+	w.advance(at + 2*time.Millisecond)
+	if d, ok := w.tags[w.tag]; !ok || d.Allowed {
+		t.Fatalf("two hits with one token left: got %+v (decided %v), want a denial", d, ok)
+	}
+	d, when := w.decideAt(10*time.Second + time.Millisecond)
+	if !d.Allowed {
+		t.Errorf("a request at %v, just after the window's end, got %+v: the deny cache outlived its window", when, d)
+	}
+}
+
+// TestAgentFixedWindowOnTheWallClock decides a daily window with an Agent
+// on its default clock (monotonic, anchored to the wall clock): Reset is
+// the time to the next UTC midnight.
+func TestAgentFixedWindowOnTheWallClock(t *testing.T) {
+	r := startLeaseServer(t, "rules:\n  - {name: r, key: [tenant], limit: 10, period: day, algorithm: fixed_window}\n", nil)
+	a := newAgent(t, r, Config{RoundTripTimeout: time.Second})
+	before := time.Now()
+	d := a.Allow(context.Background(), tenant, 1)
+	after := time.Now()
+	end := before.UTC().Truncate(24 * time.Hour).Add(24 * time.Hour)
+	if !after.Before(end) {
+		t.Skip("the decision straddled midnight")
+	}
+	if !d.Allowed || d.Period != 24*time.Hour || d.Reset > end.Sub(before) || d.Reset < end.Sub(after)-time.Millisecond {
+		t.Errorf("got %+v, want admitted with Period 24h and Reset in [%v, %v]", d, end.Sub(after), end.Sub(before))
 	}
 }
