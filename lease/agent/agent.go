@@ -68,6 +68,7 @@ func New(cfg Config) (*Agent, error) {
 	}
 	a := &Agent{cfg: cfg, base: cfg.Clock(), monotonic: monotonic, ready: make(chan struct{}), done: make(chan struct{})}
 	a.c.init(cfg, 2*runtime.GOMAXPROCS(0))
+	a.c.wall.Store(a.base.UnixNano())
 	a.scratch.New = a.newScratch
 	m, err := newMetrics(cfg.Registerer, a.Stats)
 	if err != nil {
@@ -131,6 +132,16 @@ func (a *Agent) now() int64 {
 		return int64(time.Since(a.base))
 	}
 	return int64(a.cfg.Clock().Sub(a.base))
+}
+
+// anchorWall reads the wall clock again for fixed windows: the monotonic
+// clock that dates decisions does not follow a wall clock that was set, and
+// windows follow the wall clock, as the store's do. An injected Clock is
+// the wall clock already.
+func (a *Agent) anchorWall() {
+	if a.monotonic {
+		a.c.wall.Store(time.Now().UnixNano() - a.now())
+	}
 }
 
 // WaitPolicy blocks until the first policy has arrived from the region, ctx

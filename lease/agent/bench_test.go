@@ -23,11 +23,29 @@ rules:
     period: 1s
 `
 
+// benchWindowPolicy is benchPolicy's limit per calendar day, in a time zone
+// with DST.
+const benchWindowPolicy = `
+rules:
+  - name: bench
+    key: [tenant]
+    limit: 1000000000000000
+    period: day
+    algorithm: fixed_window
+    time_zone: Europe/Berlin
+`
+
 // benchAgent starts a region and an agent for a benchmark and warms key
 // until its leases cover the spend rate.
 func benchAgent(b *testing.B, warm []policy.Descriptor) *Agent {
 	b.Helper()
-	r := startLeaseServer(b, benchPolicy, nil)
+	return benchAgentWith(b, benchPolicy, warm)
+}
+
+// benchAgentWith is benchAgent serving the policy doc.
+func benchAgentWith(b *testing.B, doc string, warm []policy.Descriptor) *Agent {
+	b.Helper()
+	r := startLeaseServer(b, doc, nil)
 	// Generous deadlines: a slow round trip on a busy machine must not turn
 	// into failure-mode decisions in a benchmark of the leased path.
 	a := newAgent(b, r, Config{RoundTripTimeout: time.Second, RefreshTimeout: time.Second})
@@ -66,6 +84,50 @@ func BenchmarkAllowHotKey(b *testing.B) {
 		lim := rate.NewLimiter(1e15, math.MaxInt32)
 		for b.Loop() {
 			lim.Allow()
+		}
+	})
+}
+
+// BenchmarkAllowHotKeyFixedWindow: one goroutine deciding requests on one
+// leased key of a daily fixed window in Europe/Berlin (each decision places
+// itself in the window, from the rule's cached window), beside the same on
+// a token bucket.
+func BenchmarkAllowHotKeyFixedWindow(b *testing.B) {
+	d := ds("tenant", "acme")
+	for _, bb := range []struct{ name, doc string }{
+		{"ration", benchWindowPolicy},
+		{"baseline=token-bucket", benchPolicy},
+	} {
+		a := benchAgentWith(b, bb.doc, d)
+		ctx := context.Background()
+		b.Run(bb.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if !a.Allow(ctx, d, 1).Allowed {
+					b.Fatal("denied on a key far below its limit")
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkWindowCache: placing an instant in a daily window of
+// Europe/Berlin from the rule's cache, beside policy.Rule.Window, which
+// walks the time zone.
+func BenchmarkWindowCache(b *testing.B) {
+	r := mustPolicy(b, benchWindowPolicy).Rule("bench")
+	wall := time.Date(2026, 10, 25, 12, 0, 0, 0, time.UTC).UnixNano()
+	var wc windowCache
+	b.Run("ration", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			wc.at(r, wall)
+		}
+	})
+	b.Run("baseline=Rule.Window", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			r.Window(time.Unix(0, wall))
 		}
 	})
 }
@@ -149,7 +211,13 @@ func TestAllowIsAllocationFree(t *testing.T) {
 	if raceEnabled {
 		t.Skip("sync.Pool drops items at random under the race detector")
 	}
-	r := startLeaseServer(t, benchPolicy, nil)
+	for _, tt := range []struct{ name, doc string }{{"token bucket", benchPolicy}, {"fixed window", benchWindowPolicy}} {
+		t.Run(tt.name, func(t *testing.T) { testAllowIsAllocationFree(t, tt.doc) })
+	}
+}
+
+func testAllowIsAllocationFree(t *testing.T, doc string) {
+	r := startLeaseServer(t, doc, nil)
 	a := newAgent(t, r, Config{})
 	d := ds("tenant", "acme")
 	ctx := context.Background()

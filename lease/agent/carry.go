@@ -20,6 +20,7 @@ func (a *Agent) refreshLoop(run, calls context.Context) {
 		case <-a.c.woken():
 		case <-tick.C:
 		}
+		a.anchorWall()
 		a.c.planWakeUp(a.now())
 		for call := a.c.nextRefresherCall(a.now()); call != nil; call = a.c.nextRefresherCall(a.now()) {
 			a.carryWithin(calls, call)

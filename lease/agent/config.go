@@ -88,10 +88,11 @@ type Config struct {
 	Registerer prometheus.Registerer
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
-	// Clock is read once per decision and dates leases and the deny cache.
-	// Default: the monotonic clock, read with time.Since of the agent's
-	// start (half the cost of time.Now). Timers (refresh ticks, backoff)
-	// use real time.
+	// Clock is read once per decision and dates leases and the deny cache;
+	// it also places a fixed window's decisions in their window. Default:
+	// the monotonic clock, read with time.Since of the agent's start (half
+	// the cost of time.Now), with the wall clock read on every refresher
+	// tick for the windows. Timers (refresh ticks, backoff) use real time.
 	Clock func() time.Time
 }
 

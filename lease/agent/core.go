@@ -29,6 +29,11 @@ type core struct {
 	pol     atomic.Pointer[policy.Set]
 	keys    *keyMap
 	stripes []stripe
+	// wall is the wall clock at agent time zero (Unix nanoseconds), which
+	// places a fixed window's decisions in their window; windows holds
+	// the current window of each fixed-window rule of pol.
+	wall    atomic.Int64
+	windows atomic.Pointer[windowSet]
 
 	cfg    Config // defaults filled, valid
 	id     *leasev1.Agent
@@ -78,6 +83,9 @@ func (c *core) setPolicy(set *policy.Set) bool {
 	if set == nil || set == c.pol.Load() {
 		return false
 	}
+	// The windows first: a decision that sees the new policy finds its
+	// rules' caches (one still on the old policy computes its windows).
+	c.windows.Store(newWindowSet(set))
 	c.pol.Store(set)
 	c.ctr.policyUpdates.Add(1)
 	return true
@@ -134,15 +142,14 @@ func (c *core) nextCheck() int64 {
 // and returns their live tokens to give back.
 func (c *core) drainAll(now int64) *returnBatch {
 	b := &returnBatch{}
+	pol := c.pol.Load()
 	c.keys.each(func(k *keyState) {
 		k.mu.Lock()
 		live, dropped := k.drain(now)
-		k.dropped += dropped
-		k.returned += live
+		c.dropLocked(k, dropped)
+		c.giveBackLocked(k, pol.Rule(k.rule), now, live, b)
 		k.evicted.Store(true)
 		k.mu.Unlock()
-		c.ctr.dropped.Add(dropped)
-		b.add(k, live)
 	})
 	return b
 }

@@ -49,7 +49,9 @@ type ruleResult struct {
 	need       int64 // tokens: hits × cost
 	start, end int   // the key's id in scratch.buf
 	nameLen    int
-	nsPerToken float64 // the rule's period ÷ limit, for Reset
+	nsPerToken float64      // the rule's period ÷ limit, for Reset
+	fixed      bool         // the rule is a fixed window
+	win        *windowCache // a fixed window's current window (nil: compute it)
 
 	done  bool // decided
 	ok    bool // allowed (for a shadow rule: would have allowed)
@@ -115,7 +117,7 @@ func (c *core) decideLocal(d *Decision, s *scratch, now int64, ds []policy.Descr
 			continue
 		}
 		if du := rr.k.denyUntil.Load(); now < du && rr.k.liveTokens(now) < rr.need {
-			rr.done, rr.path, rr.retry = true, PathDenyCache, du-now
+			rr.done, rr.path, rr.retry = true, PathDenyCache, c.denyRetry(rr, du, now)
 			rr.k.denied.Add(rr.need)
 			if !rr.rule.Shadow {
 				c.finishInto(d, s, now)
@@ -167,6 +169,10 @@ func (c *core) match(s *scratch, set *policy.Set, ds []policy.Descriptor, hits i
 		s.buf = append(s.buf, 0)
 		s.buf = r.AppendKey(s.buf, ds)
 		s.res = append(s.res, ruleResult{rule: r, need: tokens(hits, r.Cost), start: start, end: len(s.buf), nameLen: len(r.Name)})
+		if r.FixedWindow() {
+			rr := &s.res[len(s.res)-1]
+			rr.fixed, rr.win = true, c.windowOf(r)
+		}
 	}
 	for i := range s.res {
 		s.res[i].k = c.keys.get(s.buf[s.res[i].start:s.res[i].end])

@@ -86,6 +86,7 @@ func NewDriver(cfg Config, epoch time.Time) (*Driver, error) {
 	// One stripe: one goroutine decides, and a single stripe keeps keys off
 	// the stripe cache, whose batches only help many cores.
 	d.c.init(cfg, 1)
+	d.c.wall.Store(epoch.UnixNano())
 	d.nextTick = int64(d.c.tick())
 	d.s = d.newScratch()
 	return d, nil

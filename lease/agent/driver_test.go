@@ -25,6 +25,8 @@ type driverWorld struct {
 	// calls in flight, answered at due
 	flight []pendingCall
 	tags   map[uint64]Decision
+	at     map[uint64]time.Duration // when each tag was resolved
+	tag    uint64                   // the last tag decideAt used
 }
 
 type pendingCall struct {
@@ -36,18 +38,27 @@ type pendingCall struct {
 
 func newDriverWorld(t testing.TB, yaml string, rtt time.Duration) *driverWorld {
 	t.Helper()
-	start := time.Unix(1_700_000_000, 0)
-	w := &driverWorld{t: t, start: start, rtt: rtt, tags: map[uint64]Decision{}}
+	return newDriverWorldAt(t, yaml, rtt, time.Unix(1_700_000_000, 0), service.Config{}, Config{})
+}
+
+// newDriverWorldAt is newDriverWorld starting at start, with more of the
+// service's and the agent's configuration.
+func newDriverWorldAt(t testing.TB, yaml string, rtt time.Duration, start time.Time, cfg service.Config, acfg Config) *driverWorld {
+	t.Helper()
+	w := &driverWorld{t: t, start: start, rtt: rtt, tags: map[uint64]Decision{}, at: map[uint64]time.Duration{}}
 	set, err := policy.Parse("test.yaml", []byte(yaml))
 	if err != nil {
 		t.Fatal(err)
 	}
-	store := lease.NewMemoryStore(lease.MemoryConfig{Clock: func() time.Time { return start.Add(w.now) }})
-	w.svc, err = service.New(service.Config{Region: "eu", Store: store, Policy: set, Clock: func() time.Time { return start.Add(w.now) }})
+	clock := func() time.Time { return start.Add(w.now) }
+	cfg.Region, cfg.Policy, cfg.Clock = "eu", set, clock
+	cfg.Store = lease.NewMemoryStore(lease.MemoryConfig{Clock: clock})
+	w.svc, err = service.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	w.d, err = NewDriver(Config{AgentID: "a1"}, start)
+	acfg.AgentID = "a1"
+	w.d, err = NewDriver(acfg, start)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,15 +99,18 @@ func (w *driverWorld) advance(now time.Duration) {
 		w.flight = append(w.flight[:i], w.flight[i+1:]...)
 		w.now = p.due
 		w.d.Complete(p.due, p.c, p.resp, p.err)
-		for _, r := range w.d.Resolved() {
-			w.tags[r.Tag] = r.Decision
-		}
+		w.resolved()
 		w.send(w.d.Poll(p.due))
 	}
 	w.now = now
 	w.send(w.d.Poll(now))
+	w.resolved()
+}
+
+// resolved records the decisions of waiting requests.
+func (w *driverWorld) resolved() {
 	for _, r := range w.d.Resolved() {
-		w.tags[r.Tag] = r.Decision
+		w.tags[r.Tag], w.at[r.Tag] = r.Decision, r.At
 	}
 }
 

@@ -35,6 +35,9 @@ func (c *core) finishInto(d *Decision, s *scratch, now int64) {
 			Rule:       deny.rule.Name,
 			Path:       deny.path,
 		}
+		if deny.fixed {
+			c.describeWindow(d, deny, now)
+		}
 		return
 	}
 	if shadow != nil {
@@ -46,6 +49,9 @@ func (c *core) finishInto(d *Decision, s *scratch, now int64) {
 			RetryAfter: time.Duration(max(shadow.retry, 0)),
 			Rule:       shadow.rule.Name,
 			Path:       PathShadow,
+		}
+		if shadow.fixed {
+			c.describeWindow(d, shadow, now)
 		}
 		return
 	}
@@ -94,14 +100,19 @@ func (c *core) rank(s *scratch, now int64) (deny, shadow, tight *ruleResult, pat
 func (c *core) allowedInto(d *Decision, rr *ruleResult, path Path, now int64) {
 	r := rr.rule
 	rem := c.remaining(rr, now)
-	if rr.nsPerToken == 0 { // kept by the memo: one division per match
-		rr.nsPerToken = float64(r.Period) / float64(r.Limit)
-	}
 	d.Allowed = true
 	d.Limit = r.Limit
-	d.Period = r.Period
+	if rr.fixed {
+		c.describeWindow(d, rr, now)
+	} else {
+		if rr.nsPerToken == 0 { // kept by the memo: one division per match
+			rr.nsPerToken = float64(r.Period) / float64(r.Limit)
+		}
+		d.Period = r.Period
+		d.Reset = time.Duration(float64(r.Limit-rem) * rr.nsPerToken)
+		d.Window = Window{}
+	}
 	d.Remaining = rem
-	d.Reset = time.Duration(float64(r.Limit-rem) * rr.nsPerToken)
 	d.RetryAfter = 0
 	d.Rule = r.Name
 	d.Path = path

@@ -108,7 +108,14 @@ func (c *core) applyLocked(k *keyState, r *policy.Rule, g *leasev1.LeaseGrant, s
 	k.lowWater.Store(lowWater(k.rate.rate, time.Duration(lead), r.Cost))
 	hold := holdAfter(granted, want, int64(g.GetRetryAfter().AsDuration()), int64(c.cfg.LeasePeriod), k.regionRate, k.capacity)
 	if hold > 0 {
-		k.denyUntil.Store(now + hold)
+		du := now + hold
+		if r.FixedWindow() {
+			// A deny cache entry never outlives its window (by this
+			// agent's clock): the next window is whole.
+			_, end := c.windowAt(r, c.windowOf(r), now)
+			du = min(du, end)
+		}
+		k.denyUntil.Store(du)
 	} else {
 		k.denyUntil.Store(0)
 	}
@@ -218,8 +225,14 @@ func (c *core) leaseRequest(f *flight, sent int64) (*leasev1.LeaseRequest, []int
 		if sent-k.unservedAt <= int64(c.cfg.RoundTripTimeout) {
 			waiting = k.unserved // they are about to ask again, or are asking
 		}
-		wants[i] = leaseSize(k.rate.rate, c.cfg.LeasePeriod, lead, f.needs[i], waiting, r.Cost, capacity, agents, k.lastWant)
-		k.lastWant, k.unserved = wants[i], 0
+		want := leaseSize(k.rate.rate, c.cfg.LeasePeriod, lead, f.needs[i], waiting, r.Cost, capacity, agents, k.lastWant)
+		// The size before a window's end clips it caps the next lease, so
+		// that the next window's leases do not start small.
+		k.lastWant, k.unserved = want, 0
+		if r.FixedWindow() {
+			want = c.windowLease(r, sent, want, k.rate.rate, lead, f.needs[i], waiting)
+		}
+		wants[i] = want
 		admitted := asked - k.denied.Load()
 		demand := max(asked-k.reportedAsked, 0)
 		req.Items[i] = &leasev1.LeaseItem{

@@ -45,11 +45,21 @@ type quotaResult struct {
 	outageAsked, outageAdmitted int64
 	byPath                      [numPaths]int64 // admitted, by path
 	wants                       []int64         // every lease size asked
+	wantsAt                     []time.Duration // when each was asked
+	returnsAt                   []time.Duration // when each Return was sent
+	admittedAt                  []time.Duration // when each admission was decided
 }
 
 func newQuotaWorld(t testing.TB, rule string, agents int, cfg Config) *quotaWorld {
 	t.Helper()
-	w := &quotaWorld{t: t, start: time.Unix(1_700_000_000, 0), rtt: time.Millisecond}
+	return newQuotaWorldAt(t, rule, agents, cfg, time.Unix(1_700_000_000, 0))
+}
+
+// newQuotaWorldAt is newQuotaWorld starting at start, which is also the
+// agents' epoch: their refresher ticks fall on whole ticks from it.
+func newQuotaWorldAt(t testing.TB, rule string, agents int, cfg Config, start time.Time) *quotaWorld {
+	t.Helper()
+	w := &quotaWorld{t: t, start: start, rtt: time.Millisecond}
 	set := mustPolicy(t, "rules:\n  - "+rule+"\n")
 	w.rule = set.Rules()[0]
 	clock := func() time.Time { return w.start.Add(w.now) }
@@ -83,9 +93,11 @@ func (w *quotaWorld) send(i int, calls []*Call) {
 		case c.Lease != nil:
 			for _, it := range c.Lease.Items {
 				w.res.wants = append(w.res.wants, it.Want)
+				w.res.wantsAt = append(w.res.wantsAt, c.Sent)
 			}
 			p.resp, p.err = w.svc.Lease(context.Background(), c.Lease)
 		default:
+			w.res.returnsAt = append(w.res.returnsAt, c.Sent)
 			_, p.err = w.svc.Return(context.Background(), c.Return)
 		}
 		w.flight = append(w.flight, p)
@@ -140,21 +152,22 @@ func (w *quotaWorld) request(i int, ds []policy.Descriptor) {
 		w.res.outageAsked++
 	}
 	if dec, ok := w.agents[i].Decide(w.now, ds, 1, 0); ok {
-		w.count(dec)
+		w.count(dec, w.now)
 	}
 	w.send(i, w.agents[i].Poll(w.now))
 }
 
 func (w *quotaWorld) collect(i int) {
 	for _, r := range w.agents[i].Resolved() {
-		w.count(r.Decision)
+		w.count(r.Decision, r.At)
 	}
 }
 
 func (w *quotaWorld) down() bool { return w.downFrom <= w.now && w.now < w.downTo }
 
-func (w *quotaWorld) count(d Decision) {
+func (w *quotaWorld) count(d Decision, at time.Duration) {
 	if d.Allowed {
+		w.res.admittedAt = append(w.res.admittedAt, at)
 		if w.down() {
 			w.res.outageAdmitted++
 		}

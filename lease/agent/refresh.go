@@ -132,16 +132,18 @@ func (c *core) check(k *keyState, pol *policy.Set, now int64, rets *returnBatch)
 			// Unused since the last check, which may have been a moment
 			// ago: only the leases about to expire give back, as an active
 			// key's do, and a later one is checked before it expires.
-			c.returnSurplusLocked(k, now, horizon, lasting, rets)
+			c.returnSurplusLocked(k, pol.Rule(k.rule), now, horizon, lasting, rets)
 			c.scheduleAt(k, k.firstExpiry(horizon)-c.renewLead())
 			return actNone
 		}
 		// Unused since the last check and about to expire: give the
-		// tokens back while someone can still spend them.
-		live, dropped := k.drain(now)
-		c.dropLocked(k, dropped)
-		k.returned += live
-		rets.add(k, live)
+		// tokens back while someone can still spend them (at the end of
+		// a fixed window nobody can: they stay, and expire).
+		if r := pol.Rule(k.rule); !c.pointlessReturn(r, now) {
+			live, dropped := k.drain(now)
+			c.dropLocked(k, dropped)
+			c.giveBackLocked(k, r, now, live, rets)
+		}
 	}
 	c.scheduleAt(k, k.lastActive+int64(c.cfg.IdleAfter))
 	return actNone
@@ -165,7 +167,7 @@ func (c *core) checkActive(k *keyState, r *policy.Rule, now int64, rets *returnB
 		// A lease is about to expire. What the key will not spend before
 		// then goes back to the region instead of being dropped, and the
 		// key is renewed only if it is still spending.
-		c.returnSurplusLocked(k, now, horizon, lasting, rets)
+		c.returnSurplusLocked(k, r, now, horizon, lasting, rets)
 		if k.recentRate*c.cfg.LeaseTTL.Seconds() < float64(r.Cost) {
 			next := k.lastActive + int64(c.cfg.IdleAfter)
 			if lasting > 0 {
@@ -178,7 +180,7 @@ func (c *core) checkActive(k *keyState, r *policy.Rule, now int64, rets *returnB
 	case live > 0:
 		// The lease expiring first, if it does before the horizon, gives
 		// back what the key will not spend from it.
-		c.returnSurplusLocked(k, now, horizon, lasting, rets)
+		c.returnSurplusLocked(k, r, now, horizon, lasting, rets)
 		c.scheduleAt(k, k.firstExpiry(horizon)-c.renewLead())
 		return actNone
 	default:
@@ -206,8 +208,12 @@ func (c *core) checkActive(k *keyState, r *policy.Rule, now int64, rets *returnB
 // later lease still holds tokens, an expiring lease gives back only a
 // surplus larger than the spare: a per-second quota lets a few tokens
 // expire rather than delay its next refresh, and a slow one gives every
-// token back.
-func (c *core) returnSurplusLocked(k *keyState, now, horizon, lasting int64, rets *returnBatch) {
+// token back. Where a fixed window's tokens cannot go back usefully
+// (pointlessReturn), they stay for the key to spend until they expire.
+func (c *core) returnSurplusLocked(k *keyState, r *policy.Rule, now, horizon, lasting int64, rets *returnBatch) {
+	if c.pointlessReturn(r, now) {
+		return
+	}
 	spare := c.spareLocked(k)
 	floor := int64(0)
 	if lasting > 0 {
@@ -221,8 +227,7 @@ func (c *core) returnSurplusLocked(k *keyState, now, horizon, lasting int64, ret
 		use := min(int64(math.Ceil(k.recentRate*float64(exp-now)/1e9)), spare)
 		if surplus := balance(k.slots.word[i].Load()) - use; surplus > floor {
 			n := k.slots.takeUpTo(i, surplus)
-			k.returned += n
-			rets.add(k, n)
+			c.giveBackLocked(k, r, now, n, rets)
 		}
 	}
 }
@@ -258,11 +263,22 @@ func (c *core) evictLocked(k *keyState, now int64, rets *returnBatch) {
 	k.evicted.Store(true)
 	live, dropped := k.drain(now)
 	c.dropLocked(k, dropped)
-	k.returned += live
-	rets.add(k, live)
+	c.giveBackLocked(k, c.pol.Load().Rule(k.rule), now, live, rets)
 	c.unschedule(k)
 	c.keys.remove(k)
 	c.ctr.evicted.Add(1)
+}
+
+// giveBackLocked returns n tokens that left k's leases at now to the
+// region, or counts them dropped where returning them is pointless (at the
+// end of a fixed window).
+func (c *core) giveBackLocked(k *keyState, r *policy.Rule, now, n int64, rets *returnBatch) {
+	if c.pointlessReturn(r, now) {
+		c.dropLocked(k, n)
+		return
+	}
+	k.returned += n
+	rets.add(k, n)
 }
 
 // renewLead is how long before a lease expires the refresher acts on it:

@@ -79,7 +79,7 @@ func (c *core) slowSettle(s *scratch, now int64, expired bool) (decided bool) {
 		if du := rr.k.denyUntil.Load(); now < du {
 			// The region just granted too little: a denial on the lease
 			// path; later requests meet the deny cache.
-			rr.done, rr.path, rr.retry = true, PathLease, du-now
+			rr.done, rr.path, rr.retry = true, PathLease, c.denyRetry(rr, du, now)
 			rr.k.denied.Add(rr.need)
 			if !rr.rule.Shadow {
 				return true

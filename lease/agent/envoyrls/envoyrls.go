@@ -194,7 +194,11 @@ func descriptorStatus(dec agent.Decision) *rlsv3.RateLimitResponse_DescriptorSta
 	if dec.Rule == "" {
 		return st // no rule matched: no limit to describe
 	}
-	st.CurrentLimit = currentLimit(dec.Rule, dec.Limit, dec.Period)
+	if dec.Window.Fixed() {
+		st.CurrentLimit = windowLimit(dec.Rule, dec.Limit, dec.Window)
+	} else {
+		st.CurrentLimit = currentLimit(dec.Rule, dec.Limit, dec.Period)
+	}
 	st.LimitRemaining = uint32(min(max(dec.Remaining, 0), math.MaxUint32))
 	reset := dec.Reset
 	if !dec.Allowed && dec.RetryAfter > reset {
@@ -212,6 +216,26 @@ var units = []struct {
 	{time.Hour, rlsv3.RateLimitResponse_RateLimit_HOUR},
 	{time.Minute, rlsv3.RateLimitResponse_RateLimit_MINUTE},
 	{time.Second, rlsv3.RateLimitResponse_RateLimit_SECOND},
+}
+
+// calendarUnits are the Envoy units of calendar windows.
+var calendarUnits = map[policy.Calendar]rlsv3.RateLimitResponse_RateLimit_Unit{
+	policy.CalendarDay:   rlsv3.RateLimitResponse_RateLimit_DAY,
+	policy.CalendarWeek:  rlsv3.RateLimitResponse_RateLimit_WEEK,
+	policy.CalendarMonth: rlsv3.RateLimitResponse_RateLimit_MONTH,
+}
+
+// windowLimit expresses a fixed window's limit in Envoy's units: a calendar
+// window's own (DAY, WEEK, MONTH, whatever the current window's real
+// length), and for windows of a length that divides a day, the largest
+// unit that divides it, with a multiplier (a 5m window is 5 MINUTE). The
+// nominal length counts, not the current window's, which a DST change can
+// shorten.
+func windowLimit(name string, limit int64, w agent.Window) *rlsv3.RateLimitResponse_RateLimit {
+	if u, ok := calendarUnits[w.Calendar]; ok {
+		return &rlsv3.RateLimitResponse_RateLimit{Name: name, RequestsPerUnit: uint32(min(limit, math.MaxUint32)), Unit: u}
+	}
+	return currentLimit(name, limit, w.Length)
 }
 
 // currentLimit expresses limit per period in Envoy's units: the largest

@@ -108,7 +108,7 @@ func (c *Config) check(ctx context.Context, fullMethod string) error {
 // ResourceExhausted with RetryInfo and QuotaFailure details, or Unavailable
 // with RetryInfo when the rule failed closed.
 func DenialError(d agent.Decision) error {
-	code, msg := codes.ResourceExhausted, fmt.Sprintf("rate limit %q exceeded: %d per %v", d.Rule, d.Limit, d.Period)
+	code, msg := codes.ResourceExhausted, fmt.Sprintf("rate limit %q exceeded: %s", d.Rule, d.Quota())
 	if d.Path == agent.PathFailedClosed {
 		code, msg = codes.Unavailable, fmt.Sprintf("rate limiter cannot reach its region and rule %q fails closed", d.Rule)
 	}

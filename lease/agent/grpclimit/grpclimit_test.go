@@ -195,3 +195,36 @@ func TestDescriptors(t *testing.T) {
 		t.Errorf("got %v, want ErrNoAgent", err)
 	}
 }
+
+// TestDenialErrorFixedWindow names the window in the message and the
+// QuotaFailure, and gives the time to the window's end as the RetryInfo.
+func TestDenialErrorFixedWindow(t *testing.T) {
+	for _, tt := range []struct {
+		d    agent.Decision
+		want string
+	}{
+		{agent.Decision{Limit: 1000, Period: 25 * time.Hour, Window: agent.Window{Calendar: policy.CalendarDay, Length: 24 * time.Hour}, RetryAfter: 5 * time.Hour, Rule: "daily", Path: agent.PathLease},
+			`rate limit "daily" exceeded: 1000 per day`},
+		{agent.Decision{Limit: 100, Period: time.Minute, Window: agent.Window{Length: time.Minute}, RetryAfter: 12 * time.Second, Rule: "per-minute", Path: agent.PathDenyCache},
+			`rate limit "per-minute" exceeded: 100 per 1m0s window`},
+		{agent.Decision{Limit: 7, Period: 167 * time.Hour, Window: agent.Window{Calendar: policy.CalendarWeek, Length: policy.NominalWeek}, RetryAfter: 3 * time.Hour, Rule: "weekly", Path: agent.PathLease},
+			`rate limit "weekly" exceeded: 7 per week`},
+	} {
+		st := status.Convert(DenialError(tt.d))
+		if st.Code() != codes.ResourceExhausted || st.Message() != tt.want {
+			t.Errorf("got %v %q, want ResourceExhausted %q", st.Code(), st.Message(), tt.want)
+		}
+		for _, det := range st.Details() {
+			switch det := det.(type) {
+			case *errdetails.RetryInfo:
+				if got := det.GetRetryDelay().AsDuration(); got != tt.d.RetryAfter {
+					t.Errorf("%s: RetryInfo %v, want %v", tt.d.Rule, got, tt.d.RetryAfter)
+				}
+			case *errdetails.QuotaFailure:
+				if got := det.GetViolations()[0].GetDescription(); got != tt.want {
+					t.Errorf("%s: QuotaFailure says %q, want %q", tt.d.Rule, got, tt.want)
+				}
+			}
+		}
+	}
+}

@@ -12,6 +12,15 @@
 //	X-RateLimit-Remaining: 998
 //	X-RateLimit-Reset: 1
 //
+// For a fixed window (algorithm: fixed_window), w is the length of the
+// current window (90000 on a 25-hour day), t and X-RateLimit-Reset the
+// seconds to its end, and a request the window has no tokens for gets a
+// Retry-After of the seconds to its end:
+//
+//	RateLimit-Policy: "daily";q=1000;w=86400
+//	RateLimit: "daily";r=0;t=30600
+//	Retry-After: 30600
+//
 // A denied request gets 429 Too Many Requests with Retry-After and an
 // application/problem+json body (RFC 9457); a request denied because the
 // region is unreachable and its rule fails closed gets 503 Service
@@ -245,7 +254,7 @@ func writeProblem(w http.ResponseWriter, r *http.Request, status int, typ string
 			w.Header().Set("Retry-After", strconv.FormatInt(p.RetryAfter, 10))
 		}
 	} else {
-		p.Detail = fmt.Sprintf("Rate limit %q exceeded: %d per %v.", d.Rule, d.Limit, d.Period)
+		p.Detail = fmt.Sprintf("Rate limit %q exceeded: %s.", d.Rule, d.Quota())
 	}
 	body, _ := json.Marshal(p) // a struct of strings and numbers always encodes
 	w.Header().Set("Content-Type", "application/problem+json")
