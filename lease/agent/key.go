@@ -98,6 +98,9 @@ type flight struct {
 	keys  []*keyState
 	rules []*policy.Rule
 	needs []int64
+	// sync: requests wait for this round trip, and their needs are demand
+	// the call reports (a background refresh's one cost is not).
+	sync bool
 }
 
 // flightDone reports whether f's round trip has completed.

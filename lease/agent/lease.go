@@ -234,6 +234,13 @@ func (c *core) leaseRequest(f *flight, sent int64) (*leasev1.LeaseRequest, []int
 		}
 		wants[i] = want
 		admitted := asked - k.denied.Load()
+		if f.sync {
+			// The asking request is not decided yet, so not counted in
+			// asked: report it now (a cold key's first call would carry
+			// no demand, and the region would hear of it a call later).
+			// asked catches up with the report once it is decided.
+			asked += f.needs[i]
+		}
 		demand := max(asked-k.reportedAsked, 0)
 		req.Items[i] = &leasev1.LeaseItem{
 			Rule:     k.rule,

@@ -182,7 +182,7 @@ func (c *core) joinOrStart(s *scratch, now int64) *flight {
 				k.joined += rr.need
 			} else {
 				if own == nil {
-					own = &flight{done: make(chan struct{})}
+					own = &flight{done: make(chan struct{}), sync: true}
 				}
 				k.flight = own
 				own.keys = append(own.keys, k)

@@ -90,7 +90,7 @@ func TestVersusIdealMatchesTheStore(t *testing.T) {
 // period (issue 11), token buckets and fixed windows.
 var longPeriodScenarios = []string{
 	"../scenarios/minute-bucket-moving.yaml", "../scenarios/ten-minute-quota.yaml",
-	"../scenarios/daily-window-moving.yaml", "../scenarios/window-boundary.yaml",
+	"../scenarios/daily-window-moving.yaml", "../scenarios/daily-window-busy.yaml", "../scenarios/window-boundary.yaml",
 }
 
 // TestLongPeriodBound: escrow, static and ideal keep the bound for quotas
@@ -124,44 +124,62 @@ func TestLongPeriodBound(t *testing.T) {
 func TestLongPeriodTargets(t *testing.T) {
 	tests := []struct {
 		file string
-		skip string // why the target is not met yet
+		// slowToLeave says why the convergence target is not met: a
+		// stopped demand of one request an epoch is told from Poisson
+		// noise only after 4 empty epochs (region's missed-requests rule).
+		slowToLeave string
 	}{
 		{file: "../scenarios/minute-bucket-moving.yaml"},
 		{file: "../scenarios/ten-minute-quota.yaml"},
-		{file: "../scenarios/daily-window-moving.yaml", skip: "the exchange keeps a stopped demand of ~1 request an epoch as a need for more " +
-			"than a day (below 4 requests an epoch the smoothing's gain falls with the demand, so it decays as 1/t, and at " +
-			"0.0116 tokens/s, with the noise headroom √demand, a demand above 1.3e-4 tokens an epoch is a full share's need): after the move to eu, us keeps half the share, " +
-			"holds fewer tokens than its new capacity and releases none, and eu admits 5 of the ideal's 414 (region; " +
-			"the first move takes 12.4 s since a cold key's first lease call carries no demand: lease/agent)"},
+		{file: "../scenarios/daily-window-busy.yaml"},
+		{file: "../scenarios/daily-window-moving.yaml", slowToLeave: "one request a second: the region it left is sure " +
+			"its demand left only after 4 empty epochs (a stopped demand of one request an epoch shows none for 4 epochs " +
+			"with probability e⁻⁴; told sooner, noise would move share away from regions that keep their demand): " +
+			"8.4 s after the move to eu"},
 	}
 	for _, tc := range tests {
 		t.Run(strings.TrimSuffix(filepath.Base(tc.file), ".yaml"), func(t *testing.T) {
-			if tc.skip != "" {
-				t.Skip(tc.skip)
-			}
-			res, err := Run(load(t, tc.file), Options{})
+			sc := load(t, tc.file)
+			res, err := Run(sc, Options{})
 			if err != nil {
 				t.Fatal(err)
 			}
-			checkTargets(t, tc.file, res.Summary)
+			checkTargets(t, tc.file, sc, res.Summary, tc.slowToLeave)
 		})
 	}
 }
 
-func checkTargets(t *testing.T, f string, s Summary) {
+// checkTargets checks issue 11's targets: admitted ≥ 97% of the ideal's,
+// over the run and in every step, and convergence ≤ 3 s after each move.
+// In a step where the ideal exhausts a fixed window, the tokens each idle
+// region keeps at the floor share (FloorPPM × limit, there for demand that
+// comes before the next epoch) cannot be spent by the busy one: the step's
+// target leaves them out.
+func checkTargets(t *testing.T, f string, sc *Scenario, s Summary, slowToLeave string) {
 	t.Helper()
 	if s.VersusIdealPct == nil || *s.VersusIdealPct < 97 {
 		t.Errorf("%s: admitted_vs_ideal_pct %v, want ≥ 97", f, optPct(s.VersusIdealPct))
 	}
+	floors := 0.0
+	if k := sc.Keys[0]; k.RuleAlgorithm == FixedWindow {
+		floors = float64(len(sc.Regions)-1) * 0.005 * float64(k.Limit)
+	}
 	for i, st := range s.Steps {
-		want := 97.0
+		want := 0.97 * float64(st.IdealAdmitted)
 		if strings.HasSuffix(f, "ten-minute-quota.yaml") && i == 0 {
-			want = 95
+			want = 0.95 * float64(st.IdealAdmitted)
 		}
-		if st.IdealAdmitted > 0 && (st.VersusIdealPct == nil || *st.VersusIdealPct < want) {
-			t.Errorf("%s: steps[%d] (at %vs): admitted_vs_ideal_pct %v, want ≥ %v", f, i, st.AtS, optPct(st.VersusIdealPct), want)
+		if i == len(s.Steps)-1 {
+			want -= floors
+		}
+		if st.IdealAdmitted > 0 && float64(st.Admitted) < want {
+			t.Errorf("%s: steps[%d] (at %vs): admitted %d of the ideal's %d (%v), want ≥ %.0f", f, i, st.AtS, st.Admitted, st.IdealAdmitted, optPct(st.VersusIdealPct), want)
 		}
 		if st.ConvergenceS == nil || *st.ConvergenceS > 3 || st.Unconverged {
+			if slowToLeave != "" {
+				t.Logf("%s: steps[%d] (at %vs): convergence %v: %s", f, i, st.AtS, optSec(st.ConvergenceS, 0), slowToLeave)
+				continue
+			}
 			t.Errorf("%s: steps[%d] (at %vs): convergence %v (unconverged %v), want ≤ 3 s", f, i, st.AtS, optSec(st.ConvergenceS, 0), st.Unconverged)
 		}
 	}
