@@ -97,7 +97,7 @@ type keyState struct {
 	// the epochs since its last request, counted at the demand it had when
 	// they stopped (runBase): enough of them missed, the demand left.
 	missed, runBase []float64
-	unheard       uint64 // regions not heard at the last epoch: their EWMA restarts
+	unheard         uint64 // regions not heard at the last epoch: their EWMA restarts
 	// Per region: its EWMA has moved, last moved up, and turned at the
 	// last move.
 	moved, rose, flipped uint64
@@ -299,7 +299,6 @@ func (s *State) addKey(key string) *keyState {
 		applied: -1,
 		rows:    ints[0 : n*n : n*n],
 		taken:   ints[n*n : 2*n*n : 2*n*n],
-
 	}
 	o := 2 * n * n
 	next := func() []int64 { v := ints[o : o+n : o+n]; o += n; return v }
