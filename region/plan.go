@@ -206,9 +206,9 @@ func (s *State) Commit(p Plan) error {
 
 // Apply returns the keys whose share rose since it was last written, because
 // peers' gifts (or refunds) arrived, or to which peers gave tokens, with the
-// share to write: DESIGN.md
-// "Each epoch", step 5, done on receipt rather than at the next epoch, so
-// that a gift is in use a network delay after it was given. Call it after
+// share to write: DESIGN.md "Each epoch", step 5, done on receipt rather
+// than at the next epoch, so that a gift is in use a network delay after it
+// was given. Call it after
 // Receive and write the changes; a write that fails needs Resync. Raising
 // is always safe (our computed share is never above our true share), so the
 // order of these writes does not matter.
