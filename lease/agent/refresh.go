@@ -26,7 +26,7 @@ func (c *core) planRefresh(now int64, work []*keyState, rets *returnBatch) (pol 
 	c.qmu.Lock()
 	work = append(work, c.queue...)
 	clear(c.queue)
-	c.queue = c.queue[:0]
+	c.queue = reuse(c.queue)
 	c.qmu.Unlock()
 	work = c.popDue(now, work)
 	pol = c.pol.Load()
@@ -49,7 +49,21 @@ func (c *core) planRefresh(now int64, work []*keyState, rets *returnBatch) (pol 
 			renew = nil
 		}
 	}
-	return pol, renew, work[:0]
+	c.smu.Lock()
+	scheduled := len(c.sched)
+	c.smu.Unlock()
+	// The next wake-up takes at most the keys scheduled now and those
+	// queued meanwhile: room for many more is memory of evicted keys.
+	return pol, renew, reuse(work[:min(len(work), scheduled)])
+}
+
+// reuse returns s emptied for reuse, or nil when its array is far larger
+// than s (after a burst of many keys), to give it back.
+func reuse(s []*keyState) []*keyState {
+	if cap(s) > max(4*len(s), 1024) {
+		return nil
+	}
+	return s[:0]
 }
 
 // renewBatch makes the next background flight out of keys, the front of a

@@ -54,8 +54,17 @@ func (c *core) unschedule(k *keyState) {
 	c.smu.Lock()
 	if k.heapIdx >= 0 {
 		heap.Remove(&c.sched, k.heapIdx)
+		c.sched.shrink()
 	}
 	c.smu.Unlock()
+}
+
+// shrink gives back the array of a heap that grew far beyond its keys
+// (after many keys were evicted), keeping room for twice those left.
+func (s *schedule) shrink() {
+	if n := len(*s); cap(*s) > 64 && n < cap(*s)/4 {
+		*s = append(make(schedule, 0, 2*n), *s...)
+	}
 }
 
 // popDue appends the keys due at now to dst, removing them from the heap.
@@ -65,5 +74,6 @@ func (c *core) popDue(now int64, dst []*keyState) []*keyState {
 	for len(c.sched) > 0 && c.sched[0].due <= now {
 		dst = append(dst, heap.Pop(&c.sched).(*keyState))
 	}
+	c.sched.shrink()
 	return dst
 }
