@@ -147,7 +147,7 @@ func (c *core) drainAll(now int64) *returnBatch {
 		k.mu.Lock()
 		live, dropped := k.drain(now)
 		c.dropLocked(k, dropped)
-		c.giveBackLocked(k, pol.Rule(k.rule), now, live, b)
+		c.giveBackLocked(k, pol.Rule(k.rule()), now, live, b)
 		k.evicted.Store(true)
 		k.mu.Unlock()
 	})

@@ -13,27 +13,41 @@ const cacheLine = 64
 // keyState is one rate-limited key as this agent holds it: leased tokens,
 // the deny cache, demand counters and what the region said last.
 //
-// The request path reads the first block and spends from slots with atomics
-// only; everything under mu belongs to the slow path and the refresher.
-// The blocks are padded apart so that the CAS traffic on slots does not
-// evict the read-mostly fields from other cores' caches.
+// The request path reads the first cache line and spends from slots with
+// atomics only; everything under mu belongs to the slow path and the
+// refresher. The slots' words, which every spend of a hot key writes, start
+// the second line, so that their CAS traffic does not evict the read-mostly
+// first line from other cores' caches; the rest of that line holds fields
+// written only under mu, on grants and reports. The layout is laid out by
+// offset rather than padded (a million keys held are what the padding would
+// cost): the struct is five cache lines, and Go allocates objects of that
+// size class at multiples of their size from a page, so on cache-line
+// boundaries (TestKeyStateLayout checks both).
 type keyState struct {
-	// Read on every decision, written when a grant is applied.
+	// Line 0: read on every decision, written when a grant is applied.
 	denyUntil atomic.Int64                // agent nanos: without tokens, deny locally until then
 	lowWater  atomic.Int64                // tokens: a spend leaving fewer queues a refresh
 	remaining atomic.Int64                // the regional bucket's whole tokens at the last grant
 	cache     atomic.Pointer[stripeCache] // set once the key's leases are large
-	batch     atomic.Int64                // tokens a stripe entry takes at once
 	queued    atomic.Bool                 // a background refresh is queued or in flight
 	evicted   atomic.Bool
+	hasGrant  bool  // under mu: the region answered at least once
+	ruleLen   uint8 // id[:ruleLen] is the rule's name (at most 64 bytes)
+	// heapIdx is the position in the refresher's schedule (-1 when not
+	// scheduled), under core.smu: written by schedule changes, about as
+	// rarely as grants.
+	heapIdx int32
 
-	// The leases: expiries on this read-mostly line, words on their own.
+	// The leases: expiries end line 0, the words start line 1.
 	slots slots
-	_     [cacheLine]byte
 
-	id   string // rule name, NUL, key: the map key
-	rule string
-	key  string
+	// The rest of line 1, under mu. Cumulative token accounting:
+	// spent = granted − held − dropped − returned.
+	granted, dropped, returned int64
+	// Demand already reported to the region.
+	reportedAsked, reportedAdmitted int64
+
+	id string // rule name, NUL, key: the map key
 
 	// Demand outside the leases, counted where it happens (never on the
 	// leased path): tokens denied, and tokens admitted by failure modes.
@@ -43,20 +57,15 @@ type keyState struct {
 	mu sync.Mutex
 	// flight is the round trip in progress for this key, sync or
 	// background; at most one at a time.
-	flight *flight
-	// Cumulative token accounting: spent = granted − held − dropped − returned.
-	granted, dropped, returned int64
-	// Demand already reported to the region.
-	reportedAsked, reportedAdmitted int64
-	rate                            spendRate
-	lastWant                        int64 // the previous lease's size, which caps the next
+	flight   *flight
+	rate     spendRate
+	lastWant int64 // the previous lease's size, which caps the next
 	// Tokens of requests that joined the round trip in flight, and those of
 	// the last one's waiting requests that its grant did not cover (when
 	// it completed: unservedAt), which the next lease asks for.
 	joined, unserved int64
 	unservedAt       int64
 	// What the last grant said.
-	hasGrant             bool
 	regionRate, capacity float64
 	ttl                  time.Duration // the lease TTL
 	fallback             emergency
@@ -65,15 +74,21 @@ type keyState struct {
 	checkedAt    int64
 	recentRate   float64 // tokens/s asked between the last two checks
 	lastActive   int64
-	// Position in the refresher's schedule: due time and heap index (-1
-	// when not scheduled).
-	due     int64
-	heapIdx int
+	// due is when the refresher's schedule next checks the key.
+	due int64
 }
 
+// newKeyState returns the state of id, whose first ruleLen bytes are its
+// rule's name (policy allows at most 64).
 func newKeyState(id string, ruleLen int, now int64) *keyState {
-	return &keyState{id: id, rule: id[:ruleLen], key: id[ruleLen+1:], lastActive: now, heapIdx: -1}
+	return &keyState{id: id, ruleLen: uint8(ruleLen), rate: newSpendRate(), lastActive: now, heapIdx: -1}
 }
+
+// rule returns the name of k's rule.
+func (k *keyState) rule() string { return k.id[:k.ruleLen] }
+
+// key returns k's key within its rule.
+func (k *keyState) key() string { return k.id[k.ruleLen+1:] }
 
 func (k *keyState) isEvicted() bool { return k.evicted.Load() }
 

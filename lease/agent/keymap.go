@@ -31,7 +31,11 @@ type keyShard struct {
 	// promoted to read: copying is amortised over the misses it saves.
 	dirty  map[string]*keyState
 	misses int
-	_      [64]byte
+	// peak is the most keys the shard's maps have held since they were
+	// last built: Go maps never shrink, so remove rebuilds them once most
+	// of those entries are gone (see shrinkLocked).
+	peak int
+	_    [64]byte
 }
 
 type readTable struct {
@@ -114,6 +118,7 @@ func (km *keyMap) getOrCreate(id []byte, mk func(id string) *keyState) *keyState
 	sh.dirtyLocked()
 	k := mk(string(id))
 	sh.dirty[k.id] = k
+	sh.peak = max(sh.peak, len(sh.dirty))
 	t := sh.read.Load()
 	if !t.amended {
 		sh.read.Store(&readTable{m: t.m, amended: true})
@@ -144,10 +149,38 @@ func (km *keyMap) remove(k *keyState) {
 	if sh.dirty[k.id] == k {
 		delete(sh.dirty, k.id)
 	}
+	if sh.shrinkLocked() {
+		return
+	}
 	t := sh.read.Load()
 	if !t.amended {
 		sh.read.Store(&readTable{m: t.m, amended: true})
 	}
+}
+
+// shrinkMinPeak is the smallest peak worth rebuilding for before the shard
+// is empty: a map of a few groups costs less than rebuilding it.
+const shrinkMinPeak = 32
+
+// shrinkLocked gives the memory of evicted keys back once the shard holds
+// under a quarter of its peak (or nothing): it rebuilds dirty at its size
+// and promotes it, so that neither the grown maps nor the evicted states
+// that read still points to stay reachable. Each rebuild copies what is
+// left, at most a third of the removals since the last one, so the copying
+// is amortised over them. It reports whether it rebuilt. Called with mu
+// held and dirty not nil.
+func (sh *keyShard) shrinkLocked() bool {
+	n := len(sh.dirty)
+	if n*4 >= sh.peak || (n > 0 && sh.peak < shrinkMinPeak) {
+		return false
+	}
+	m := make(map[string]*keyState, n)
+	for id, k := range sh.dirty {
+		m[id] = k
+	}
+	sh.read.Store(&readTable{m: m})
+	sh.dirty, sh.misses, sh.peak = nil, 0, n
+	return true
 }
 
 // len returns the number of keys held.

@@ -64,3 +64,42 @@ func TestAllowAllocatesNothingOnLeasedKey(t *testing.T) {
 		t.Errorf("lookup and spend allocate %v per run, want 0", allocs)
 	}
 }
+
+func TestKeyMapShrinksAfterEviction(t *testing.T) {
+	km := newKeyMap()
+	mk := func(id string) *keyState { return newKeyState(id, 1, 0) }
+	ids := make([][]byte, 10_000)
+	for i := range ids {
+		ids[i] = fmt.Appendf(nil, "r\x00k%d", i)
+		km.getOrCreate(ids[i], mk)
+	}
+	for i, id := range ids {
+		if i%100 == 0 {
+			continue
+		}
+		k := km.get(id)
+		k.evicted.Store(true)
+		km.remove(k)
+	}
+	if got := km.len(); got != 100 {
+		t.Fatalf("len got %d, want 100", got)
+	}
+	for i, id := range ids {
+		k := km.get(id)
+		if (k != nil && !k.isEvicted()) != (i%100 == 0) {
+			t.Fatalf("get(%q) got %v, want held %v", id, k, i%100 == 0)
+		}
+	}
+	// No map keeps the evicted states or the room they took.
+	for i := range km.shards {
+		sh := &km.shards[i]
+		if n := len(sh.read.Load().m); n > 4*max(sh.peak, shrinkMinPeak) {
+			t.Errorf("shard %d: read holds %d entries for peak %d", i, n, sh.peak)
+		}
+		for _, k := range sh.read.Load().m {
+			if k.isEvicted() && sh.peak < shrinkMinPeak {
+				t.Errorf("shard %d: read keeps evicted %q after a rebuild", i, k.id)
+			}
+		}
+	}
+}

@@ -84,10 +84,12 @@ func (c *core) applyLocked(k *keyState, r *policy.Rule, g *leasev1.LeaseGrant, s
 		if exp > now {
 			c.dropLocked(k, k.slots.install(now, exp, granted))
 			if granted >= cacheMinLease && len(c.stripes) > 1 {
-				k.batch.Store(max(granted/int64(4*len(c.stripes)), 1))
-				if k.cache.Load() == nil {
-					k.cache.Store(&stripeCache{e: make([]cacheEntry, len(c.stripes))})
+				sc := k.cache.Load()
+				if sc == nil {
+					sc = &stripeCache{e: make([]cacheEntry, len(c.stripes))}
+					k.cache.Store(sc)
 				}
+				sc.batch.Store(max(granted/int64(4*len(c.stripes)), 1))
 			}
 		} else {
 			c.dropLocked(k, granted) // the round trip outlasted the TTL
@@ -168,7 +170,7 @@ type returnBatch struct {
 
 func (b *returnBatch) add(k *keyState, n int64) {
 	if n > 0 {
-		b.items = append(b.items, &leasev1.ReturnItem{Rule: k.rule, Key: k.key, Tokens: n})
+		b.items = append(b.items, &leasev1.ReturnItem{Rule: k.rule(), Key: k.key(), Tokens: n})
 		b.keys = append(b.keys, k)
 	}
 }
@@ -243,8 +245,8 @@ func (c *core) leaseRequest(f *flight, sent int64) (*leasev1.LeaseRequest, []int
 		}
 		demand := max(asked-k.reportedAsked, 0)
 		req.Items[i] = &leasev1.LeaseItem{
-			Rule:     k.rule,
-			Key:      k.key,
+			Rule:     k.rule(),
+			Key:      k.key(),
 			Want:     wants[i],
 			Demand:   demand,
 			Admitted: min(max(admitted-k.reportedAdmitted, 0), demand),

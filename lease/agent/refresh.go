@@ -26,7 +26,7 @@ func (c *core) planRefresh(now int64, work []*keyState, rets *returnBatch) (pol 
 	c.qmu.Lock()
 	work = append(work, c.queue...)
 	clear(c.queue)
-	c.queue = c.queue[:0]
+	c.queue = reuse(c.queue)
 	c.qmu.Unlock()
 	work = c.popDue(now, work)
 	pol = c.pol.Load()
@@ -49,7 +49,21 @@ func (c *core) planRefresh(now int64, work []*keyState, rets *returnBatch) (pol 
 			renew = nil
 		}
 	}
-	return pol, renew, work[:0]
+	c.smu.Lock()
+	scheduled := len(c.sched)
+	c.smu.Unlock()
+	// The next wake-up takes at most the keys scheduled now and those
+	// queued meanwhile: room for many more is memory of evicted keys.
+	return pol, renew, reuse(work[:min(len(work), scheduled)])
+}
+
+// reuse returns s emptied for reuse, or nil when its array is far larger
+// than s (after a burst of many keys), to give it back.
+func reuse(s []*keyState) []*keyState {
+	if cap(s) > max(4*len(s), 1024) {
+		return nil
+	}
+	return s[:0]
 }
 
 // renewBatch makes the next background flight out of keys, the front of a
@@ -62,7 +76,7 @@ func (c *core) renewBatch(pol *policy.Set, keys []*keyState) (f *flight, rest []
 	used := 0
 	for _, k := range keys {
 		used++
-		r := pol.Rule(k.rule)
+		r := pol.Rule(k.rule())
 		k.mu.Lock()
 		if r != nil && k.flight == nil && !k.evicted.Load() {
 			if f == nil {
@@ -109,13 +123,13 @@ func (c *core) check(k *keyState, pol *policy.Set, now int64, rets *returnBatch)
 	switch {
 	case k.flight != nil:
 		return actNone // its completion schedules the next check
-	case pol.Rule(k.rule) == nil:
+	case pol.Rule(k.rule()) == nil:
 		c.evictLocked(k, now, rets) // the rule is gone
 		return actNone
 	case active || k.queued.Load():
-		return c.checkActive(k, pol.Rule(k.rule), now, rets)
+		return c.checkActive(k, pol.Rule(k.rule()), now, rets)
 	case now-k.lastActive >= int64(c.cfg.IdleAfter):
-		if at := c.keepForEmergency(k, pol.Rule(k.rule), now); at > now && at < math.MaxInt64 {
+		if at := c.keepForEmergency(k, pol.Rule(k.rule()), now); at > now && at < math.MaxInt64 {
 			c.scheduleAt(k, at)
 			return actNone
 		}
@@ -132,14 +146,14 @@ func (c *core) check(k *keyState, pol *policy.Set, now int64, rets *returnBatch)
 			// Unused since the last check, which may have been a moment
 			// ago: only the leases about to expire give back, as an active
 			// key's do, and a later one is checked before it expires.
-			c.returnSurplusLocked(k, pol.Rule(k.rule), now, horizon, lasting, rets)
+			c.returnSurplusLocked(k, pol.Rule(k.rule()), now, horizon, lasting, rets)
 			c.scheduleAt(k, k.firstExpiry(horizon)-c.renewLead())
 			return actNone
 		}
 		// Unused since the last check and about to expire: give the
 		// tokens back while someone can still spend them (at the end of
 		// a fixed window nobody can: they stay, and expire).
-		if r := pol.Rule(k.rule); !c.pointlessReturn(r, now) {
+		if r := pol.Rule(k.rule()); !c.pointlessReturn(r, now) {
 			live, dropped := k.drain(now)
 			c.dropLocked(k, dropped)
 			c.giveBackLocked(k, r, now, live, rets)
@@ -263,7 +277,7 @@ func (c *core) evictLocked(k *keyState, now int64, rets *returnBatch) {
 	k.evicted.Store(true)
 	live, dropped := k.drain(now)
 	c.dropLocked(k, dropped)
-	c.giveBackLocked(k, c.pol.Load().Rule(k.rule), now, live, rets)
+	c.giveBackLocked(k, c.pol.Load().Rule(k.rule()), now, live, rets)
 	c.unschedule(k)
 	c.keys.remove(k)
 	c.ctr.evicted.Add(1)

@@ -9,11 +9,11 @@ func (s schedule) Len() int           { return len(s) }
 func (s schedule) Less(i, j int) bool { return s[i].due < s[j].due }
 func (s schedule) Swap(i, j int) {
 	s[i], s[j] = s[j], s[i]
-	s[i].heapIdx, s[j].heapIdx = i, j
+	s[i].heapIdx, s[j].heapIdx = int32(i), int32(j)
 }
 func (s *schedule) Push(x any) {
 	k := x.(*keyState)
-	k.heapIdx = len(*s)
+	k.heapIdx = int32(len(*s))
 	*s = append(*s, k)
 }
 func (s *schedule) Pop() any {
@@ -30,7 +30,7 @@ func (c *core) scheduleAt(k *keyState, at int64) {
 	c.smu.Lock()
 	k.due = at
 	if k.heapIdx >= 0 {
-		heap.Fix(&c.sched, k.heapIdx)
+		heap.Fix(&c.sched, int(k.heapIdx))
 	} else {
 		heap.Push(&c.sched, k)
 	}
@@ -45,7 +45,7 @@ func (c *core) scheduleBy(k *keyState, at int64) {
 		heap.Push(&c.sched, k)
 	} else if at < k.due {
 		k.due = at
-		heap.Fix(&c.sched, k.heapIdx)
+		heap.Fix(&c.sched, int(k.heapIdx))
 	}
 	c.smu.Unlock()
 }
@@ -53,9 +53,18 @@ func (c *core) scheduleBy(k *keyState, at int64) {
 func (c *core) unschedule(k *keyState) {
 	c.smu.Lock()
 	if k.heapIdx >= 0 {
-		heap.Remove(&c.sched, k.heapIdx)
+		heap.Remove(&c.sched, int(k.heapIdx))
+		c.sched.shrink()
 	}
 	c.smu.Unlock()
+}
+
+// shrink gives back the array of a heap that grew far beyond its keys
+// (after many keys were evicted), keeping room for twice those left.
+func (s *schedule) shrink() {
+	if n := len(*s); cap(*s) > 64 && n < cap(*s)/4 {
+		*s = append(make(schedule, 0, 2*n), *s...)
+	}
 }
 
 // popDue appends the keys due at now to dst, removing them from the heap.
@@ -65,5 +74,6 @@ func (c *core) popDue(now int64, dst []*keyState) []*keyState {
 	for len(c.sched) > 0 && c.sched[0].due <= now {
 		dst = append(dst, heap.Pop(&c.sched).(*keyState))
 	}
+	c.sched.shrink()
 	return dst
 }

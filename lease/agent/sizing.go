@@ -16,11 +16,17 @@ import (
 // path: the refresher and the slow path observe the key's asked total when
 // they size a lease.
 type spendRate struct {
-	rate   float64 // tokens per second
-	at     int64   // time of the last observation, agent nanos
-	asked  int64   // cumulative asked tokens at that time
-	primed bool
+	rate  float64 // tokens per second
+	at    int64   // time of the last observation, agent nanos
+	asked int64   // cumulative asked tokens at that time; unobserved before the first
 }
+
+// unobserved marks a spendRate's asked before its first observation (a
+// flag would cost a word per key; no count of tokens reaches it).
+const unobserved = math.MinInt64
+
+// newSpendRate returns a rate that has observed nothing yet.
+func newSpendRate() spendRate { return spendRate{asked: unobserved} }
 
 // rateParams are the time constants of spendRate.
 type rateParams struct {
@@ -40,8 +46,8 @@ func newRateParams(leasePeriod time.Duration) rateParams {
 // observe folds in the demand up to now, given as the key's cumulative
 // asked tokens.
 func (e *spendRate) observe(now, asked int64, p rateParams) {
-	if !e.primed {
-		e.primed, e.at, e.asked = true, now, asked
+	if e.asked == unobserved {
+		e.at, e.asked = now, asked
 		return
 	}
 	dt := now - e.at

@@ -8,7 +8,7 @@ import (
 
 func TestSpendRateFastUpSlowDown(t *testing.T) {
 	p := newRateParams(50 * time.Millisecond)
-	var e spendRate
+	e := newSpendRate()
 	e.observe(0, 0, p)
 	// 1000 tokens/s for one lease period: the estimate reaches most of it
 	// at once (1 − e^−2 with the up constant of half a period).
@@ -28,7 +28,7 @@ func TestSpendRateFastUpSlowDown(t *testing.T) {
 		t.Errorf("100ms after demand stopped got %.0f, want at least 900 (slow down)", e.rate)
 	}
 	// A burst within microseconds is measured over the minimum window.
-	var b spendRate
+	b := newSpendRate()
 	b.observe(0, 0, p)
 	b.observe(1000, 10, p) // 10 tokens in 1µs
 	if b.rate > 10/p.window.Seconds() {

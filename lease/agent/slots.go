@@ -41,8 +41,7 @@ type slots struct {
 	// adding tokens, so a spend that read an old expiry either finds the
 	// word empty or spends new tokens under an earlier (older) expiry.
 	exp [2]atomic.Int64
-	_   [cacheLine]byte
-	// word is balance<<genBits | generation.
+	// word (on a cache line of its own in keyState, see there) is balance<<genBits | generation.
 	word [2]atomic.Int64
 	// lost counts tokens that left a lease without being spent, returned
 	// or dropped by a writer: a put-back or an undo that found its lease

@@ -18,8 +18,9 @@ func TestConcurrentSpendsNeverExceedTheLease(t *testing.T) {
 	k := newKeyState("r\x00k", 1, 0)
 	const first, second = 100_000, 50_000
 	k.slots.install(0, 1<<62, first)
-	k.batch.Store(64)
-	k.cache.Store(&stripeCache{e: make([]cacheEntry, 4)})
+	sc := &stripeCache{e: make([]cacheEntry, 4)}
+	sc.batch.Store(64)
+	k.cache.Store(sc)
 	var spent atomic.Int64
 	var wg sync.WaitGroup
 	for g := 0; g < 8; g++ {

@@ -31,7 +31,8 @@ type cacheEntry struct {
 }
 
 type stripeCache struct {
-	e []cacheEntry
+	e     []cacheEntry
+	batch atomic.Int64 // tokens an entry takes at once
 }
 
 // take spends n tokens of k for a decision on stripe idx: from the stripe's
@@ -55,7 +56,7 @@ func (c *core) take(k *keyState, idx int, now, n int64) (int, int64, bool) {
 	// A batch of whole requests of this size, so that a steady stream of
 	// equal requests empties the entry exactly instead of stranding a
 	// remainder too small for the next one.
-	b := max(k.batch.Load()/n, 1) * n
+	b := max(sc.batch.Load()/n, 1) * n
 	if i, w, exp, ok := k.slots.spendAll(now, n+b); ok {
 		// The request's n came from slot i; the batch goes to the entry,
 		// with that slot's expiry.

@@ -1,0 +1,32 @@
+package agent
+
+import (
+	"fmt"
+	"testing"
+	"unsafe"
+)
+
+// TestKeyStateLayout checks what keyState's comment promises: the fields a
+// decision reads and the slots' expiries on line 0, the slots' words
+// starting line 1, and a size of whole cache lines, which Go allocates on
+// cache-line boundaries (checked on a few allocations).
+func TestKeyStateLayout(t *testing.T) {
+	var k keyState
+	words := unsafe.Offsetof(k.slots) + unsafe.Offsetof(k.slots.word)
+	if words != cacheLine {
+		t.Errorf("the slots' words start at %d, want %d", words, cacheLine)
+	}
+	if end := unsafe.Offsetof(k.slots) + unsafe.Offsetof(k.slots.exp) + unsafe.Sizeof(k.slots.exp); end > cacheLine {
+		t.Errorf("the slots' expiries end at %d, beyond line 0", end)
+	}
+	if size := unsafe.Sizeof(k); size%cacheLine != 0 || size > 5*cacheLine {
+		t.Errorf("keyState is %d bytes, want whole cache lines, at most 5", size)
+	}
+	km := newKeyMap() // on the heap, as the agent's are
+	for i := range 100 {
+		k := km.getOrCreate(fmt.Appendf(nil, "r\x00k%d", i), func(id string) *keyState { return newKeyState(id, 1, 0) })
+		if p := uintptr(unsafe.Pointer(k)); p%cacheLine != 0 {
+			t.Fatalf("a keyState allocated at %#x, not on a cache line", p)
+		}
+	}
+}
