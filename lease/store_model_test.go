@@ -25,6 +25,7 @@ type model struct {
 // the newest generation seen and the cumulative tokens credited in it.
 type modelEscrow struct {
 	gen      uint64
+	window   int64
 	credited int64
 }
 
@@ -32,6 +33,33 @@ type modelBucket struct {
 	tokens   float64
 	last     time.Time
 	expireAt int64 // ms; 0 never
+	// A fixed window's: the start of the bucket's window and the end of
+	// the one its last operation was in (µs).
+	win, end int64
+}
+
+// modelWindow is the window of l's boundaries that holds t (µs).
+func modelWindow(l Limit, t int64) (start, end int64, ok bool) {
+	for i := 0; i < 3; i++ {
+		if l.Window[i] <= t && t < l.Window[i+1] {
+			return l.Window[i], l.Window[i+1], true
+		}
+	}
+	return 0, 0, false
+}
+
+// windowOK reports whether a fixed window's boundaries hold the time the
+// store uses for key: now, or the bucket's last update when later.
+func (m *model) windowOK(now time.Time, key string, l Limit) bool {
+	if l.Window == ([4]int64{}) {
+		return true
+	}
+	t := now.UnixMicro()
+	if b, ok := m.buckets[key]; ok && (b.expireAt == 0 || now.UnixMilli() <= b.expireAt) {
+		t = max(t, b.last.UnixMicro())
+	}
+	_, _, ok := modelWindow(l, t)
+	return ok
 }
 
 func newModel() *model {
@@ -69,6 +97,30 @@ func (m *model) bucket(now time.Time, key string, l Limit, rate, capacity float6
 	if ok && b.expireAt != 0 && now.UnixMilli() > b.expireAt {
 		ok = false
 	}
+	if l.Window != ([4]int64{}) {
+		// A fixed window: no refill within it; full again in a newer one.
+		t := now.UnixMicro()
+		if ok {
+			t = max(t, b.last.UnixMicro())
+		}
+		start, end, _ := modelWindow(l, t) // the caller checked windowOK
+		if !ok {
+			b = &modelBucket{tokens: capacity, last: now, win: start}
+			if l.StartEmpty {
+				b.tokens = 0
+			}
+			m.buckets[key] = b
+		}
+		if start > b.win {
+			b.tokens, b.win = capacity, start
+		}
+		b.tokens = math.Min(capacity, b.tokens)
+		if now.After(b.last) {
+			b.last = now
+		}
+		b.end = end
+		return b
+	}
 	if !ok {
 		b = &modelBucket{tokens: capacity, last: now}
 		if l.StartEmpty {
@@ -76,6 +128,7 @@ func (m *model) bucket(now time.Time, key string, l Limit, rate, capacity float6
 		}
 		m.buckets[key] = b
 	}
+	b.end = 0
 	if now.After(b.last) {
 		b.tokens = math.Min(capacity, b.tokens+now.Sub(b.last).Seconds()*rate)
 		b.last = now
@@ -98,6 +151,10 @@ func (m *model) sweep(now time.Time) {
 
 func (m *model) setExpiry(b *modelBucket, rate, capacity float64) {
 	b.expireAt = 0
+	if b.end != 0 {
+		b.expireAt = (b.end + 999) / 1000 // a fixed window's bucket vanishes at its end
+		return
+	}
 	if rate > 0 {
 		ttl := math.Ceil(2 * capacity / rate * 1000)
 		if ttl <= maxTTLMillis {
@@ -116,7 +173,7 @@ func modelValid(key string, l Limit) bool {
 // valid; near a whole-cost boundary float rounding may go either way, so
 // it also reports how far tokens/cost is from the nearest integer.
 func (m *model) grant(now time.Time, r GrantRequest) (granted int64, g Grant, margin float64, ok bool) {
-	if !modelValid(r.Key, r.Limit) || r.Want < r.Limit.Cost {
+	if !modelValid(r.Key, r.Limit) || r.Want < r.Limit.Cost || !m.windowOK(now, r.Key, r.Limit) {
 		return 0, Grant{}, 0, false
 	}
 	rate, capacity, _ := m.params(r.Key, r.Limit)
@@ -129,6 +186,8 @@ func (m *model) grant(now time.Time, r GrantRequest) (granted int64, g Grant, ma
 	g = Grant{Granted: granted, Tokens: b.tokens, Rate: rate, Capacity: capacity}
 	if granted == 0 {
 		switch {
+		case b.end != 0: // a fixed window refills at its end only
+			g.RetryAfter = min(time.Duration(b.end-b.last.UnixMicro())*time.Microsecond, MaxRetryAfter)
 		case rate == 0:
 			g.RetryAfter = NoRefillRetryAfter
 		default:
@@ -158,9 +217,12 @@ func (m *model) setShare(now time.Time, u ShareUpdate) (released int64, tokens f
 	b := m.bucket(now, u.Key, u.Limit, rate, capacity)
 	e := m.escrow[u.Key]
 	var credit int64
-	if u.Gen > 0 && u.Gen >= e.gen {
-		if u.Gen > e.gen {
-			e = modelEscrow{gen: u.Gen}
+	// Eras (generation, window) in order; a fixed window's tokens count
+	// only in the window the bucket is in.
+	newer := u.Gen > e.gen || (u.Gen == e.gen && u.Window > e.window)
+	if u.Gen > 0 && u.Window == b.win && (newer || (u.Gen == e.gen && u.Window == e.window)) {
+		if newer {
+			e = modelEscrow{gen: u.Gen, window: u.Window}
 		}
 		if u.Received > e.credited {
 			credit, e.credited = u.Received-e.credited, u.Received
@@ -206,13 +268,35 @@ func TestMemoryStoreMatchesModel(t *testing.T) {
 
 	keys := []string{"a", "b", "c", "d", ""}
 	limits := map[string]Limit{}
+	// grid is, for a fixed-window key, its windows' length in µs: its
+	// boundaries are cut around the clock before each operation, now and
+	// then a window off so that they miss the store's clock.
+	grid := map[string]int64{}
+	newLimit := func(k string) {
+		limits[k], grid[k] = randomLimit(rng), 0
+		if rng.IntN(3) == 0 {
+			grid[k] = []int64{50_000, 700_000, 3_000_000}[rng.IntN(3)]
+		}
+	}
 	for _, k := range keys {
-		limits[k] = randomLimit(rng)
+		newLimit(k)
+	}
+	var now time.Time
+	lim := func(k string) Limit {
+		l := limits[k]
+		if d := grid[k]; d > 0 {
+			start := now.UnixMicro() / d * d
+			if rng.IntN(40) == 0 {
+				start += 3 * d // boundaries that do not hold the clock
+			}
+			l.Window = [4]int64{start - d, start, start + d, start + 2*d}
+		}
+		return l
 	}
 	store, mod := NewMemoryStore(MemoryConfig{Shards: 2}), newModel()
 	var snapStore *MemoryStore
 	var snapModel *model
-	now := epoch
+	now = epoch
 	const ops = 20_000
 	for op := range ops {
 		key := keys[rng.IntN(len(keys))]
@@ -226,7 +310,7 @@ func TestMemoryStoreMatchesModel(t *testing.T) {
 			reqs := make([]GrantRequest, 1+rng.IntN(4))
 			for i := range reqs {
 				k := keys[rng.IntN(len(keys))]
-				reqs[i] = GrantRequest{Key: k, Want: rng.Int64N(60) - 2, Limit: limits[k]}
+				reqs[i] = GrantRequest{Key: k, Want: rng.Int64N(60) - 2, Limit: lim(k)}
 			}
 			out := make([]Grant, len(reqs))
 			store.GrantAt(now, reqs, out)
@@ -251,9 +335,9 @@ func TestMemoryStoreMatchesModel(t *testing.T) {
 				mod.buckets[r.Key].tokens = got.Tokens
 			}
 		case p < 85:
-			r := ReturnRequest{Key: key, Tokens: rng.Int64N(20) - 1, Limit: limits[key]}
+			r := ReturnRequest{Key: key, Tokens: rng.Int64N(20) - 1, Limit: lim(key)}
 			err := store.ReturnAt(now, []ReturnRequest{r})
-			valid := modelValid(r.Key, r.Limit) && r.Tokens > 0
+			valid := modelValid(r.Key, r.Limit) && r.Tokens > 0 && mod.windowOK(now, r.Key, r.Limit)
 			if (err == nil) != valid {
 				t.Fatalf("op %d: Return %+v: got err %v, model says valid=%v", op, r, err, valid)
 			}
@@ -261,13 +345,16 @@ func TestMemoryStoreMatchesModel(t *testing.T) {
 				mod.ret(now, r)
 			}
 		case p < 92:
-			u := ShareUpdate{Key: key, SharePPM: rng.Int64N(region.PPM+2) - 1, Limit: limits[key]}
+			u := ShareUpdate{Key: key, SharePPM: rng.Int64N(region.PPM+2) - 1, Limit: lim(key)}
 			if rng.IntN(2) == 0 { // tokens given with share, now and then duplicated or old
 				u.Gen, u.Received = uint64(1+rng.IntN(3)), rng.Int64N(50_000)-1
+				if u.Limit.Window != ([4]int64{}) {
+					u.Window = u.Limit.Window[rng.IntN(3)] // this window's, the one before, or the next
+				}
 			}
 			out := make([]ShareResult, 1)
 			err := store.SetSharesAt(now, []ShareUpdate{u}, out)
-			valid := modelValid(u.Key, u.Limit) && u.SharePPM >= 0 && u.SharePPM <= region.PPM && u.Received >= 0
+			valid := modelValid(u.Key, u.Limit) && u.SharePPM >= 0 && u.SharePPM <= region.PPM && u.Received >= 0 && mod.windowOK(now, u.Key, u.Limit)
 			if (err == nil) != valid {
 				t.Fatalf("op %d: SetShares %+v: got err %v, model says valid=%v", op, u, err, valid)
 			}
@@ -279,7 +366,7 @@ func TestMemoryStoreMatchesModel(t *testing.T) {
 				mod.buckets[u.Key].tokens = out[0].Tokens
 			}
 		case p < 94: // the policy changes a key's limit
-			limits[key] = randomLimit(rng)
+			newLimit(key)
 		case p < 96: // sweeping drops what has expired
 			store.Sweep(now)
 			mod.sweep(now)
