@@ -211,7 +211,7 @@ func (s *Service) grants(resp *leasev1.LeaseResponse, b *batch, items []*leasev1
 		r := b.rules[i]
 		lg := &leasev1.LeaseGrant{
 			Granted:   g.Granted,
-			Ttl:       s.leaseTTL(r, now, ttl),
+			Ttl:       s.leaseTTL(b.grants[i].Limit, now, ttl),
 			Rate:      g.Rate,
 			Capacity:  g.Capacity,
 			Remaining: g.Tokens,
@@ -249,27 +249,25 @@ func (s *Service) grants(resp *leasev1.LeaseResponse, b *batch, items []*leasev1
 	s.metrics.tokensGranted.Add(float64(granted))
 }
 
-// leaseTTL is how long a lease of rule r granted at now may be spent: τ,
-// and never past the end of a fixed window (a window's tokens are its own).
-func (s *Service) leaseTTL(r *policy.Rule, now time.Time, ttl *durationpb.Duration) *durationpb.Duration {
-	if !r.FixedWindow() {
+// leaseTTL is how long a lease of limit l granted at now may be spent: τ,
+// and never past the end of a fixed window (a window's tokens are its own;
+// l.Window[2] is the end of the window holding now).
+func (s *Service) leaseTTL(l lease.Limit, now time.Time, ttl *durationpb.Duration) *durationpb.Duration {
+	if !l.Fixed() {
 		return ttl
 	}
-	if _, end := r.Window(now); end.Sub(now) < s.cfg.LeaseTTL {
-		return durationpb.New(end.Sub(now))
+	if left := time.Duration(l.Window[2]-now.UnixMicro()) * time.Microsecond; left < s.cfg.LeaseTTL {
+		return durationpb.New(left)
 	}
 	return ttl
 }
 
-// staleReturn reports whether tokens returned for a fixed-window rule at now
-// may come from a lease of the window before, which ended less than τ ago:
-// crediting them to the new window would create tokens, so they are dropped.
-func (s *Service) staleReturn(r *policy.Rule, now time.Time) bool {
-	if !r.FixedWindow() {
-		return false
-	}
-	start, _ := r.Window(now)
-	return now.Sub(start) < s.cfg.LeaseTTL
+// staleReturn reports whether tokens returned at now under limit l may come
+// from a lease of the fixed window before, which ended less than τ ago
+// (l.Window[1] is the start of the window holding now): crediting them to
+// the new window would create tokens, so they are dropped.
+func (s *Service) staleReturn(l lease.Limit, now time.Time) bool {
+	return l.Fixed() && time.Duration(now.UnixMicro()-l.Window[1])*time.Microsecond < s.cfg.LeaseTTL
 }
 
 // Return implements leasev1.LeaseServiceServer.
@@ -293,13 +291,14 @@ func (s *Service) Return(ctx context.Context, req *leasev1.ReturnRequest) (*leas
 			s.metrics.ret.invalid.Inc()
 			return nil, err
 		}
-		if s.staleReturn(r, now) {
+		b.buf = policy.AppendStoreKey(b.buf[:0], r.Name, it.GetKey())
+		key := string(b.buf)
+		l := s.limitFor(key, r, now)
+		if s.staleReturn(l, now) {
 			s.metrics.staleReturns.Add(float64(it.GetTokens()))
 			continue
 		}
-		b.buf = policy.AppendStoreKey(b.buf[:0], r.Name, it.GetKey())
-		key := string(b.buf)
-		b.rets = append(b.rets, lease.ReturnRequest{Key: key, Tokens: it.GetTokens(), Limit: s.limitFor(key, r, now)})
+		b.rets = append(b.rets, lease.ReturnRequest{Key: key, Tokens: it.GetTokens(), Limit: l})
 		total += it.GetTokens()
 	}
 	s.agents.saw(req.GetAgent().GetId(), now)

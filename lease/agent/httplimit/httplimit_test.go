@@ -45,19 +45,10 @@ rules:
 // against a real region.
 func newServer(t *testing.T, r *leaseserver.Server) (*httptest.Server, *agent.Agent) {
 	t.Helper()
-	a, err := agent.New(agent.Config{
+	a := startAgent(t, agent.Config{
 		Target: r.Addr, Logger: leaseserver.Quiet(),
 		RoundTripTimeout: time.Second, ProbeInterval: 20 * time.Millisecond, BreakerFailures: 1,
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { a.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := a.WaitPolicy(ctx); err != nil {
-		t.Fatal(err)
-	}
 	mw, err := New(Config{Agent: a, Extractor: Extractor{APIKeyHeader: "X-API-Key"}, ProblemType: "https://ration.dev/problems/rate-limited"})
 	if err != nil {
 		t.Fatal(err)
@@ -71,6 +62,23 @@ func newServer(t *testing.T, r *leaseserver.Server) (*httptest.Server, *agent.Ag
 	srv := httptest.NewServer(routeFirst(mux, mw))
 	t.Cleanup(srv.Close)
 	return srv, a
+}
+
+// startAgent starts an agent of cfg, closed at the test's end, once it
+// holds the region's policy.
+func startAgent(t *testing.T, cfg agent.Config) *agent.Agent {
+	t.Helper()
+	a, err := agent.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := a.WaitPolicy(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return a
 }
 
 // routeFirst lets mux match the pattern (setting Request.Pattern) before

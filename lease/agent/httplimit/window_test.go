@@ -122,16 +122,7 @@ rules:
     time_zone: Europe/Berlin
 `
 	r := leaseserver.Start(t, doc, service.Config{Clock: clock, Store: lease.NewMemoryStore(lease.MemoryConfig{Clock: clock})})
-	a, err := agent.New(agent.Config{Target: r.Addr, Logger: leaseserver.Quiet(), RoundTripTimeout: time.Second, Clock: clock})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { a.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := a.WaitPolicy(ctx); err != nil {
-		t.Fatal(err)
-	}
+	a := startAgent(t, agent.Config{Target: r.Addr, Logger: leaseserver.Quiet(), RoundTripTimeout: time.Second, Clock: clock})
 	mw, err := New(Config{Agent: a, Extractor: Extractor{APIKeyHeader: "X-API-Key"}})
 	if err != nil {
 		t.Fatal(err)
