@@ -134,6 +134,13 @@ type Config struct {
 	// a generation it left (it goes on until every peer acknowledged it, at
 	// most 10 × IdleAfter). Default 10s.
 	Grace time.Duration
+	// Rewrite is how old the latest write of a key's applied share may grow
+	// before the next epoch writes it to the store again: a store that
+	// forgets a share ShareTTL after its latest write (lease.RedisConfig,
+	// 24h by default), so that shares outlive no key, never forgets one the
+	// exchange relies on. Keep it under half the store's ShareTTL. Default
+	// 6h; negative: never.
+	Rewrite time.Duration
 	// Policy returns the policy of a key. It is called during Epoch, must
 	// be deterministic for the simulator, and must not call into the State.
 	// Default: Rate 0 (relative needs) and no reclaim for every key.
@@ -181,6 +188,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Policy == nil {
 		c.Policy = func(string) KeyPolicy { return KeyPolicy{} }
+	}
+	if c.Rewrite == 0 {
+		c.Rewrite = 6 * time.Hour
 	}
 	return c
 }

@@ -148,7 +148,10 @@ func (s *State) planStep(ks *keyState, sh int64, gifts, takes []int64, p *Plan) 
 	}
 	a := clamp(ns, 0, PPM)
 	intake := !slices.Equal(ks.inTaken, ks.inTakenStored)
-	if gifts == nil && takes == nil && a == ks.applied {
+	// A share written long ago is written again (Config.Rewrite), as a
+	// Raise of the same value: the store may forget old shares.
+	old := s.cfg.Rewrite > 0 && ks.applied >= 0 && !ks.written.IsZero() && s.now.Sub(ks.written) >= s.cfg.Rewrite
+	if gifts == nil && takes == nil && a == ks.applied && !old {
 		if intake {
 			copy(ks.inTakenStored, ks.inTaken) // the store already reflects it
 		}
@@ -166,7 +169,7 @@ func (s *State) planStep(ks *keyState, sh int64, gifts, takes []int64, p *Plan) 
 	case ks.applied < 0 || a < ks.applied:
 		st.entry = 1
 		p.Lower = append(p.Lower, c)
-	case a > ks.applied:
+	case a > ks.applied || old:
 		st.entry = 2
 		p.Raise = append(p.Raise, c)
 	}

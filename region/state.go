@@ -122,6 +122,7 @@ type keyState struct {
 	tallies   []tallyEntry
 
 	created, lastDemand, lastTransfer time.Time
+	written                           time.Time // the latest confirmed write of its share (Wrote)
 
 	toApply bool // in State.toApply
 }

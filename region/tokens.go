@@ -62,6 +62,9 @@ func (ks *keyState) creditPending() bool {
 func (s *State) Wrote(cs []ShareChange) {
 	for _, c := range cs {
 		ks := s.byKey[c.Key]
+		if ks != nil && c.Gen == ks.gen {
+			ks.written = s.now
+		}
 		if ks == nil || c.Gen == 0 || c.Gen != ks.gen || c.Window < ks.tokCreditedWin {
 			continue
 		}
