@@ -29,6 +29,9 @@ type faults struct {
 	ghostWrite float64 // probability a store write is applied but reported failed
 	partition  float64 // probability a healthy region becomes isolated
 	partitionN int     // how many epochs an isolation lasts, at most
+	// refresh is every region's Config.Refresh in property runs (0: the
+	// default): under faults a lost delta waits for its refresh.
+	refresh int
 }
 
 type node struct {

@@ -141,6 +141,15 @@ type Config struct {
 	// exchange relies on. Keep it under half the store's ShareTTL. Default
 	// 6h; negative: never.
 	Rewrite time.Duration
+	// Refresh is how often, in epochs, reports list a key whose state and
+	// demand have not changed. Reports are deltas: each lists the keys that
+	// changed since the replica's previous one (its exchange state, or its
+	// demand beyond the noise) and 1/Refresh of the others, so that their
+	// size follows change rather than the keys held; a lost delta is
+	// repaired within Refresh epochs. Default 30; at most 3,600. Negative:
+	// full reports every epoch, which releases before deltas read (every
+	// region must understand deltas before any sends them).
+	Refresh int
 	// Policy returns the policy of a key. It is called during Epoch, must
 	// be deterministic for the simulator, and must not call into the State.
 	// Default: Rate 0 (relative needs) and no reclaim for every key.
@@ -191,6 +200,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Rewrite == 0 {
 		c.Rewrite = 6 * time.Hour
+	}
+	switch {
+	case c.Refresh == 0:
+		c.Refresh = 30
+	case c.Refresh < 0:
+		c.Refresh = -1
 	}
 	return c
 }
@@ -243,6 +258,8 @@ func (c Config) initialShares() ([]int64, error) {
 		return nil, bad("IdleAfter %v is negative", c.IdleAfter)
 	case c.Grace < 0:
 		return nil, bad("Grace %v is negative", c.Grace)
+	case c.Refresh > maxRefresh:
+		return nil, bad("Refresh %d is above %d", c.Refresh, maxRefresh)
 	}
 	init := make([]int64, n)
 	if c.Initial == nil {

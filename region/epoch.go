@@ -25,6 +25,7 @@ func (s *State) epochKey(now time.Time, ks *keyState, p *Plan) bool {
 	}
 	if !s.tallied {
 		ks.pub, ks.cur0 = ks.cur0, tally{}
+		s.closeTally(ks)
 	}
 	if len(ks.exits) > 0 { // most keys have none: spare them the call
 		s.dropDoneExits(now, ks)
@@ -113,7 +114,7 @@ func (s *State) dropDoneExits(now time.Time, ks *keyState) {
 // forgetAnnouncers stops acknowledging peers whose latest report leaves the key out (they forgot it).
 func (s *State) forgetAnnouncers(ks *keyState) {
 	for k := 0; k < s.n; k++ {
-		if bit := uint64(1) << k; ks.announcing&bit != 0 && s.exchEpoch[k] != 0 && ks.seen[k] != s.exchEpoch[k] {
+		if bit := uint64(1) << k; ks.announcing&bit != 0 && s.exchEpoch[k] != 0 && !s.listed(ks, k) {
 			ks.announcing &^= bit
 		}
 	}

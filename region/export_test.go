@@ -69,3 +69,20 @@ func (s *State) Tokens(key string) (gen uint64, given []int64) {
 	}
 	return ks.gen, append([]int64(nil), ks.tok...)
 }
+
+// PeerView returns what the State holds of peer region for key: the demand
+// of that region's replicas' tallies that stand, and whether the peer's
+// exchange state for the key is known and the generation it is listed in
+// (0: none, or unknown).
+func (s *State) PeerView(key, region string) (demand int64, known bool, gen uint64) {
+	ks, k := s.byKey[key], s.index[region]
+	if ks == nil {
+		return 0, false, 0
+	}
+	for _, e := range ks.tallies {
+		if r := &s.replicas[e.slot]; r.live && r.inc == e.inc && r.region == k && e.epoch >= r.since {
+			demand += e.demand
+		}
+	}
+	return demand, s.known(ks, k), s.peerGen(ks, k)
+}

@@ -90,6 +90,9 @@ func (s *State) atRest(now time.Time, ks *keyState, sh int64) bool {
 			return false
 		case sh > init && g != 0 && (g != ks.gen || ks.rowGen[k] != ks.gen || s.view(ks, k) < s.initial[k]):
 			return false // (g == 0: no state there, it holds its initial share)
+		case sh > init && g == 0 && !s.known(ks, k):
+			return false // not listed in its stream of deltas yet: it may hold less
+
 		}
 	}
 	return true

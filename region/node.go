@@ -183,6 +183,7 @@ func (n *Node) takeOver(ctx context.Context) (keptOwn bool, err error) {
 	if n.prev != nil && (snap == nil || snap.Epoch < n.prev.LastEpoch()) {
 		n.st, n.prev = n.prev, nil
 		n.st.ResyncAll() // the shares we wrote went with the rest
+		n.st.restartStreams()
 		n.holding = true
 		return true, nil
 	}
@@ -193,6 +194,7 @@ func (n *Node) takeOver(ctx context.Context) (keptOwn bool, err error) {
 			return false, fmt.Errorf("region: restoring the persisted exchange state: %w", err)
 		}
 	}
+	n.st.restartStreams() // peers' listings of the old holder's stream are void
 	n.holding = true
 	return false, nil
 }
@@ -269,6 +271,7 @@ func (n *Node) Decide(ctx context.Context, now time.Time) Decided {
 // ones. The error is State.Receive's.
 func (n *Node) Receive(ctx context.Context, now time.Time, rep *Report) error {
 	if !n.holding {
+		n.st.watchStream(rep) // a new holder elsewhere needs our full tallies
 		return nil
 	}
 	if err := n.st.Receive(now, *rep); err != nil {

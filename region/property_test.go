@@ -170,18 +170,29 @@ func escrowRun(t *testing.T, seed uint64, n, epochs int) (int, bool) {
 // escrowFaults are TestPropertyEscrow's faults; harshFaults crash regions
 // five times as often and fail four times as many store writes.
 var (
-	escrowFaults = faults{loss: 0.2, dup: 0.1, maxDelay: 3, crash: 0.01, writeFail: 0.05, partition: 0.004, partitionN: 12}
-	harshFaults  = faults{loss: 0.2, dup: 0.1, maxDelay: 3, crash: 0.05, writeFail: 0.2, partition: 0.004, partitionN: 12}
+	escrowFaults = faults{loss: 0.2, dup: 0.1, maxDelay: 3, crash: 0.01, writeFail: 0.05, partition: 0.004, partitionN: 12, refresh: -1}
+	harshFaults  = faults{loss: 0.2, dup: 0.1, maxDelay: 3, crash: 0.05, writeFail: 0.2, partition: 0.004, partitionN: 12, refresh: -1}
 	// ghostFaults add writes that the store applies and whose answer is
 	// lost: the tokens they released are lost, never given twice.
-	ghostFaults = faults{loss: 0.2, dup: 0.1, maxDelay: 3, crash: 0.02, writeFail: 0.05, ghostWrite: 0.1, partition: 0.004, partitionN: 12}
+	ghostFaults = faults{loss: 0.2, dup: 0.1, maxDelay: 3, crash: 0.02, writeFail: 0.05, ghostWrite: 0.1, partition: 0.004, partitionN: 12, refresh: -1}
+	// deltaFaults are escrowFaults and harshFaults with reports as deltas
+	// refreshed every deltaRefresh epochs (the others send full reports,
+	// whose convergence after the faults they bound more tightly).
+	deltaFaults      = faults{loss: 0.2, dup: 0.1, maxDelay: 3, crash: 0.01, writeFail: 0.05, partition: 0.004, partitionN: 12, refresh: deltaRefresh}
+	deltaHarshFaults = faults{loss: 0.2, dup: 0.1, maxDelay: 3, crash: 0.05, writeFail: 0.2, ghostWrite: 0.05, partition: 0.004, partitionN: 12, refresh: deltaRefresh}
 )
+
+// deltaRefresh is Config.Refresh in the delta property runs.
+const deltaRefresh = 4
 
 // escrowRunWith is escrowRun under the faults f.
 func escrowRunWith(t *testing.T, seed uint64, n, epochs int, f faults) (int, bool) {
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	keys := []string{"plain/a", "plain/b", "plain/c", "plain/d", "plain/e", "reclaim/f", "reclaim/g"}
-	c := newCluster(t, rng, n, escrowConfig)
+	c := newCluster(t, rng, n, func(cfg *region.Config) {
+		escrowConfig(cfg)
+		cfg.Refresh = f.refresh
+	})
 	c.check = func(c *cluster, when string) {
 		for _, key := range keys {
 			if !strings.HasPrefix(key, "reclaim/") {
@@ -313,6 +324,40 @@ func escrowRunWith(t *testing.T, seed uint64, n, epochs int, f faults) (int, boo
 		t.Fatalf("seed %d: shares did not reach the targets in 20 fault-free epochs: %s", seed, worst)
 	}
 	return took, moved
+}
+
+// TestPropertyEscrowDeltas is TestPropertyEscrow with reports as deltas
+// (Config.Refresh deltaRefresh), also under the harsh faults with ghost
+// writes: the same safety after every store write; and once the faults end,
+// every key reaches its targets within the staleness deltas allow: a delta
+// lost during the faults is repaired by the next refresh of its key's bucket,
+// within deltaRefresh epochs of fault-free messages, and then the 3 epochs
+// full reports need.
+func TestPropertyEscrowDeltas(t *testing.T) {
+	seed := testSeed(t)
+	epochs := 1200
+	if testing.Short() {
+		epochs = 300
+	}
+	bound := deltaRefresh + 3
+	for _, n := range []int{3, 4, 5} {
+		for _, f := range []struct {
+			name string
+			f    faults
+		}{{"escrow", deltaFaults}, {"harsh", deltaHarshFaults}} {
+			t.Run(fmt.Sprintf("regions=%d/%s", n, f.name), func(t *testing.T) {
+				worst := 0
+				for round := uint64(0); round < 3; round++ {
+					got, _ := escrowRunWith(t, seed+uint64(n)*1000+round, n, epochs/3, f.f)
+					worst = max(worst, got)
+				}
+				t.Logf("%d regions: worst convergence after faults %d epochs", n, worst)
+				if worst > bound {
+					t.Errorf("%d regions converged in %d epochs, want ≤ %d", n, worst, bound)
+				}
+			})
+		}
+	}
 }
 
 // TestPropertyEscrowHarshFaults is the safety property under five times the

@@ -18,31 +18,32 @@ import (
 // The slices in the report are freshly allocated; the caller may keep it.
 func (s *State) Report() Report {
 	n := s.n
-	entries, ints, acks := s.reportSize()
-	r := Report{
-		Region:   s.cfg.Self,
-		Replica:  s.cfg.Replica,
-		Epoch:    s.epoch,
-		SentAt:   s.now,
-		Exchange: true,
-		Regions:  slices.Clone(s.cfg.Regions),
-		Keys:     make([]KeyReport, 0, entries),
-	}
+	r := s.header(true)
+	list := s.reportList(&r)
+	entries, ints, acks := s.reportSize(list)
+	r.Regions = slices.Clone(s.cfg.Regions)
+	r.Keys = make([]KeyReport, 0, entries+len(s.delta.gone))
 	b := rowSlab{buf: make([]int64, ints), n: n}
 	ackBuf := make([]uint64, acks)
-	for _, ks := range s.keys {
+	for _, ks := range list {
+		r.Keys = append(r.Keys, KeyReport{})
 		if reported(ks) {
-			r.Keys = append(r.Keys, KeyReport{})
 			s.keyReport(&r.Keys[len(r.Keys)-1], ks, &b, &ackBuf)
+		} else { // it had an entry: say it has none now
+			r.Keys[len(r.Keys)-1] = KeyReport{Key: ks.key, SharePPM: s.Share(ks.key), Demand: ks.held.demand, Granted: ks.held.granted}
 		}
+	}
+	clear(list)
+	if s.cfg.Refresh >= 0 {
+		s.goneEntries(&r)
 	}
 	return r
 }
 
-// reportSize counts what Report holds: entries, and values of counters and of acknowledgements.
-func (s *State) reportSize() (entries, ints, acks int) {
+// reportSize counts what Report holds for the keys listed: entries, and values of counters and of acknowledgements.
+func (s *State) reportSize(list []*keyState) (entries, ints, acks int) {
 	n := s.n
-	for _, ks := range s.keys {
+	for _, ks := range list {
 		if !reported(ks) {
 			continue
 		}
@@ -63,7 +64,7 @@ func (s *State) keyReport(e *KeyReport, ks *keyState, b *rowSlab, acks *[]uint64
 	n := s.n
 	e.Key, e.Generation = ks.key, ks.gen
 	e.SharePPM = s.Share(ks.key)
-	e.Demand, e.Granted = ks.pub.demand, ks.pub.granted
+	e.Demand, e.Granted = ks.held.demand, ks.held.granted
 	if ks.gen != 0 {
 		e.Base = s.effectiveBase(ks)
 		e.Row = b.take(s.ownRow(ks))
@@ -147,31 +148,20 @@ func reported(ks *keyState) bool {
 func (s *State) Tally(now time.Time) Report {
 	s.advance(now)
 	s.tallied = true
-	r := Report{
-		Region:  s.cfg.Self,
-		Replica: s.cfg.Replica,
-		Epoch:   s.epoch,
-		SentAt:  now,
-		Regions: slices.Clone(s.cfg.Regions),
-	}
-	n := 0
-	for _, ks := range s.keys {
-		if ks.cur0 != (tally{}) {
-			n++
-		}
-	}
-	r.Keys = make([]KeyReport, 0, n)
+	r := s.header(false)
+	r.Regions = slices.Clone(s.cfg.Regions)
 	for i := 0; i < len(s.keys); {
 		ks := s.keys[i]
 		ks.pub, ks.cur0 = ks.cur0, tally{}
-		if ks.pub != (tally{}) {
-			r.Keys = append(r.Keys, KeyReport{Key: ks.key, SharePPM: s.Share(ks.key), Demand: ks.pub.demand, Granted: ks.pub.granted})
-		} else if ks.gen == 0 && len(ks.exits) == 0 && ks.announcing == 0 && len(ks.tallies) == 0 &&
+		if s.closeTally(ks) {
+			r.Keys = append(r.Keys, s.tallyEntry(ks))
+		} else if ks.pub == (tally{}) && ks.held == (tally{}) && ks.gen == 0 && len(ks.exits) == 0 && ks.announcing == 0 && len(ks.tallies) == 0 &&
 			s.highestPeerGen(ks) == 0 && !slices.ContainsFunc(ks.ewma, func(v float64) bool { return v >= 1 }) {
 			s.removeKey(i)
 			continue
 		}
 		i++
 	}
+	s.tallyRefresh(&r)
 	return r
 }

@@ -30,6 +30,7 @@ func (s *State) Receive(now time.Time, r Report) error {
 	if err := s.checkStale(&r, k, slot, known, in.exchange); err != nil {
 		return err
 	}
+	s.noteStream(k, &r)
 	in.cols, in.myCol = s.columns(r.Regions), -1
 	for c, j := range in.cols {
 		if j == s.self {
@@ -49,6 +50,7 @@ func (s *State) Receive(now time.Time, r Report) error {
 	s.noteReport(now, &r, k, slot, in.exchange)
 	in.slot, in.inc = int32(slot), s.replicas[slot].inc
 	s.mergeKeys(now, &r, &in)
+	s.refreshed(&r, &in)
 	return nil
 }
 
@@ -117,6 +119,7 @@ func (s *State) findKeys(r *Report, in *inbound) error {
 func (s *State) noteReport(now time.Time, r *Report, k, slot int, exchange bool) {
 	rep := &s.replicas[slot]
 	rep.lastEpoch, rep.lastHeard = max(rep.lastEpoch, r.Epoch), now
+	rep.since = max(rep.since, streamSince(r))
 	if r.Exchange {
 		rep.lastExch = r.Epoch
 	} else {
@@ -125,6 +128,11 @@ func (s *State) noteReport(now time.Time, r *Report, k, slot int, exchange bool)
 	if exchange {
 		s.exchEpoch[k] = r.Epoch
 		s.exchHeard[k] = now
+		if since := streamSince(r); since != s.exchSince[k] {
+			s.cover[k] = covered{} // a new stream: nothing of it refreshed yet
+			s.exchSince[k] = since
+		}
+		s.exchRefresh[k] = r.Refresh
 	}
 }
 

@@ -27,7 +27,24 @@ type Report struct {
 	// regions with different region sets (a rolling change) still exchange;
 	// a column for a region the receiver does not know is ignored.
 	Regions []string
-	// Keys are the sender's active keys.
+	// Refresh is 0 in a full report: a key it leaves out has no state and no
+	// demand at the sender. A delta report (Refresh > 0) lists the keys that
+	// changed since the sender's previous report of its kind, and every key
+	// of the refresh buckets RefreshFrom to RefreshFrom + RefreshCount - 1
+	// (mod RefreshBuckets; a key's bucket is RefreshBucket): a key of those
+	// buckets it leaves out has no state (or no demand) there. The sender
+	// covers every bucket at least once every Refresh epochs
+	// (docs/DESIGN.md, "Reports are deltas").
+	Refresh                   uint32
+	RefreshFrom, RefreshCount uint32
+	// Since is, in a delta report, the epoch of the report that started the
+	// sender's stream of deltas: listings older than it are void (the
+	// sender restarted, or another replica took the exchange over). 0 in a
+	// full report.
+	Since uint64
+	// Keys are the sender's active keys; in a delta report, those that
+	// changed and those refreshed. An entry with no exchange state and no
+	// tallies says the key has none there (any more).
 	Keys []KeyReport
 }
 
@@ -136,6 +153,10 @@ func checkShape(r *Report) (int, error) {
 		if name == r.Region {
 			self = i
 		}
+	}
+	if r.Refresh > maxRefresh || (r.Refresh == 0) != (r.Since == 0) || r.Since > r.Epoch ||
+		r.RefreshFrom >= RefreshBuckets || r.RefreshCount > RefreshBuckets || (r.Refresh == 0 && r.RefreshFrom+r.RefreshCount != 0) {
+		return -1, badReport(r, "Refresh %d, RefreshFrom %d, RefreshCount %d and Since %d", r.Refresh, r.RefreshFrom, r.RefreshCount, r.Since)
 	}
 	if r.Exchange && self < 0 {
 		return -1, badReport(r, "sender region %q not in its own Regions", r.Region)

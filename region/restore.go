@@ -29,6 +29,9 @@ func (s *State) Restore(snap Snapshot) error {
 	}
 	s.keepTallies(old)
 	s.restoreHeard(&snap, cols)
+	copy(s.exchSince, s.exchEpoch) // no listing of a peer stands yet
+	clear(s.exchRefresh)
+	s.restartStreams()
 	for _, ks := range s.keys {
 		copy(ks.born, s.exchEpoch) // we know nothing of the peers' state yet
 	}

@@ -41,6 +41,13 @@ type State struct {
 
 	exchEpoch []uint64    // per region: epoch of its latest exchange report
 	exchHeard []time.Time // per region: when that report was received
+	// Per region, of its latest exchange report: the start of its stream
+	// (streamSince) and its Refresh, which say how long a listing stands.
+	exchSince   []uint64
+	exchRefresh []uint32
+	cover       []covered // per region: the buckets its stream refreshed (delta.go)
+
+	delta deltas // our own streams of reports
 
 	// scratch space for Epoch and Receive
 	tg       targeter
@@ -119,7 +126,20 @@ type keyState struct {
 	announcing uint64
 
 	cur0, pub tally // local tallies: since the last epoch, and closed at it
-	tallies   []tallyEntry
+	// held is the tally last published, which every region steers by: pub
+	// when it moved beyond noise (closeTally). tallyAt is the epoch of the
+	// tally report that last listed the key; fp and fpAt are the
+	// fingerprint of the exchange entry last listed and its epoch.
+	held tally
+	// up and down are hold's CUSUM of the tallies closed since held was
+	// published; run are the tallies of the shift it follows, all every
+	// tally since.
+	up, down float32
+	run, all tallySum
+	bucket   uint32 // RefreshBucket(key)
+	tallyAt  uint64
+	fp, fpAt uint64
+	tallies  []tallyEntry
 
 	created, lastDemand, lastTransfer time.Time
 	written                           time.Time // the latest confirmed write of its share (Wrote)
@@ -161,6 +181,9 @@ type replica struct {
 	lastTally uint64 // newest epoch of its tally-only reports
 	lastExch  uint64 // newest epoch of its exchange reports
 	lastHeard time.Time
+	// since is the start of its stream of reports (streamSince): its tally
+	// entries made before stand no more.
+	since uint64
 }
 
 // New returns the exchange state of region cfg.Self with no active key. The
@@ -173,31 +196,35 @@ func New(cfg Config) (*State, error) {
 	}
 	n := len(c.Regions)
 	s := &State{
-		cfg:       c,
-		n:         n,
-		index:     make(map[string]int, n),
-		identity:  make([]int, n),
-		initial:   initial,
-		byKey:     make(map[string]*keyState),
-		replicaBy: make(map[string]int),
-		exchEpoch: make([]uint64, n),
-		exchHeard: make([]time.Time, n),
-		x:         make([]float64, n),
-		fresh:     make([]bool, n),
-		recv:      make([]bool, n),
-		heardNow:  make([]bool, n),
-		v:         make([]int64, n),
-		t:         make([]int64, n),
-		need:      make([]float64, 0, n),
-		weights:   make([]int64, 0, n),
-		lt:        make([]int64, n),
-		gifts:     make([]int64, n),
+		cfg:         c,
+		n:           n,
+		index:       make(map[string]int, n),
+		identity:    make([]int, n),
+		initial:     initial,
+		byKey:       make(map[string]*keyState),
+		replicaBy:   make(map[string]int),
+		exchEpoch:   make([]uint64, n),
+		exchHeard:   make([]time.Time, n),
+		exchSince:   make([]uint64, n),
+		exchRefresh: make([]uint32, n),
+		cover:       make([]covered, n),
+		x:           make([]float64, n),
+		fresh:       make([]bool, n),
+		recv:        make([]bool, n),
+		heardNow:    make([]bool, n),
+		v:           make([]int64, n),
+		t:           make([]int64, n),
+		need:        make([]float64, 0, n),
+		weights:     make([]int64, 0, n),
+		lt:          make([]int64, n),
+		gifts:       make([]int64, n),
 	}
 	for i, r := range c.Regions {
 		s.index[r] = i
 		s.identity[i] = i
 	}
 	s.self = s.index[c.Self]
+	s.restartStreams()
 	return s, nil
 }
 
@@ -297,6 +324,7 @@ func (s *State) addKey(key string) *keyState {
 	gens := make([]uint64, 5*n)
 	ks := &keyState{
 		key:     key,
+		bucket:  RefreshBucket(key),
 		applied: -1,
 		rows:    ints[0 : n*n : n*n],
 		taken:   ints[n*n : 2*n*n : 2*n*n],
@@ -324,6 +352,7 @@ func (s *State) removeKey(i int) {
 	ks := s.keys[i]
 	s.genFloor = max(s.genFloor, ks.floor) // the key's own floor is forgotten now
 	delete(s.byKey, ks.key)
+	s.noteGone(ks)
 	last := len(s.keys) - 1
 	s.keys[i] = s.keys[last]
 	s.keys[last] = nil
@@ -378,17 +407,28 @@ func (s *State) view(ks *keyState, k int) int64 {
 // peerGen returns the generation peer k is in for the key as of its latest
 // exchange report (0: none, or unknown).
 func (s *State) peerGen(ks *keyState, k int) uint64 {
-	if s.exchEpoch[k] == 0 || ks.seen[k] != s.exchEpoch[k] {
+	if !s.listed(ks, k) {
 		return 0
 	}
 	return ks.cur[k]
+}
+
+// listed reports whether peer k's listing of the key in its exchange
+// reports stands: made in its current stream (in a full one, its latest
+// report). A listing may say the key has no state there.
+func (s *State) listed(ks *keyState, k int) bool {
+	return s.exchEpoch[k] != 0 && ks.seen[k] != 0 && ks.seen[k] >= s.exchSince[k]
 }
 
 // known reports whether we know peer k's state for the key: it listed the
 // key, or an exchange report of it arrived since we track the key (one that
 // does not list it says it has no state).
 func (s *State) known(ks *keyState, k int) bool {
-	return ks.seen[k] != 0 || s.exchEpoch[k] > ks.born[k]
+	if s.exchRefresh[k] == 0 {
+		return ks.seen[k] != 0 || s.exchEpoch[k] > ks.born[k]
+	}
+	// A stream of deltas: listed in it, or its bucket refreshed in it.
+	return s.listed(ks, k) || s.cover[k].has(ks.bucket)
 }
 
 // highestPeerGen returns the newest generation a peer is in for the key.
@@ -429,7 +469,7 @@ func (s *State) demands(ks *keyState, now time.Time) {
 		s.x[k] = 0
 	}
 	copy(s.fresh, s.heardNow)
-	s.x[s.self] = float64(ks.pub.demand)
+	s.x[s.self] = float64(ks.held.demand)
 	live := ks.tallies[:0]
 	for _, e := range ks.tallies {
 		r := &s.replicas[e.slot]
@@ -437,7 +477,7 @@ func (s *State) demands(ks *keyState, now time.Time) {
 			continue // the replica is gone: forget its entry
 		}
 		live = append(live, e)
-		if r.lastEpoch == e.epoch && now.Sub(r.lastHeard) <= s.cfg.StaleAfter {
+		if e.epoch >= r.since && now.Sub(r.lastHeard) <= s.cfg.StaleAfter {
 			s.x[r.region] += float64(e.demand)
 		}
 	}
@@ -482,6 +522,7 @@ func (s *State) slotFor(region int, name string) int32 {
 	}
 	r := &s.replicas[i]
 	r.region, r.name, r.live, r.lastEpoch, r.lastTally, r.lastExch = region, name, true, 0, 0, 0
+	r.since = 0
 	s.replicaBy[key] = i
 	return int32(i)
 }

@@ -17,7 +17,7 @@ func TestConfig(t *testing.T) {
 	want := region.Config{
 		Self: "b", Replica: "0", Regions: []string{"a", "b", "c"},
 		Period: time.Second, Alpha: 0.9, FloorPPM: 5_000, MinTransferPPM: 1_000,
-		StaleAfter: 3 * time.Second, IdleAfter: 60 * time.Second, Grace: 10 * time.Second, Rewrite: 6 * time.Hour,
+		StaleAfter: 3 * time.Second, IdleAfter: 60 * time.Second, Grace: 10 * time.Second, Rewrite: 6 * time.Hour, Refresh: 30,
 	}
 	if diff := cmp.Diff(want, got, cmp.FilterPath(func(p cmp.Path) bool { return p.Last().String() == ".Policy" }, cmp.Ignore())); diff != "" {
 		t.Errorf("defaults (-want +got):\n%s", diff)
@@ -37,6 +37,7 @@ func TestConfig(t *testing.T) {
 		{"alpha above 1", func(c *region.Config) { c.Alpha = 1.5 }},
 		{"floor above an equal split", func(c *region.Config) { c.FloorPPM = 400_000 }},
 		{"negative grace", func(c *region.Config) { c.Grace = -time.Second }},
+		{"refresh above an hour of epochs", func(c *region.Config) { c.Refresh = 3601 }},
 		{"period too short", func(c *region.Config) { c.Period = time.Microsecond }},
 		{"initial of an unknown region", func(c *region.Config) { c.Initial = map[string]int64{"z": 1} }},
 		{"initial above PPM in sum", func(c *region.Config) { c.Initial = map[string]int64{"a": 600_000, "b": 600_000} }},

@@ -33,6 +33,10 @@ func randomReport(rng *rand.Rand, regions []string, n int, exchange bool) region
 		Exchange: exchange,
 		Regions:  regions,
 	}
+	if rng.IntN(2) == 0 { // a delta report
+		r.Refresh, r.Since = 1+rng.Uint32N(3600), rng.Uint64N(r.Epoch+1)
+		r.RefreshFrom, r.RefreshCount = rng.Uint32N(region.RefreshBuckets), rng.Uint32N(region.RefreshBuckets+1)
+	}
 	row := func() []int64 {
 		if rng.IntN(3) == 0 {
 			return nil

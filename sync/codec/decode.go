@@ -102,6 +102,7 @@ func (s *partShape) header(p *Part) {
 		Epoch:    s.epoch,
 		SentAt:   fromUnixNano(s.sentAt),
 		Exchange: s.exchange,
+		Refresh:  s.refresh, RefreshFrom: s.refreshFrom, RefreshCount: s.refreshCount, Since: s.since,
 	}
 	p.ID, p.Index, p.Count, p.KeysTotal = s.id, int(s.part), int(s.parts), int(s.keysTotal)
 	if s.regions > 0 {

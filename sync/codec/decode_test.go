@@ -274,6 +274,8 @@ func (s scrambler) part(p *syncv1.Part) []byte {
 		s.str(fPartRegion, p.Region, true), s.str(fPartReplica, p.Replica, true),
 		s.scalar(fPartEpoch, p.Epoch), s.scalar(fPartSentAt, uint64(p.SentAtUnixNano)), s.scalar(fPartExchange, b2u(p.Exchange)),
 		s.scalar(fPartPart, uint64(p.Part)), s.scalar(fPartParts, uint64(p.Parts)), s.scalar(fPartKeysTotal, uint64(p.KeysTotal)),
+		s.scalar(fPartRefresh, uint64(p.Refresh)), s.scalar(fPartRefFrom, uint64(p.RefreshFrom)), s.scalar(fPartRefCount, uint64(p.RefreshCount)),
+		s.scalar(fPartSince, p.Since),
 	}
 	if p.ReportId != 0 || s.rng.IntN(2) == 0 {
 		fs = append(fs, field{protowire.AppendFixed64(s.tag(fPartReportID, protowire.Fixed64Type), p.ReportId)})

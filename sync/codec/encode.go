@@ -115,6 +115,7 @@ func encodePart(r *region.Report, id uint64, spans []span, p int, sizes []int) (
 	for i := start; i < spans[p].end; i++ {
 		msg = appendKey(msg, &r.Keys[i], sizes[i])
 	}
+	msg = appendTrailer(msg, r)
 	if len(msg)-body != size {
 		return nil, fmt.Errorf("codec: encoding part %d: %d bytes, sized %d", p, len(msg)-body, size) // a bug
 	}
@@ -158,6 +159,7 @@ func headerSize(r *region.Report, id uint64, part, parts, keys uint32) int {
 	if id != 0 {
 		n += 1 + 8
 	}
+	n += varintSize(uint64(r.Refresh)) + varintSize(uint64(r.RefreshFrom)) + varintSize(uint64(r.RefreshCount)) + varintSize(r.Since)
 	return n + varintSize(uint64(part)) + varintSize(uint64(parts)) + varintSize(uint64(keys))
 }
 
@@ -180,6 +182,15 @@ func appendHeader(b []byte, r *region.Report, id uint64, part, parts, keys uint3
 	b = appendVarint(b, fPartPart, uint64(part))
 	b = appendVarint(b, fPartParts, uint64(parts))
 	return appendVarint(b, fPartKeysTotal, uint64(keys))
+}
+
+// appendTrailer appends the header fields numbered after the keys, where
+// proto.Marshal puts them.
+func appendTrailer(b []byte, r *region.Report) []byte {
+	b = appendVarint(b, fPartRefresh, uint64(r.Refresh))
+	b = appendVarint(b, fPartRefFrom, uint64(r.RefreshFrom))
+	b = appendVarint(b, fPartRefCount, uint64(r.RefreshCount))
+	return appendVarint(b, fPartSince, r.Since)
 }
 
 // keySize is the size of k's Key message. Every field number is below 16,

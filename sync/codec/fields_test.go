@@ -31,6 +31,8 @@ func fill(t *testing.T, rng *rand.Rand, v reflect.Value, path string) {
 		v.SetInt(rng.Int64N(1<<40) - 1<<39 | 1)
 	case reflect.Uint64:
 		v.SetUint(1 + rng.Uint64N(1<<40))
+	case reflect.Uint32:
+		v.SetUint(1 + rng.Uint64N(1<<31))
 	case reflect.Float64:
 		v.SetFloat(rng.Float64() * 1000)
 	case reflect.Slice:

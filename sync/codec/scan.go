@@ -149,6 +149,10 @@ type partShape struct {
 	id              uint64
 	part, parts     uint32
 	keysTotal       uint32
+	refresh         uint32
+	refreshFrom     uint32
+	refreshCount    uint32
+	since           uint64
 	keys            int
 	ints, uints     int
 	exits           int
@@ -187,7 +191,7 @@ func (s *partShape) scan(b []byte) bool {
 				}
 				s.key(&k)
 			}
-		case typ == protowire.VarintType && num >= fPartEpoch && num <= fPartKeysTotal && num != fPartRegions && num != fPartReportID:
+		case typ == protowire.VarintType && (num >= fPartEpoch && num <= fPartKeysTotal && num != fPartRegions && num != fPartReportID || num >= fPartRefresh && num <= fPartSince):
 			if v, n = protowire.ConsumeVarint(b); n >= 0 {
 				s.varint(num, v)
 			}
@@ -218,6 +222,14 @@ func (s *partShape) varint(num protowire.Number, v uint64) {
 		s.parts = uint32(v)
 	case fPartKeysTotal:
 		s.keysTotal = uint32(v)
+	case fPartRefresh:
+		s.refresh = uint32(v)
+	case fPartRefFrom:
+		s.refreshFrom = uint32(v)
+	case fPartRefCount:
+		s.refreshCount = uint32(v)
+	case fPartSince:
+		s.since = v
 	}
 }
 

@@ -22,6 +22,10 @@ const (
 	fPartParts     = 9
 	fPartKeysTotal = 10
 	fPartKeys      = 11
+	fPartRefresh   = 12
+	fPartRefFrom   = 13
+	fPartRefCount  = 14
+	fPartSince     = 15
 
 	fKeyKey        = 1
 	fKeyGeneration = 2

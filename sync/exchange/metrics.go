@@ -156,8 +156,36 @@ func (t *topKeys) peerReport(r *region.Report, n int) {
 	if t.peers == nil {
 		t.peers, t.shares = make(map[string][]topEntry), make(map[string]map[string]int64)
 	}
-	t.peers[r.Region] = best(r, n)
-	sh := make(map[string]int64, len(t.shown))
+	top, sh := best(r, n), make(map[string]int64, len(t.shown))
+	if r.Refresh != 0 {
+		// A delta leaves out what did not change: a key it does not list
+		// keeps its last figures.
+		listed := make(map[string]bool, len(t.peers[r.Region])+len(t.shown))
+		for _, e := range t.peers[r.Region] {
+			listed[e.key] = false
+		}
+		for k := range t.shares[r.Region] {
+			listed[k] = false
+		}
+		for i := range r.Keys {
+			if _, ok := listed[r.Keys[i].Key]; ok {
+				listed[r.Keys[i].Key] = true
+			}
+		}
+		for _, e := range t.peers[r.Region] {
+			if !listed[e.key] && !slices.ContainsFunc(top, func(x topEntry) bool { return x.key == e.key }) {
+				top = append(top, e)
+			}
+		}
+		slices.SortFunc(top, func(a, b topEntry) int { return cmp.Compare(b.demand, a.demand) })
+		top = top[:min(n, len(top))]
+		for k, v := range t.shares[r.Region] {
+			if !listed[k] {
+				sh[k] = v
+			}
+		}
+	}
+	t.peers[r.Region] = top
 	if len(t.shown) > 0 {
 		for i := range r.Keys {
 			if _, ok := t.shown[r.Keys[i].Key]; ok {

@@ -99,7 +99,8 @@ func (x *Envelope) GetBody() []byte {
 }
 
 // Part is one part of one replica's report for one epoch (region.Report).
-// Fields 1 to 10 are the header, equal in every part of a report.
+// Fields 1 to 10 and 12 to 15 are the header, equal in every part of a
+// report.
 type Part struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// region and replica name the sender.
@@ -124,7 +125,15 @@ type Part struct {
 	// keys_total is the number of keys in the whole report.
 	KeysTotal uint32 `protobuf:"varint,10,opt,name=keys_total,json=keysTotal,proto3" json:"keys_total,omitempty"`
 	// keys are this part's keys.
-	Keys          []*Key `protobuf:"bytes,11,rep,name=keys,proto3" json:"keys,omitempty"`
+	Keys []*Key `protobuf:"bytes,11,rep,name=keys,proto3" json:"keys,omitempty"`
+	// refresh is 0 in a full report; in a delta report (region.Report.Refresh)
+	// the epochs within which the sender refreshes every bucket of keys, and
+	// refresh_from and refresh_count the buckets this report refreshes.
+	Refresh      uint32 `protobuf:"varint,12,opt,name=refresh,proto3" json:"refresh,omitempty"`
+	RefreshFrom  uint32 `protobuf:"varint,13,opt,name=refresh_from,json=refreshFrom,proto3" json:"refresh_from,omitempty"`
+	RefreshCount uint32 `protobuf:"varint,14,opt,name=refresh_count,json=refreshCount,proto3" json:"refresh_count,omitempty"`
+	// since is, in a delta report, the epoch its sender's stream started.
+	Since         uint64 `protobuf:"varint,15,opt,name=since,proto3" json:"since,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -234,6 +243,34 @@ func (x *Part) GetKeys() []*Key {
 		return x.Keys
 	}
 	return nil
+}
+
+func (x *Part) GetRefresh() uint32 {
+	if x != nil {
+		return x.Refresh
+	}
+	return 0
+}
+
+func (x *Part) GetRefreshFrom() uint32 {
+	if x != nil {
+		return x.RefreshFrom
+	}
+	return 0
+}
+
+func (x *Part) GetRefreshCount() uint32 {
+	if x != nil {
+		return x.RefreshCount
+	}
+	return 0
+}
+
+func (x *Part) GetSince() uint64 {
+	if x != nil {
+		return x.Since
+	}
+	return 0
 }
 
 // Key is one active global key in a report (region.KeyReport). Rows are
@@ -853,7 +890,7 @@ const file_sync_proto_rawDesc = "" +
 	"\bEnvelope\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x16\n" +
 	"\x06crc32c\x18\x02 \x01(\aR\x06crc32c\x12\x12\n" +
-	"\x04body\x18\x03 \x01(\fR\x04body\"\xbe\x02\n" +
+	"\x04body\x18\x03 \x01(\fR\x04body\"\xb6\x03\n" +
 	"\x04Part\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x18\n" +
 	"\areplica\x18\x02 \x01(\tR\areplica\x12\x14\n" +
@@ -867,7 +904,11 @@ const file_sync_proto_rawDesc = "" +
 	"\n" +
 	"keys_total\x18\n" +
 	" \x01(\rR\tkeysTotal\x12'\n" +
-	"\x04keys\x18\v \x03(\v2\x13.ration.sync.v1.KeyR\x04keys\"\xf0\x02\n" +
+	"\x04keys\x18\v \x03(\v2\x13.ration.sync.v1.KeyR\x04keys\x12\x18\n" +
+	"\arefresh\x18\f \x01(\rR\arefresh\x12!\n" +
+	"\frefresh_from\x18\r \x01(\rR\vrefreshFrom\x12#\n" +
+	"\rrefresh_count\x18\x0e \x01(\rR\frefreshCount\x12\x14\n" +
+	"\x05since\x18\x0f \x01(\x04R\x05since\"\xf0\x02\n" +
 	"\x03Key\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1e\n" +
 	"\n" +

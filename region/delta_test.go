@@ -1,0 +1,263 @@
+package region_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/ration-dev/ration/region"
+)
+
+// deltaPair is two regions exchanging reports as deltas in two phases, with
+// a hook that loses reports.
+type deltaPair struct {
+	t    *testing.T
+	a, b *region.State
+	keys []string
+	now  time.Time
+	// lose decides whether a report from a region is lost on its way.
+	lose func(from string, r *region.Report) bool
+	// last are the latest reports of a: tally and exchange.
+	tally, exch region.Report
+}
+
+const deltaTestRefresh = 10
+
+func newDeltaPair(t *testing.T, keys int) *deltaPair {
+	regions := []string{"a", "b"}
+	cfg := func(self string) region.Config {
+		return region.Config{Self: self, Regions: regions, Refresh: deltaTestRefresh,
+			Policy: func(string) region.KeyPolicy { return region.KeyPolicy{Rate: 1000} }}
+	}
+	d := &deltaPair{t: t, a: mustNew(t, cfg("a")), b: mustNew(t, cfg("b")), now: t0,
+		lose: func(string, *region.Report) bool { return false }}
+	for k := 0; k < keys; k++ {
+		d.keys = append(d.keys, fmt.Sprintf("per-user/user=%05d", k))
+	}
+	return d
+}
+
+func (d *deltaPair) send(to *region.State, r region.Report) {
+	d.t.Helper()
+	if d.lose(r.Region, &r) {
+		return
+	}
+	if err := to.Receive(d.now, r); err != nil {
+		d.t.Fatalf("%s receives from %s: %v", to.Config().Self, r.Region, err)
+	}
+}
+
+// epoch runs one epoch of both regions with the demand of each key.
+func (d *deltaPair) epoch(demA, demB func(k int) int64) {
+	d.t.Helper()
+	d.now = d.now.Add(time.Second)
+	for k, key := range d.keys {
+		d.a.Observe(key, demA(k), demA(k))
+		d.b.Observe(key, demB(k), demB(k))
+	}
+	ta, tb := d.a.Tally(d.now), d.b.Tally(d.now)
+	d.send(d.b, ta)
+	d.send(d.a, tb)
+	ra, rb := epochAll(d.t, d.a, d.now), epochAll(d.t, d.b, d.now)
+	d.send(d.b, ra)
+	d.send(d.a, rb)
+	d.tally, d.exch = ta, ra
+}
+
+func steady(v int64) func(int) int64 { return func(int) int64 { return v } }
+
+// TestDeltaReportsFollowChange checks that reports list what changed and a
+// refresh slice, not every key: with steady demand each report lists about
+// 1/Refresh of the keys, every key is listed within Refresh epochs, and the
+// receiver keeps counting the demand of the keys left out; a change of
+// demand is in the next tally report.
+func TestDeltaReportsFollowChange(t *testing.T) {
+	const keys = 2000
+	d := newDeltaPair(t, keys)
+	for i := 0; i < 5; i++ {
+		d.epoch(steady(100), steady(50))
+	}
+	seen := map[string]bool{}
+	for i := 0; i < deltaTestRefresh; i++ {
+		d.epoch(steady(100), steady(50))
+		for _, r := range []region.Report{d.tally, d.exch} {
+			if n := len(r.Keys); n > 2*keys/deltaTestRefresh {
+				t.Fatalf("epoch %d: a report (exchange %v) lists %d of %d steady keys, want about %d", i, r.Exchange, n, keys, keys/deltaTestRefresh)
+			}
+			for _, e := range r.Keys {
+				seen[e.Key] = true
+			}
+		}
+	}
+	if len(seen) != keys {
+		t.Fatalf("%d of %d keys listed in %d epochs, want every key", len(seen), keys, deltaTestRefresh)
+	}
+	for _, key := range d.keys {
+		if dem, known, gen := d.b.PeerView(key, "a"); dem != 100 || !known || gen == 0 {
+			t.Fatalf("b's view of a for %s: demand %d, known %v, generation %d; want 100, known, in one", key, dem, known, gen)
+		}
+	}
+	moved := func(k int) int64 {
+		if k < 10 {
+			return 400
+		}
+		return 100
+	}
+	d.epoch(moved, steady(50))
+	listed := map[string]int64{}
+	for _, e := range d.tally.Keys {
+		listed[e.Key] = e.Demand
+	}
+	for k := 0; k < 10; k++ {
+		if listed[d.keys[k]] != 400 {
+			t.Fatalf("the tally report after a change of demand lists %s with %d, want 400", d.keys[k], listed[d.keys[k]])
+		}
+		if dem, _, _ := d.b.PeerView(d.keys[k], "a"); dem != 400 {
+			t.Fatalf("b counts a's demand for %s as %d, want 400", d.keys[k], dem)
+		}
+	}
+}
+
+// TestDeltaLostIsRepaired checks what a lost delta costs: a change of demand
+// whose tally report is lost is counted at the next refresh of its key's
+// bucket, within Refresh epochs; a gift whose report is lost is announced
+// again every epoch until the receiver acknowledges it.
+func TestDeltaLostIsRepaired(t *testing.T) {
+	d := newDeltaPair(t, 200)
+	for i := 0; i < 5; i++ {
+		d.epoch(steady(100), steady(100))
+	}
+	key := d.keys[7]
+	moved := func(k int) int64 {
+		if k == 7 {
+			return 900
+		}
+		return 100
+	}
+	d.lose = func(from string, r *region.Report) bool { return from == "a" && !r.Exchange }
+	d.epoch(moved, steady(100))
+	d.lose = func(string, *region.Report) bool { return false }
+	if dem, _, _ := d.b.PeerView(key, "a"); dem != 100 {
+		t.Fatalf("setup: b counts a's demand as %d after losing the delta, want the old 100", dem)
+	}
+	took := -1
+	for i := 1; i <= deltaTestRefresh; i++ {
+		d.epoch(moved, steady(100))
+		if dem, _, _ := d.b.PeerView(key, "a"); dem == 900 {
+			took = i
+			break
+		}
+	}
+	if took < 0 {
+		t.Fatalf("b did not count a's new demand within %d epochs of the lost delta", deltaTestRefresh)
+	}
+	t.Logf("a lost change of demand counted %d epochs later", took)
+
+}
+
+// TestDeltaLostGiftIsAnnouncedAgain checks that a gift whose report is lost
+// is announced again in the next report, unchanged as the entry is, until
+// the receiver acknowledges it.
+func TestDeltaLostGiftIsAnnouncedAgain(t *testing.T) {
+	d := newDeltaPair(t, 20)
+	for i := 0; i < 5; i++ {
+		d.epoch(steady(100), steady(100))
+	}
+	key := d.keys[7]
+	moved := func(k int) int64 {
+		if k == 7 {
+			return 900
+		}
+		return 100
+	}
+	var lost uint64 // epoch of the report whose gift was lost
+	gave := int64(0)
+	d.lose = func(from string, r *region.Report) bool {
+		if from != "b" || !r.Exchange || lost != 0 {
+			return false
+		}
+		for _, e := range r.Keys {
+			if e.Key == key && len(e.Row) == 2 && e.Row[0] > 0 {
+				lost, gave = r.Epoch, e.Row[0]
+				return true
+			}
+		}
+		return false
+	}
+	before := d.a.Share(key)
+	for i := 0; i < 10 && lost == 0; i++ {
+		d.epoch(moved, steady(100))
+		before = d.a.Share(key)
+	}
+	if lost == 0 {
+		t.Fatalf("setup: b never gave a share of %s", key)
+	}
+	// The next report of b lists the key again, though its gift did not
+	// change: a has not acknowledged it.
+	d.epoch(moved, steady(100))
+	found := false
+	for _, e := range d.b.Report().Keys {
+		found = found || e.Key == key
+	}
+	if own := d.a.Own(key); !found || own < before+gave {
+		t.Fatalf("after losing b's gift of %d: b lists the key again %v, a's share %d, want at least %d", gave, found, own, before+gave)
+	}
+}
+
+// TestDeltaStreamsRestart checks what a new stream does: a region that
+// restarts (a new State) voids its old listings at the receiver, whose next
+// reports are full so that the newcomer learns every key at once.
+func TestDeltaStreamsRestart(t *testing.T) {
+	const keys = 300
+	d := newDeltaPair(t, keys)
+	for i := 0; i < 5; i++ {
+		d.epoch(steady(100), steady(100))
+	}
+	// a restarts with nothing: b must void what a listed before.
+	d.a = mustNew(t, d.a.Config())
+	d.epoch(steady(100), steady(100))
+	// b heard a's new stream in this epoch: its next reports list every key.
+	d.lose = func(string, *region.Report) bool { return false }
+	var fromB region.Report
+	d.now = d.now.Add(time.Second)
+	for _, key := range d.keys {
+		d.a.Observe(key, 100, 100)
+		d.b.Observe(key, 100, 100)
+	}
+	ta, tb := d.a.Tally(d.now), d.b.Tally(d.now)
+	d.send(d.b, ta)
+	d.send(d.a, tb)
+	if len(tb.Keys) != keys {
+		t.Fatalf("b's tally report after a's restart lists %d keys, want all %d", len(tb.Keys), keys)
+	}
+	epochAll(t, d.a, d.now)
+	fromB = epochAll(t, d.b, d.now)
+	if len(fromB.Keys) != keys {
+		t.Fatalf("b's exchange report after a's restart lists %d keys, want all %d", len(fromB.Keys), keys)
+	}
+	d.send(d.a, fromB)
+	for _, key := range d.keys {
+		if dem, known, gen := d.a.PeerView(key, "b"); dem != 100 || !known || gen == 0 {
+			t.Fatalf("restarted a's view of b for %s: demand %d, known %v, generation %d", key, dem, known, gen)
+		}
+	}
+}
+
+// TestDeltaGoneKey checks that a key a region drops is listed once as empty:
+// its demand is no longer counted at once, not only at its refresh.
+func TestDeltaGoneKey(t *testing.T) {
+	d := newDeltaPair(t, 50)
+	for i := 0; i < 5; i++ {
+		d.epoch(steady(100), steady(100))
+	}
+	stop := func(k int) int64 {
+		if k == 3 {
+			return 0
+		}
+		return 100
+	}
+	d.epoch(stop, steady(100))
+	if dem, _, _ := d.b.PeerView(d.keys[3], "a"); dem != 0 {
+		t.Fatalf("b counts a's demand for a key a has stopped as %d, want 0", dem)
+	}
+}
