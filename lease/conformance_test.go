@@ -36,9 +36,18 @@ type harness struct {
 	// bucketTTL is the bucket's remaining lifetime: exists is false once it
 	// is gone, and ttl < 0 means it never expires.
 	bucketTTL func(t *testing.T, key string) (ttl time.Duration, exists bool)
-	// setBucket writes a bucket's state directly, bypassing the contract.
+	// setBucket writes a bucket's state directly, bypassing the contract;
+	// the key then never expires.
 	setBucket func(t *testing.T, key string, tokens float64, last time.Time)
+	// keyTTL is the remaining lifetime of all the store keeps for key
+	// (bucket and share): exists is false once nothing is left, and ttl < 0
+	// means it never expires.
+	keyTTL func(t *testing.T, key string) (ttl time.Duration, exists bool)
 }
+
+// confShareTTL is the stores' ShareTTL in the suite: long enough that no
+// other case sees a share expire, short enough to wait for with Redis.
+const confShareTTL = time.Second
 
 // Limits used by the cases. slowRate refills less than 0.1 token in the
 // 10 s that a case may take, so cases can expect exact grants from it.

@@ -29,7 +29,7 @@ func FuzzRedisKeyEscape(f *testing.F) {
 		if got := unescapeKey.Replace(esc); got != key {
 			t.Fatalf("escaped %q to %q, which unescapes to %q", key, esc, got)
 		}
-		for _, name := range []string{s.bucketKey(key), s.shareKey(key)} {
+		for _, name := range s.keyNames(key) {
 			open, close := strings.IndexByte(name, '{'), strings.IndexByte(name, '}')
 			if open < 0 || close < open || name[open+1:close] != esc {
 				t.Fatalf("name %q: hash tag is not the escaped key %q", name, esc)
