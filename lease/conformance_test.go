@@ -19,6 +19,7 @@ type conformanceStore interface {
 	Return(ctx context.Context, reqs []ReturnRequest) error
 	SetShares(ctx context.Context, ups []ShareUpdate, out []ShareResult) error
 	Shares(ctx context.Context, keys []string, out []int64) error
+	DeleteShares(ctx context.Context, keys []string) error
 	Ping(ctx context.Context) error
 }
 
@@ -79,6 +80,11 @@ func runConformance(t *testing.T, newStore func(t *testing.T) *harness) {
 		{"ConcurrentGrantsBound", confConcurrent},
 		{"TTLExpiry", confTTL},
 		{"SharePersistsAfterExpiry", confSharePersists},
+		{"ShareExpiresAfterShareTTL", confShareExpires},
+		{"ShareLivesWithALongerBucket", confShareWithSlowBucket},
+		{"ShareKeepsAnExpiredBucketMissing", confShareExpiredBucket},
+		{"DeleteSharesFallsBackToTheBucket", confDeleteShares},
+		{"ShareOfABucketThatNeverExpires", confShareNeverExpires},
 		{"BackwardClockClamp", confBackwardClock},
 		{"EscrowLowerReleases", confEscrowRelease},
 		{"EscrowMissingBucketReleasesWhatItHeld", confEscrowMissing},
