@@ -63,8 +63,8 @@ func shareTTLMillis(d time.Duration) int64 {
 type MemoryStore struct {
 	clock      func() time.Time
 	shareTTLMS int64
-	seed   maphash.Seed
-	shards []memShard
+	seed       maphash.Seed
+	shards     []memShard
 	// restores counts Restore calls: the store's Incarnation.
 	restores atomic.Uint64
 }
