@@ -27,8 +27,9 @@ type MemoryConfig struct {
 	ShareTTL time.Duration
 }
 
-// withDefaults returns c with every zero (or, for Shards, non-positive)
-// field set to its default: every MemoryConfig is valid.
+// withDefaults returns c with every zero (or, for Shards and ShareTTL,
+// non-positive) field set to its default and ShareTTL capped: every
+// MemoryConfig is valid.
 func (c MemoryConfig) withDefaults() MemoryConfig {
 	if c.Clock == nil {
 		c.Clock = time.Now
@@ -58,8 +59,8 @@ func shareTTLMillis(d time.Duration) int64 {
 // (never at rate 0, or when that is above 2^40 ms), exactly as the Redis
 // store expires them; an applied share lasts MemoryConfig.ShareTTL after
 // its latest write, or as long as its bucket if that is longer, as the
-// Redis store keeps it. Sweep frees their memory. Answers are bit for bit those of RedisStore given the same state
-// and elapsed time.
+// Redis store keeps it. Sweep frees their memory. Answers are bit for bit
+// those of RedisStore given the same state and elapsed time.
 type MemoryStore struct {
 	clock      func() time.Time
 	shareTTLMS int64
