@@ -165,7 +165,7 @@ func (b *bucket) reshare(credit int64, capacity float64) (released int64) {
 // escrow is what a key's store credited of the tokens given to its region:
 // the newest era seen (the exchange generation and, for a fixed window, the
 // window) and the tokens credited in it (region.TokenScale units). It lives
-// with the applied share, which does not expire.
+// and expires with the applied share.
 type escrow struct {
 	gen      uint64
 	window   int64
@@ -209,6 +209,23 @@ func expireAtMillis(lastUS int64, rate, capacity float64, endUS int64) int64 {
 		return 0
 	}
 	return ceilDiv(lastUS, 1000) + int64(ttl)
+}
+
+// shareExpireAtMillis is when a key holding an applied share may vanish,
+// after its bucket was updated to expire at bucketMS (0 never) at lastUS:
+// on a share write (written), ShareTTL (holdMS) after it and never before
+// the bucket; otherwise no earlier than the key's expiry so far (keyMS).
+// A bucket or key that never expires keeps the key forever.
+func shareExpireAtMillis(bucketMS, keyMS, lastUS, holdMS int64, written bool) int64 {
+	switch {
+	case bucketMS == 0:
+		return 0
+	case written:
+		return max(bucketMS, ceilDiv(lastUS, 1000)+holdMS)
+	case keyMS == 0:
+		return 0
+	}
+	return max(bucketMS, keyMS)
 }
 
 // expired reports whether a bucket with the given expiry is gone at nowUS,

@@ -2,17 +2,35 @@
 -- bucket.go holds the same arithmetic in Go for MemoryStore: keep the two
 -- in step, expression for expression, so both stores round alike.
 --
--- KEYS[1]  the bucket: a hash {tokens = %.17g float, last = µs integer,
---          w = a fixed window's start in µs (fixed windows only)}
--- KEYS[2]  the key's applied share in ppm, then, once the exchange has
---          moved tokens, ":" generation ":" window ":" tokens credited in
---          that era (thousandths); no TTL (exchange state).
---          Both carry the same hash tag, so they share a Cluster slot.
--- ARGV[1]  op: "g" grant, "r" return, "s" set share
+-- KEYS[1]  the key's one Redis key, a binary string (redis_state.go reads
+--          and writes it for Go), little endian, in one of two forms:
+--          short (exactly 12 bytes): tokens (double), then d (uint32):
+--            last = PEXPIRETIME × 1000 − d µs. Only for a token bucket
+--            without a share, whose key expires with its bucket.
+--          long: flags (byte: 1 w, 2 share, 4 escrow, 8 escrow window),
+--            tokens (double), last (µs, uint56), then as flagged: w (a
+--            fixed window's start, µs, uint56); the applied share (ppm,
+--            uint24) and the bucket's own expiry (ms, uint48, 0 never);
+--            the escrow's generation and tokens credited in its era
+--            (thousandths, uint56 each); the escrow's fixed window (µs,
+--            uint56).
+--          Without a share the key expires when its bucket would be full
+--          again. With one (exchange state) it lives at least ShareTTL
+--          (ARGV[15]) from the latest share write and never less than its
+--          bucket: once the bucket's own expiry has passed, the bucket
+--          counts as missing and the share stays.
+-- KEYS[2]  the bucket before issue 12, a hash {tokens, last, w}: read when
+--          KEYS[1] is missing, and deleted once its state moved there.
+-- KEYS[3]  the share before issue 12, "share" or "share:gen:window:
+--          credited": read while KEYS[1] holds no share; a share write
+--          moves it into KEYS[1] and deletes it. A read gives it a TTL of
+--          ShareTTL if it has none, so that a lost DeleteShares ends.
+--          All three carry the same hash tag, so they share a Cluster slot.
+-- ARGV[1]  op: "g" grant, "r" return, "s" set share, "d" delete share
 -- ARGV[2]  L, the key's global rate (tokens/s)
 -- ARGV[3]  b, the key's global burst (tokens)
 -- ARGV[4]  cost (tokens)
--- ARGV[5]  initial share in ppm, used while KEYS[2] is missing
+-- ARGV[5]  initial share in ppm, used while the key holds no share
 -- ARGV[6]  "1" when a missing bucket starts empty, else "0"
 -- ARGV[7]  g: tokens wanted; r: tokens returned; s: the new share in ppm
 -- ARGV[8]  s: the exchange generation of ARGV[9] (0: no tokens)
@@ -20,30 +38,167 @@
 -- ARGV[10] s: the fixed window (start, µs) of ARGV[9]; 0 for a bucket
 -- ARGV[11..14] a fixed window's boundaries in µs (previous start, start,
 --          end, next end); all 0 for a token bucket
+-- ARGV[15] ShareTTL in ms
 --
 -- Returns {granted (s: tokens released, thousandths), tokens left as a
 -- %.17g string, share in ppm in force, µs to a fixed window's end (0 for a
--- bucket), the fixed window's start (0 for a bucket)}.
+-- bucket), the fixed window's start (0 for a bucket)}; "d" returns zeros.
 -- Arguments are validated by the Go caller before they are sent.
 --
 -- Time is the server's own (TIME), never the caller's. Redis >= 5 replicates
 -- a script's effects rather than the script, so reading TIME is allowed and
 -- replicas apply the same values; older servers need replicate_commands.
+-- PEXPIRETIME and SET PXAT need Redis >= 7.0.
 if redis.replicate_commands then
   redis.replicate_commands()
 end
 
 local op = ARGV[1]
+local shareTTL = tonumber(ARGV[15])
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+
+local function bad(what, at)
+  -- Written by something other than this script: refuse rather than
+  -- grant at a rate the exchange never agreed to.
+  return redis.error_reply('ERR ration: bad ' .. what .. ' at ' .. at)
+end
+
+local function flag(f, bit)
+  return math.floor(f / bit) % 2 == 1
+end
+
+-- The key's state. have: a live bucket (tokens, last, win); folded: KEYS[1]
+-- holds a share (share, bexp, and the escrow sgen, swin, scred).
+local have, tokens, last, win = false, 0, 0, 0
+local folded, share, bexp, sgen, swin, scred = false, nil, 0, 0, 0, 0
+local oldBucket = false
+
+local raw = redis.call('GET', KEYS[1])
+if raw and #raw == 12 then
+  local d
+  tokens, d = struct.unpack('<dI4', raw)
+  local e = redis.call('PEXPIRETIME', KEYS[1])
+  if e < 0 then
+    return bad('state', KEYS[1])
+  end
+  have, last = true, e * 1000 - d
+elseif raw then
+  local f = string.byte(raw, 1)
+  if f > 15 or #raw ~= 16 + (f % 2) * 7 + (math.floor(f / 2) % 2) * 9 + (math.floor(f / 4) % 2) * 14 + (math.floor(f / 8) % 2) * 7 then
+    return bad('state', KEYS[1])
+  end
+  local pos
+  tokens, last, pos = struct.unpack('<dI7', raw, 2)
+  if flag(f, 1) then
+    win, pos = struct.unpack('<I7', raw, pos)
+  end
+  if flag(f, 2) then
+    folded = true
+    share, bexp, pos = struct.unpack('<I3I6', raw, pos)
+    if share > 1000000 then
+      return bad('share', KEYS[1])
+    end
+  end
+  if flag(f, 4) then
+    sgen, scred, pos = struct.unpack('<I7I7', raw, pos)
+  end
+  if flag(f, 8) then
+    swin = struct.unpack('<I7', raw, pos)
+  end
+  -- Only a share keeps the key past its bucket's expiry (expired(), as
+  -- Redis decides it).
+  have = not folded or bexp == 0 or math.floor(now / 1000) <= bexp
+else
+  local h = redis.call('HMGET', KEYS[2], 'tokens', 'last', 'w')
+  if h[1] and h[2] then
+    have, oldBucket = true, true
+    tokens, last, win = tonumber(h[1]), tonumber(h[2]), tonumber(h[3] or '0')
+  end
+end
+
+local oldShare = false
+if not folded then
+  local stored = redis.call('GET', KEYS[3])
+  if stored then
+    oldShare = true
+    local s, g, w, c = string.match(stored, '^(%d+):(%d+):(%d+):(%d+)$')
+    if s then
+      share, sgen, swin, scred = tonumber(s), tonumber(g), tonumber(w), tonumber(c)
+    else
+      share = tonumber(stored)
+    end
+    if not share or share < 0 or share > 1000000 or share ~= math.floor(share) then
+      return bad('share ' .. tostring(stored), KEYS[3])
+    end
+    redis.call('PEXPIRE', KEYS[3], shareTTL, 'NX')
+  end
+end
+
+-- encode is KEYS[1]'s value for the state above (tokens, last, win) with
+-- the bucket expiring at bexp, and the share if keep.
+local function encode(keep, keyexp)
+  if not keep and win == 0 and keyexp ~= 0 and keyexp == bexp and bexp * 1000 - last < 4294967296 then
+    return struct.pack('<dI4', tokens, bexp * 1000 - last)
+  end
+  local f, fmt, vals = 0, '<BdI7', {0, tokens, last}
+  if win ~= 0 then
+    f, fmt = f + 1, fmt .. 'I7'
+    vals[#vals + 1] = win
+  end
+  if keep then
+    f, fmt = f + 2, fmt .. 'I3I6'
+    vals[#vals + 1], vals[#vals + 2] = share, bexp
+    if sgen > 0 then
+      f, fmt = f + 4, fmt .. 'I7I7'
+      vals[#vals + 1], vals[#vals + 2] = sgen, scred
+      if swin ~= 0 then
+        f, fmt = f + 8, fmt .. 'I7'
+        vals[#vals + 1] = swin
+      end
+    end
+  end
+  vals[1] = f
+  return struct.pack(fmt, unpack(vals))
+end
+
+local function write(keep, keyexp)
+  local v = encode(keep, keyexp)
+  if keyexp ~= 0 then
+    redis.call('SET', KEYS[1], v, 'PXAT', string.format('%d', keyexp))
+  else
+    redis.call('SET', KEYS[1], v)
+  end
+end
+
+if op == 'd' then
+  -- The key falls back to its bucket, which expires as if it had never
+  -- held a share; a bucket past its expiry goes at once.
+  if oldShare then
+    redis.call('DEL', KEYS[3])
+  end
+  if folded and not have then
+    redis.call('DEL', KEYS[1])
+  elseif folded then
+    write(false, bexp)
+  end
+  return {0, '0', 0, 0, 0}
+end
+
 local L = tonumber(ARGV[2])
 local B = tonumber(ARGV[3])
 local cost = tonumber(ARGV[4])
 local n = tonumber(ARGV[7])
 local w0, w1, w2, w3 = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
 local fixed = w1 > 0
+if not share then
+  share = tonumber(ARGV[5])
+end
 
 -- Limit.Regional: rate = L × share, capacity = max(b × share, cost).
-local function regional(share)
-  local s = share / 1000000
+local function regional(s)
+  s = s / 1000000
   local rate = L * s
   local capacity = B * s
   if capacity < cost then
@@ -52,45 +207,21 @@ local function regional(share)
   return rate, capacity
 end
 
--- Limit.windowAt: the fixed window containing t, or nil.
-local function windowAt(t)
-  if t >= w1 and t < w2 then
+-- Limit.windowAt: the fixed window containing at, or nil.
+local function windowAt(at)
+  if at >= w1 and at < w2 then
     return w1, w2
-  elseif t >= w2 and t < w3 then
+  elseif at >= w2 and at < w3 then
     return w2, w3
-  elseif t >= w0 and t < w1 then
+  elseif at >= w0 and at < w1 then
     return w0, w1
   end
   return nil, nil
 end
 
-local stored = redis.call('GET', KEYS[2])
-local share, sgen, swin, scred = tonumber(ARGV[5]), 0, 0, 0
-if stored then
-  local s, g, w, c = string.match(stored, '^(%d+):(%d+):(%d+):(%d+)$')
-  if s then
-    share, sgen, swin, scred = tonumber(s), tonumber(g), tonumber(w), tonumber(c)
-  else
-    share = tonumber(stored)
-  end
-end
-if not share or share < 0 or share > 1000000 or share ~= math.floor(share) then
-  -- Written by something other than this script: refuse rather than
-  -- grant at a rate the exchange never agreed to.
-  return redis.error_reply('ERR ration: bad share ' .. tostring(stored) .. ' at ' .. KEYS[2])
-end
 local rate, capacity = regional(share)
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-
-local state = redis.call('HMGET', KEYS[1], 'tokens', 'last', 'w')
-local tokens, last, win
-if state[1] and state[2] then
-  tokens = tonumber(state[1])
-  last = tonumber(state[2])
-  win = tonumber(state[3] or '0')
-else
+if not have then
   -- No bucket: start the one it stands for (a share change too, so that
   -- the tokens it held at the old share are counted, not its new capacity).
   win = 0
@@ -130,6 +261,7 @@ end
 if tokens > capacity then
   tokens = capacity
 end
+last = now
 
 local granted = 0
 if op == 'g' then
@@ -163,11 +295,6 @@ elseif op == 's' then
       scred = recv
     end
   end
-  if sgen > 0 then
-    redis.call('SET', KEYS[2], string.format('%d:%d:%d:%d', n, sgen, swin, scred))
-  else
-    redis.call('SET', KEYS[2], ARGV[7])
-  end
   share = n
   rate, capacity = regional(share)
   tokens = tokens + credit / 1000
@@ -177,26 +304,46 @@ elseif op == 's' then
   end
 end
 
+-- expireAtMillis: a fixed window's bucket vanishes when the window ends
+-- (missing, it is full); a token bucket once it is full again, 2 ×
+-- capacity / rate after its last update. A bucket that never refills never
+-- expires (0), or it would come back full.
+bexp = 0
 if fixed then
-  redis.call('HSET', KEYS[1], 'tokens', string.format('%.17g', tokens), 'last', string.format('%d', now), 'w', string.format('%d', win))
-  -- A window's bucket vanishes when the window ends: missing, it is full.
-  redis.call('PEXPIREAT', KEYS[1], string.format('%d', math.ceil(wend / 1000)))
+  bexp = math.ceil(wend / 1000)
+elseif rate > 0 then
+  local ttl = math.ceil(2 * capacity / rate * 1000)
+  if ttl <= 1099511627776 then
+    bexp = math.ceil(now / 1000) + ttl
+  end
+end
+
+-- shareExpireAtMillis: a key with a share lives at least ShareTTL from the
+-- latest share write, never less than its bucket, and never expires while
+-- a bucket that never expires, or its key, says so.
+local keep = folded or op == 's'
+local keyexp = bexp
+if not keep or bexp == 0 then
+  -- the bucket's expiry, or never
+elseif op == 's' then
+  keyexp = math.max(bexp, math.ceil(now / 1000) + shareTTL)
+else
+  local cur = redis.call('PEXPIRETIME', KEYS[1])
+  if cur == -1 then
+    keyexp = 0
+  elseif cur > keyexp then
+    keyexp = cur
+  end
+end
+write(keep, keyexp)
+if oldBucket then
+  redis.call('DEL', KEYS[2])
+end
+if op == 's' and oldShare then
+  redis.call('DEL', KEYS[3])
+end
+
+if fixed then
   return {granted, string.format('%.17g', tokens), share, wend - now, win}
 end
-
-redis.call('HSET', KEYS[1], 'tokens', string.format('%.17g', tokens), 'last', string.format('%d', now))
-
--- An idle bucket vanishes once it is full again: 2 × capacity / rate
--- after its last update. A bucket that never refills never expires, or it
--- would come back full.
-local ttl = -1
-if rate > 0 then
-  ttl = math.ceil(2 * capacity / rate * 1000)
-end
-if ttl > 0 and ttl <= 1099511627776 then
-  redis.call('PEXPIREAT', KEYS[1], string.format('%d', math.ceil(now / 1000) + ttl))
-else
-  redis.call('PERSIST', KEYS[1])
-end
-
 return {granted, string.format('%.17g', tokens), share, 0, 0}

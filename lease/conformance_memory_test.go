@@ -24,7 +24,7 @@ func (c *fakeClock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
 
 func newMemoryHarness(t *testing.T) *harness {
 	clock := newFakeClock()
-	m := NewMemoryStore(MemoryConfig{Clock: clock.Now, Shards: 4})
+	m := NewMemoryStore(MemoryConfig{Clock: clock.Now, Shards: 4, ShareTTL: confShareTTL})
 	return &harness{
 		store: m,
 		now:   clock.Now,
@@ -48,8 +48,34 @@ func newMemoryHarness(t *testing.T) *harness {
 			s := m.shard(key)
 			s.mu.Lock()
 			defer s.mu.Unlock()
-			e := s.entry(key)
+			e := s.entry(key, clock.Now().UnixMicro())
 			e.bucket, e.hasBucket, e.expireAt = bucket{tokens: tokens, last: last.UnixMicro()}, true, 0
+			if e.hasShare {
+				e.shareExpireAt = 0
+			}
+		},
+		keyTTL: func(t *testing.T, key string) (time.Duration, bool) {
+			s := m.shard(key)
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			nowUS := clock.Now().UnixMicro()
+			e, ok := s.keys[key]
+			if !ok {
+				return 0, false
+			}
+			b := *e
+			b.forget(nowUS)
+			exp := b.expireAt
+			switch {
+			case b.hasShare:
+				exp = b.shareExpireAt
+			case !b.live(nowUS):
+				return 0, false
+			}
+			if exp == 0 {
+				return -1, true
+			}
+			return time.Duration(exp-floorDiv(nowUS, 1000)) * time.Millisecond, true
 		},
 	}
 }

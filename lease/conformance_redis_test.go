@@ -2,6 +2,7 @@ package lease
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"strconv"
 	"strings"
@@ -104,7 +105,7 @@ func redisHarness(client redis.UniversalClient) func(t *testing.T) *harness {
 	return func(t *testing.T) *harness {
 		// A generous timeout: this suite checks semantics, not latency,
 		// and a race-enabled binary on a small machine can be slow.
-		s, err := NewRedisStore(client, RedisConfig{Prefix: redistest.KeyPrefix(t), Timeout: 2 * time.Second})
+		s, err := NewRedisStore(client, RedisConfig{Prefix: redistest.KeyPrefix(t), Timeout: 2 * time.Second, ShareTTL: confShareTTL})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -115,26 +116,79 @@ func redisHarness(client redis.UniversalClient) func(t *testing.T) *harness {
 			// between polls of a condition, not a wait for an outcome.
 			tick: func() { time.Sleep(time.Millisecond) },
 			bucketTTL: func(t *testing.T, key string) (time.Duration, bool) {
-				ms, err := client.Do(t.Context(), "PTTL", s.bucketKey(key)).Int64()
-				if err != nil {
-					t.Fatalf("PTTL: %v", err)
+				st, ok := readRedisState(t, client, s, key)
+				if !ok || !st.hasShare {
+					return redisPTTL(t, client, s.stateKey(key))
 				}
-				switch ms {
-				case -2:
-					return 0, false
-				case -1:
+				// A share keeps the key; the bucket's own expiry is in it.
+				if st.bucketExpire == 0 {
 					return -1, true
 				}
-				return time.Duration(ms) * time.Millisecond, true
+				nowMS := redisNow(t, client).UnixMilli()
+				if nowMS > st.bucketExpire {
+					return 0, false
+				}
+				return time.Duration(st.bucketExpire-nowMS) * time.Millisecond, true
 			},
 			setBucket: func(t *testing.T, key string, tokens float64, last time.Time) {
-				err := client.HSet(t.Context(), s.bucketKey(key),
-					"tokens", strconv.FormatFloat(tokens, 'g', -1, 64),
-					"last", strconv.FormatInt(last.UnixMicro(), 10)).Err()
-				if err != nil {
-					t.Fatalf("HSET: %v", err)
+				st, _ := readRedisState(t, client, s, key)
+				st.tokens, st.last, st.bucketExpire = tokens, last.UnixMicro(), 0
+				if err := client.Set(t.Context(), s.stateKey(key), st.encode(), 0).Err(); err != nil {
+					t.Fatalf("SET: %v", err)
 				}
+			},
+			keyTTL: func(t *testing.T, key string) (time.Duration, bool) {
+				return redisPTTL(t, client, s.stateKey(key))
 			},
 		}
 	}
+}
+
+// readRedisState reads key's state key; ok is false when it is missing.
+func readRedisState(t *testing.T, client redis.UniversalClient, s *RedisStore, key string) (redisState, bool) {
+	t.Helper()
+	name := s.stateKey(key)
+	v, err := client.Get(t.Context(), name).Result()
+	if errors.Is(err, redis.Nil) {
+		return redisState{}, false
+	}
+	if err != nil {
+		t.Fatalf("GET %s: %v", name, err)
+	}
+	exp, err := client.Do(t.Context(), "PEXPIRETIME", name).Int64()
+	if err != nil {
+		t.Fatalf("PEXPIRETIME %s: %v", name, err)
+	}
+	st, err := decodeRedisState(v, exp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st, true
+}
+
+// redisPTTL is a key's PTTL: exists is false when it is gone, ttl < 0
+// when it never expires.
+func redisPTTL(t *testing.T, client redis.UniversalClient, name string) (time.Duration, bool) {
+	t.Helper()
+	ms, err := client.PTTL(t.Context(), name).Result()
+	if err != nil {
+		t.Fatalf("PTTL %s: %v", name, err)
+	}
+	switch ms {
+	case -2:
+		return 0, false
+	case -1:
+		return -1, true
+	}
+	return ms, true
+}
+
+// redisNow is the server's clock (TIME), which the script reads.
+func redisNow(t *testing.T, client redis.UniversalClient) time.Time {
+	t.Helper()
+	now, err := client.Time(t.Context()).Result()
+	if err != nil {
+		t.Fatalf("TIME: %v", err)
+	}
+	return now
 }

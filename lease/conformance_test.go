@@ -19,6 +19,7 @@ type conformanceStore interface {
 	Return(ctx context.Context, reqs []ReturnRequest) error
 	SetShares(ctx context.Context, ups []ShareUpdate, out []ShareResult) error
 	Shares(ctx context.Context, keys []string, out []int64) error
+	DeleteShares(ctx context.Context, keys []string) error
 	Ping(ctx context.Context) error
 }
 
@@ -36,9 +37,18 @@ type harness struct {
 	// bucketTTL is the bucket's remaining lifetime: exists is false once it
 	// is gone, and ttl < 0 means it never expires.
 	bucketTTL func(t *testing.T, key string) (ttl time.Duration, exists bool)
-	// setBucket writes a bucket's state directly, bypassing the contract.
+	// setBucket writes a bucket's state directly, bypassing the contract;
+	// the key then never expires.
 	setBucket func(t *testing.T, key string, tokens float64, last time.Time)
+	// keyTTL is the remaining lifetime of all the store keeps for key
+	// (bucket and share): exists is false once nothing is left, and ttl < 0
+	// means it never expires.
+	keyTTL func(t *testing.T, key string) (ttl time.Duration, exists bool)
 }
+
+// confShareTTL is the stores' ShareTTL in the suite: long enough that no
+// other case sees a share expire, short enough to wait for with Redis.
+const confShareTTL = time.Second
 
 // Limits used by the cases. slowRate refills less than 0.1 token in the
 // 10 s that a case may take, so cases can expect exact grants from it.
@@ -70,6 +80,11 @@ func runConformance(t *testing.T, newStore func(t *testing.T) *harness) {
 		{"ConcurrentGrantsBound", confConcurrent},
 		{"TTLExpiry", confTTL},
 		{"SharePersistsAfterExpiry", confSharePersists},
+		{"ShareExpiresAfterShareTTL", confShareExpires},
+		{"ShareLivesWithALongerBucket", confShareWithSlowBucket},
+		{"ShareKeepsAnExpiredBucketMissing", confShareExpiredBucket},
+		{"DeleteSharesFallsBackToTheBucket", confDeleteShares},
+		{"ShareOfABucketThatNeverExpires", confShareNeverExpires},
 		{"BackwardClockClamp", confBackwardClock},
 		{"EscrowLowerReleases", confEscrowRelease},
 		{"EscrowMissingBucketReleasesWhatItHeld", confEscrowMissing},

@@ -19,10 +19,17 @@ type MemoryConfig struct {
 	// that goroutines working on different keys rarely wait for each other.
 	// Default 64; values below 1 mean the default.
 	Shards int
+	// ShareTTL is how long an applied share lasts after its latest write
+	// (SetShares), as RedisConfig.ShareTTL: never less than its bucket,
+	// which keeps it while it does not expire. The exchange rewrites each
+	// share at least every ShareTTL/2. Rounded up to whole milliseconds,
+	// at most 2^40 ms. Default 24h; values below 1 mean the default.
+	ShareTTL time.Duration
 }
 
-// withDefaults returns c with every zero (or, for Shards, non-positive)
-// field set to its default: every MemoryConfig is valid.
+// withDefaults returns c with every zero (or, for Shards and ShareTTL,
+// non-positive) field set to its default and ShareTTL capped: every
+// MemoryConfig is valid.
 func (c MemoryConfig) withDefaults() MemoryConfig {
 	if c.Clock == nil {
 		c.Clock = time.Now
@@ -30,7 +37,16 @@ func (c MemoryConfig) withDefaults() MemoryConfig {
 	if c.Shards < 1 {
 		c.Shards = 64
 	}
+	if c.ShareTTL < 1 {
+		c.ShareTTL = DefaultShareTTL
+	}
+	c.ShareTTL = min(c.ShareTTL, maxTTLMillis*time.Millisecond)
 	return c
+}
+
+// shareTTLMillis is a ShareTTL in whole milliseconds, rounded up.
+func shareTTLMillis(d time.Duration) int64 {
+	return ceilDiv(int64(d), int64(time.Millisecond))
 }
 
 // MemoryStore is the allocator contract (DESIGN.md, "Level 1") in Go: the
@@ -41,13 +57,15 @@ func (c MemoryConfig) withDefaults() MemoryConfig {
 // Clock. A clock that moves backwards is clamped per bucket: it adds no
 // tokens and takes none. Buckets vanish once idle for 2 × capacity / rate
 // (never at rate 0, or when that is above 2^40 ms), exactly as the Redis
-// store expires them; Sweep frees their memory. Applied shares never
-// expire. Answers are bit for bit those of RedisStore given the same state
-// and elapsed time.
+// store expires them; an applied share lasts MemoryConfig.ShareTTL after
+// its latest write, or as long as its bucket if that is longer, as the
+// Redis store keeps it. Sweep frees their memory. Answers are bit for bit
+// those of RedisStore given the same state and elapsed time.
 type MemoryStore struct {
-	clock  func() time.Time
-	seed   maphash.Seed
-	shards []memShard
+	clock      func() time.Time
+	shareTTLMS int64
+	seed       maphash.Seed
+	shards     []memShard
 	// restores counts Restore calls: the store's Incarnation.
 	restores atomic.Uint64
 }
@@ -61,17 +79,20 @@ type memShard struct {
 	_ [64]byte
 }
 
-// memEntry is a key's state: its bucket, which expires, and its applied
-// share, which does not.
+// memEntry is a key's state: its bucket and its applied share, each with
+// its expiry.
 type memEntry struct {
 	bucket
 	// expireAt is when the bucket vanishes, in ms on the store clock; 0 is
 	// never.
-	expireAt  int64
-	hasBucket bool
-	share     int64
-	hasShare  bool
-	escrow    // lives with the share: it does not expire
+	expireAt int64
+	// shareExpireAt is, with a share, when the key vanishes with its share
+	// (shareExpireAtMillis; never before expireAt), in ms; 0 is never.
+	shareExpireAt int64
+	escrow        // lives and expires with the share
+	share         int32
+	hasBucket     bool
+	hasShare      bool
 }
 
 // live reports whether the entry holds a bucket that has not expired at
@@ -80,10 +101,18 @@ func (e *memEntry) live(nowUS int64) bool {
 	return e.hasBucket && !expired(e.expireAt, nowUS)
 }
 
+// forget drops a share that has expired at nowUS, as Redis drops the key
+// that holds it (its bucket expired no later).
+func (e *memEntry) forget(nowUS int64) {
+	if e.hasShare && expired(e.shareExpireAt, nowUS) {
+		e.hasShare, e.share, e.escrow = false, 0, escrow{}
+	}
+}
+
 // NewMemoryStore returns an empty store.
 func NewMemoryStore(cfg MemoryConfig) *MemoryStore {
 	cfg = cfg.withDefaults()
-	m := &MemoryStore{clock: cfg.Clock, seed: maphash.MakeSeed(), shards: make([]memShard, cfg.Shards)}
+	m := &MemoryStore{clock: cfg.Clock, shareTTLMS: shareTTLMillis(cfg.ShareTTL), seed: maphash.MakeSeed(), shards: make([]memShard, cfg.Shards)}
 	for i := range m.shards {
 		m.shards[i].keys = make(map[string]*memEntry)
 	}
@@ -118,7 +147,7 @@ func (m *MemoryStore) GrantAt(now time.Time, reqs []GrantRequest, out []Grant) {
 		}
 		s := m.shard(r.Key)
 		s.mu.Lock()
-		e := s.entry(r.Key)
+		e := s.entry(r.Key, nowUS)
 		share := e.shareOr(r.Limit)
 		rate, capacity := r.Limit.Regional(share)
 		end, ok := e.bringForward(nowUS, r.Limit, rate, capacity)
@@ -128,7 +157,7 @@ func (m *MemoryStore) GrantAt(now time.Time, reqs []GrantRequest, out []Grant) {
 			continue
 		}
 		granted := e.take(r.Want, r.Limit.Cost)
-		e.setExpiry(rate, capacity, end)
+		e.setExpiry(rate, capacity, end, m.shareTTLMS, false)
 		tokens, last := e.tokens, e.last
 		s.mu.Unlock()
 		out[i] = grantResult(r.Limit, share, granted, tokens, end-last)
@@ -147,11 +176,11 @@ func (m *MemoryStore) ReturnAt(now time.Time, reqs []ReturnRequest) error {
 	for _, r := range reqs {
 		s := m.shard(r.Key)
 		s.mu.Lock()
-		e := s.entry(r.Key)
+		e := s.entry(r.Key, nowUS)
 		rate, capacity := r.Limit.Regional(e.shareOr(r.Limit))
 		end, _ := e.bringForward(nowUS, r.Limit, rate, capacity)
 		e.give(r.Tokens, capacity)
-		e.setExpiry(rate, capacity, end)
+		e.setExpiry(rate, capacity, end, m.shareTTLMS, false)
 		s.mu.Unlock()
 	}
 	return nil
@@ -196,7 +225,7 @@ func (m *MemoryStore) SetSharesAt(now time.Time, ups []ShareUpdate, out []ShareR
 	for i, u := range ups {
 		s := m.shard(u.Key)
 		s.mu.Lock()
-		r := s.entry(u.Key).setShare(nowUS, u)
+		r := s.entry(u.Key, nowUS).setShare(nowUS, u, m.shareTTLMS)
 		s.mu.Unlock()
 		if out != nil {
 			out[i] = r
@@ -206,14 +235,14 @@ func (m *MemoryStore) SetSharesAt(now time.Time, ups []ShareUpdate, out []ShareR
 }
 
 // setShare is SetSharesAt for one valid update; the caller holds the lock.
-func (e *memEntry) setShare(nowUS int64, u ShareUpdate) ShareResult {
+func (e *memEntry) setShare(nowUS int64, u ShareUpdate, holdMS int64) ShareResult {
 	oldRate, oldCapacity := u.Limit.Regional(e.shareOr(u.Limit))
 	end, _ := e.bringForward(nowUS, u.Limit, oldRate, oldCapacity)
 	credit := e.escrow.credit(u, e.bucket.win)
-	e.share, e.hasShare = u.SharePPM, true
+	e.share, e.hasShare = int32(u.SharePPM), true
 	rate, capacity := u.Limit.Regional(u.SharePPM)
 	r := ShareResult{Released: e.reshare(credit, capacity), Window: e.bucket.win}
-	e.setExpiry(rate, capacity, end)
+	e.setExpiry(rate, capacity, end, holdMS, true)
 	r.Tokens = e.tokens
 	return r
 }
@@ -231,6 +260,7 @@ func (m *MemoryStore) Sweep(now time.Time) int {
 		s := &m.shards[i]
 		s.mu.Lock()
 		for k, e := range s.keys {
+			e.forget(nowUS)
 			if e.hasBucket && !e.live(nowUS) {
 				n++
 				e.hasBucket = false
@@ -279,8 +309,8 @@ func (m *MemoryStore) SetShares(ctx context.Context, ups []ShareUpdate, out []Sh
 }
 
 // Shares writes the applied share in ppm of each key to out, which must
-// have len(keys) elements; -1 means no share was ever applied (the key runs
-// at its Limit.InitialShare).
+// have len(keys) elements, at the configured clock's time; -1 means no
+// share was applied or it expired (the key runs at its Limit.InitialShare).
 func (m *MemoryStore) Shares(ctx context.Context, keys []string, out []int64) error {
 	if len(out) != len(keys) {
 		return fmt.Errorf("%w: %d keys and %d results", ErrInvalid, len(keys), len(out))
@@ -291,12 +321,13 @@ func (m *MemoryStore) Shares(ctx context.Context, keys []string, out []int64) er
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	nowUS := m.clock().UnixMicro()
 	for i, k := range keys {
 		s := m.shard(k)
 		s.mu.Lock()
 		v := int64(-1)
-		if e, ok := s.keys[k]; ok && e.hasShare {
-			v = e.share
+		if e, ok := s.keys[k]; ok && e.hasShare && !expired(e.shareExpireAt, nowUS) {
+			v = int64(e.share)
 		}
 		s.mu.Unlock()
 		out[i] = v
@@ -309,20 +340,22 @@ func (m *MemoryStore) Ping(ctx context.Context) error {
 	return ctx.Err()
 }
 
-// entry returns key's entry, adding an empty one. The caller holds s.mu.
-func (s *memShard) entry(key string) *memEntry {
+// entry returns key's entry at nowUS, adding an empty one. The caller
+// holds s.mu.
+func (s *memShard) entry(key string, nowUS int64) *memEntry {
 	e, ok := s.keys[key]
 	if !ok {
 		e = &memEntry{}
 		s.keys[key] = e
 	}
+	e.forget(nowUS)
 	return e
 }
 
 // shareOr is the key's applied share, else the limit's initial share.
 func (e *memEntry) shareOr(l Limit) int64 {
 	if e.hasShare {
-		return e.share
+		return int64(e.share)
 	}
 	return l.InitialShare
 }
@@ -346,14 +379,18 @@ func (e *memEntry) bringForward(nowUS int64, l Limit, rate, capacity float64) (e
 }
 
 // setExpiry sets when the bucket, just updated, may vanish (a fixed window
-// ending at end, not 0: then).
-func (e *memEntry) setExpiry(rate, capacity float64, end int64) {
+// ending at end, not 0: then), and when its share may (written: by a share
+// write, lasting holdMS).
+func (e *memEntry) setExpiry(rate, capacity float64, end, holdMS int64, written bool) {
 	e.expireAt = expireAtMillis(e.last, rate, capacity, end)
+	if e.hasShare {
+		e.shareExpireAt = shareExpireAtMillis(e.expireAt, e.shareExpireAt, e.last, holdMS, written)
+	}
 }
 
-// DeleteShares is RedisStore.DeleteShares: the keys' buckets fall back to
-// Limit.InitialShare, and an entry left with neither bucket nor share is
-// freed.
+// DeleteShares is RedisStore.DeleteShares at the configured clock's time:
+// the keys' buckets fall back to Limit.InitialShare and expire as their
+// own, and an entry left without a live bucket is freed.
 func (m *MemoryStore) DeleteShares(ctx context.Context, keys []string) error {
 	if err := validateAll(keys, validateKey); err != nil {
 		return err
@@ -361,12 +398,13 @@ func (m *MemoryStore) DeleteShares(ctx context.Context, keys []string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	nowUS := m.clock().UnixMicro()
 	for _, k := range keys {
 		s := m.shard(k)
 		s.mu.Lock()
 		if e, ok := s.keys[k]; ok {
-			e.hasShare, e.share, e.escrow = false, 0, escrow{}
-			if !e.hasBucket {
+			e.hasShare, e.share, e.escrow, e.shareExpireAt = false, 0, escrow{}, 0
+			if !e.live(nowUS) {
 				delete(s.keys, k)
 			}
 		}
@@ -398,13 +436,13 @@ func (m *MemoryStore) PeekAt(now time.Time, key string, l Limit) BucketState {
 	s := m.shard(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e, ok := s.keys[key]
-	if !ok {
-		e = &memEntry{}
+	var b memEntry
+	if e, ok := s.keys[key]; ok {
+		b = *e // a copy: peeking changes nothing
 	}
-	share := e.shareOr(l)
+	b.forget(nowUS)
+	share := b.shareOr(l)
 	rate, capacity := l.Regional(share)
-	b := *e // a copy: peeking changes nothing
 	b.bringForward(nowUS, l, rate, capacity)
-	return BucketState{Tokens: b.tokens, Rate: rate, Capacity: capacity, SharePPM: share, Gen: e.gen, Credited: e.credited}
+	return BucketState{Tokens: b.tokens, Rate: rate, Capacity: capacity, SharePPM: share, Gen: b.gen, Credited: b.credited}
 }

@@ -7,7 +7,7 @@ package lease
 // Clone locks one shard at a time, so a copy taken while other goroutines
 // write is not a single instant's state; take it while the store is quiet.
 func (m *MemoryStore) Clone() *MemoryStore {
-	c := &MemoryStore{clock: m.clock, seed: m.seed, shards: make([]memShard, len(m.shards))}
+	c := &MemoryStore{clock: m.clock, shareTTLMS: m.shareTTLMS, seed: m.seed, shards: make([]memShard, len(m.shards))}
 	for i := range m.shards {
 		s := &m.shards[i]
 		s.mu.Lock()

@@ -20,7 +20,19 @@ type RedisConfig struct {
 	// Timeout bounds each call (Grant, Return, SetShares, Shares, Ping)
 	// from start to answer, on top of the caller's context. Default 50ms.
 	Timeout time.Duration
+	// ShareTTL is how long an applied share lasts after its latest write
+	// (SetShares): a key holding one expires ShareTTL after that write, or
+	// with its bucket if that is later, so that the share of a key whose
+	// DeleteShares was lost does not stay forever. The exchange must
+	// therefore write each share it relies on again at least every
+	// ShareTTL/2. Rounded up to whole milliseconds; at most 2^40 ms.
+	// Default 24h (DefaultShareTTL).
+	ShareTTL time.Duration
 }
+
+// DefaultShareTTL is the default RedisConfig.ShareTTL and
+// MemoryConfig.ShareTTL.
+const DefaultShareTTL = 24 * time.Hour
 
 // withDefaults returns c with every zero field set to its default.
 func (c RedisConfig) withDefaults() RedisConfig {
@@ -29,6 +41,9 @@ func (c RedisConfig) withDefaults() RedisConfig {
 	}
 	if c.Timeout == 0 {
 		c.Timeout = 50 * time.Millisecond
+	}
+	if c.ShareTTL == 0 {
+		c.ShareTTL = DefaultShareTTL
 	}
 	return c
 }
@@ -44,6 +59,9 @@ func (c RedisConfig) validate() error {
 	if c.Timeout < 0 {
 		return fmt.Errorf("%w: redis timeout %v is negative", ErrInvalid, c.Timeout)
 	}
+	if c.ShareTTL < 0 || c.ShareTTL > maxTTLMillis*time.Millisecond {
+		return fmt.Errorf("%w: redis share TTL %v is outside (0, 2^40 ms]", ErrInvalid, c.ShareTTL)
+	}
 	return nil
 }
 
@@ -52,11 +70,18 @@ func (c RedisConfig) validate() error {
 // pipeline. Refills use the server's clock (TIME), never the caller's. It is
 // safe for concurrent use.
 //
-// Key layout for key k: "<prefix>{<k escaped>}:b", a hash holding tokens and
-// the last update in µs, expiring once the bucket would be full again; and
-// "<prefix>{<k escaped>}:s", the applied share in ppm, without expiry.
-// Escaping turns '%', '{' and '}' into %25, %7B and %7D so that the hash tag
-// is always exactly the key, and both live in one Cluster slot.
+// Key layout for key k: one Redis key "<prefix>{<k escaped>}", a binary
+// string holding the bucket (tokens, last update) and, once the exchange
+// wrote one, the applied share and its escrow (bucket.lua and
+// redis_state.go give the layout). Without a share it expires once the
+// bucket would be full again; with one, RedisConfig.ShareTTL after the
+// latest share write or with its bucket, whichever is later. Keys written
+// before issue 12, the hash "<prefix>{…}:b" and the share "<prefix>{…}:s",
+// are read until a write moves them into the new key. Escaping turns '%',
+// '{' and '}' into %25, %7B and %7D so that the hash tag is always exactly
+// the key, and all names of a key live in one Cluster slot.
+//
+// It needs Redis 7.0 or later (PEXPIRETIME, SET PXAT).
 type RedisStore struct {
 	client  redis.UniversalClient
 	cfg     RedisConfig
@@ -101,12 +126,21 @@ func contextTimeoutEnabled(c redis.UniversalClient) bool {
 
 var keyEscaper = strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D")
 
-func (s *RedisStore) bucketKey(key string) string {
-	return s.cfg.Prefix + "{" + keyEscaper.Replace(key) + "}:b"
+// stateKey is the one Redis key of key. No suffix: a byte less often puts
+// the key's string in a smaller allocation (see TestRedisMemoryPerKey).
+func (s *RedisStore) stateKey(key string) string {
+	return s.cfg.Prefix + "{" + keyEscaper.Replace(key) + "}"
 }
 
-func (s *RedisStore) shareKey(key string) string {
-	return s.cfg.Prefix + "{" + keyEscaper.Replace(key) + "}:s"
+// oldBucketKey and oldShareKey are key's names before issue 12, read by
+// the script until it moves them into stateKey.
+func (s *RedisStore) oldBucketKey(key string) string { return s.stateKey(key) + ":b" }
+func (s *RedisStore) oldShareKey(key string) string  { return s.stateKey(key) + ":s" }
+
+// keyNames is KEYS for key's script calls.
+func (s *RedisStore) keyNames(key string) []string {
+	k := s.stateKey(key)
+	return []string{k, k + ":b", k + ":s"}
 }
 
 // Grant answers reqs in order, one Grant per request in out (len(out) must
@@ -206,7 +240,7 @@ func (s *RedisStore) SetShares(ctx context.Context, ups []ShareUpdate, out []Sha
 }
 
 // Shares writes the applied share in ppm of each key to out (len(out) must
-// equal len(keys)); -1 means no share was ever applied.
+// equal len(keys)); -1 means no share was applied or it expired.
 func (s *RedisStore) Shares(ctx context.Context, keys []string, out []int64) error {
 	if len(out) != len(keys) {
 		return fmt.Errorf("%w: %d keys and %d results", ErrInvalid, len(keys), len(out))
@@ -217,30 +251,51 @@ func (s *RedisStore) Shares(ctx context.Context, keys []string, out []int64) err
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
 	pipe := s.client.Pipeline()
-	cmds := make([]*redis.StringCmd, len(keys))
+	cmds := make([]*redis.StringCmd, 2*len(keys))
 	for i, k := range keys {
-		cmds[i] = pipe.Get(ctx, s.shareKey(k))
+		cmds[2*i] = pipe.Get(ctx, s.stateKey(k))
+		cmds[2*i+1] = pipe.Get(ctx, s.oldShareKey(k))
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return s.fail("shares", err)
 	}
-	for i, c := range cmds {
-		v, err := c.Result()
-		if errors.Is(err, redis.Nil) {
-			out[i] = -1
-			continue
-		}
+	for i := range keys {
+		share, err := parseShares(cmds[2*i], cmds[2*i+1])
 		if err != nil {
-			return s.fail("shares", err)
+			return fmt.Errorf("lease: redis share of %q: %w", keys[i], err)
 		}
-		if share, _, ok := strings.Cut(v, ":"); ok {
-			v = share // share:generation:credited, once tokens moved
-		}
-		if out[i], err = strconv.ParseInt(v, 10, 64); err != nil {
-			return fmt.Errorf("lease: redis share of %q is %q: %w", keys[i], v, err)
-		}
+		out[i] = share
 	}
 	return nil
+}
+
+// parseShares is a key's applied share from its state key, else from its
+// share key of before issue 12 (the script reads it the same way), else -1.
+func parseShares(state, old *redis.StringCmd) (int64, error) {
+	v, err := state.Result()
+	if err == nil {
+		st, err := decodeRedisState(v, 0)
+		if err != nil || st.hasShare {
+			return st.share, err
+		}
+	} else if !errors.Is(err, redis.Nil) {
+		return 0, err
+	}
+	v, err = old.Result()
+	if errors.Is(err, redis.Nil) {
+		return -1, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	if share, _, ok := strings.Cut(v, ":"); ok {
+		v = share // share:generation:window:credited, once tokens moved
+	}
+	share, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("share %q: %w", v, err)
+	}
+	return share, nil
 }
 
 // Ping checks that Redis answers within RedisConfig.Timeout.
@@ -279,7 +334,8 @@ func (s *RedisStore) run(ctx context.Context, n int, item func(int) scriptItem) 
 	args := make([][]any, n)
 	for i := range n {
 		it := item(i)
-		keys[i] = []string{s.bucketKey(it.key), s.shareKey(it.key)}
+		it.shareTTL = s.cfg.ShareTTL
+		keys[i] = s.keyNames(it.key)
 		args[i] = scriptArgs(it)
 	}
 	cmds := make([]*redis.Cmd, n)
@@ -350,7 +406,8 @@ func transientReply(msg string) bool {
 
 // DeleteShares removes the applied shares of keys: their buckets fall back
 // to Limit.InitialShare (the exchange retires a key at rest this way, where
-// the initial share is at most the applied one). Stored tokens above the
+// the initial share is at most the applied one) and expire as their own
+// (a key whose bucket has expired goes at once). Stored tokens above the
 // lower capacity are clipped at the bucket's next use. An ErrUnavailable
 // failure may leave some keys deleted; retrying is harmless.
 func (s *RedisStore) DeleteShares(ctx context.Context, keys []string) error {
@@ -360,14 +417,8 @@ func (s *RedisStore) DeleteShares(ctx context.Context, keys []string) error {
 	if len(keys) == 0 {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
-	defer cancel()
-	pipe := s.client.Pipeline()
-	for _, k := range keys {
-		pipe.Del(ctx, s.shareKey(k))
-	}
-	if _, err := pipe.Exec(ctx); err != nil {
-		return s.fail("delete shares", err)
-	}
-	return nil
+	_, err := s.run(ctx, len(keys), func(i int) scriptItem {
+		return scriptItem{key: keys[i], op: opDeleteShare}
+	})
+	return err
 }

@@ -2,6 +2,7 @@ package lease
 
 import (
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -22,14 +23,15 @@ func TestNewRedisStoreConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff(RedisConfig{Prefix: "ration:", Timeout: 50 * time.Millisecond}, s.cfg); diff != "" {
+	if diff := cmp.Diff(RedisConfig{Prefix: "ration:", Timeout: 50 * time.Millisecond, ShareTTL: 24 * time.Hour}, s.cfg); diff != "" {
 		t.Errorf("defaults (-want +got):\n%s", diff)
 	}
-	if got, want := s.bucketKey("t{e}n%ant"), "ration:{t%7Be%7Dn%25ant}:b"; got != want {
-		t.Errorf("got bucket key %q, want %q", got, want)
+	if got, want := s.stateKey("t{e}n%ant"), "ration:{t%7Be%7Dn%25ant}"; got != want {
+		t.Errorf("got state key %q, want %q", got, want)
 	}
-	if got, want := s.shareKey("acme"), "ration:{acme}:s"; got != want {
-		t.Errorf("got share key %q, want %q", got, want)
+	// The names before issue 12, which the script still reads.
+	if got, want := s.keyNames("acme"), []string{"ration:{acme}", "ration:{acme}:b", "ration:{acme}:s"}; !slices.Equal(got, want) {
+		t.Errorf("got key names %q, want %q", got, want)
 	}
 	for name, tc := range map[string]struct {
 		client redis.UniversalClient
@@ -38,6 +40,8 @@ func TestNewRedisStoreConfig(t *testing.T) {
 		"nil client":         {nil, RedisConfig{}},
 		"brace in prefix":    {good, RedisConfig{Prefix: "r{x}:"}},
 		"negative timeout":   {good, RedisConfig{Timeout: -time.Second}},
+		"negative share TTL": {good, RedisConfig{ShareTTL: -time.Second}},
+		"share TTL too long": {good, RedisConfig{ShareTTL: 1 << 62}},
 		"no context timeout": {plain, RedisConfig{}},
 	} {
 		if _, err := NewRedisStore(tc.client, tc.cfg); !errors.Is(err, ErrInvalid) {

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/ration-dev/ration/region"
 )
@@ -28,6 +29,8 @@ const (
 	opGrant  = "g"
 	opReturn = "r"
 	opShare  = "s"
+	// opDeleteShare drops a key's share; it reads no limit.
+	opDeleteShare = "d"
 )
 
 // scriptItem is one call of the script: a key, its limit, the op, its
@@ -39,7 +42,8 @@ type scriptItem struct {
 	n        int64
 	gen      uint64
 	received int64
-	window   int64 // the window of received
+	window   int64         // the window of received
+	shareTTL time.Duration // RedisConfig.ShareTTL
 }
 
 // scriptArgs is ARGV for one call of the script.
@@ -66,6 +70,7 @@ func scriptArgs(it scriptItem) []any {
 		strconv.FormatInt(l.Window[1], 10),
 		strconv.FormatInt(l.Window[2], 10),
 		strconv.FormatInt(l.Window[3], 10),
+		strconv.FormatInt(shareTTLMillis(it.shareTTL), 10),
 	}
 }
 

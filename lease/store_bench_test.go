@@ -120,10 +120,10 @@ func BenchmarkRedisLease(b *testing.B) {
 		if err := client.ScriptLoad(ctx, bucketScript).Err(); err != nil {
 			b.Fatal(err)
 		}
-		args := scriptArgs(scriptItem{limit: benchLimit, op: opGrant, n: 1})
+		args := scriptArgs(scriptItem{limit: benchLimit, op: opGrant, n: 1, shareTTL: store.Config().ShareTTL})
 		names := make([][]string, len(keys))
 		for i, k := range keys {
-			names[i] = []string{store.bucketKey(k), store.shareKey(k)}
+			names[i] = store.keyNames(k)
 		}
 		var ops, tokens int64
 		for b.Loop() {

@@ -21,7 +21,8 @@ var diffSeed = flag.Uint64("diff.seed", 0, "seed for TestRedisMatchesMemory (0: 
 // by its own clock, so every bucket is first written with its last update
 // in the future: both stores then clamp to it and refill nothing, and each
 // grant, return and share change is pure arithmetic on known state. Expiry
-// times are compared too (PEXPIRETIME).
+// times are compared too: the key's (PEXPIRETIME) and, with a share, the
+// bucket's own, kept in the key.
 func TestRedisMatchesMemory(t *testing.T) {
 	seed := *diffSeed
 	if seed == 0 {
@@ -64,12 +65,11 @@ func TestRedisMatchesMemory(t *testing.T) {
 		}
 		tokens := rng.Float64() * l.Burst
 		// Both stores start from the same bucket.
-		if err := client.HSet(ctx, rs.bucketKey(key),
-			"tokens", strconv.FormatFloat(tokens, 'g', -1, 64),
-			"last", strconv.FormatInt(last.UnixMicro(), 10)).Err(); err != nil {
+		start := redisState{tokens: tokens, last: last.UnixMicro()}
+		if err := client.Set(ctx, rs.stateKey(key), start.encode(), 0).Err(); err != nil {
 			t.Fatal(err)
 		}
-		e := ms.shard(key).entry(key)
+		e := ms.shard(key).entry(key, memNow.UnixMicro())
 		e.bucket, e.hasBucket = bucket{tokens: tokens, last: last.UnixMicro()}, true
 
 		for step := range 8 {
@@ -118,22 +118,26 @@ func TestRedisMatchesMemory(t *testing.T) {
 					t.Fatalf("case %d step %d %+v: Redis differs from memory (-memory +redis):\n%s", c, step, r[0], diff)
 				}
 			}
-			// The stored state and expiry agree after every step.
-			vals, err := client.HMGet(ctx, rs.bucketKey(key), "tokens", "last").Result()
+			// The stored state and expiries agree after every step.
+			st, ok := readRedisState(t, client, rs, key)
+			if !ok {
+				t.Fatalf("case %d step %d after %s: no state key", c, step, what)
+			}
+			redisExpire, err := client.Do(ctx, "PEXPIRETIME", rs.stateKey(key)).Int64()
 			if err != nil {
 				t.Fatal(err)
 			}
-			redisTokens, _ := strconv.ParseFloat(vals[0].(string), 64)
-			redisExpire, err := client.Do(ctx, "PEXPIRETIME", rs.bucketKey(key)).Int64()
-			if err != nil {
-				t.Fatal(err)
+			memExpire, bucketExpire := e.expireAt, int64(0)
+			if e.hasShare {
+				memExpire, bucketExpire = e.shareExpireAt, e.expireAt
 			}
 			if redisExpire == -1 {
 				redisExpire = 0
 			}
-			if !sameFloat(e.tokens, redisTokens) || vals[1] != strconv.FormatInt(e.last, 10) || e.expireAt != redisExpire {
-				t.Fatalf("case %d step %d after %s with %+v: memory {tokens %v last %d expire %d}, redis {tokens %v last %v expire %d}",
-					c, step, what, l, e.tokens, e.last, e.expireAt, redisTokens, vals[1], redisExpire)
+			if !sameFloat(e.tokens, st.tokens) || e.last != st.last || e.win != st.win || memExpire != redisExpire || st.bucketExpire != bucketExpire ||
+				st.hasShare != e.hasShare || st.share != int64(e.share) || st.gen != e.gen || st.credited != e.credited || st.window != e.escrow.window {
+				t.Fatalf("case %d step %d after %s with %+v: memory %+v key expiry %d, redis %+v key expiry %d",
+					c, step, what, l, *e, memExpire, st, redisExpire)
 			}
 		}
 	}

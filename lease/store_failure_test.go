@@ -156,7 +156,7 @@ func TestRedisStoreForeignShare(t *testing.T) {
 	}
 	l := slow(10, 1)
 	for _, v := range []string{"abc", "-1", "1000001", "0.5"} {
-		if err := client.Set(t.Context(), s.shareKey("k"), v, 0).Err(); err != nil {
+		if err := client.Set(t.Context(), s.oldShareKey("k"), v, 0).Err(); err != nil {
 			t.Fatal(err)
 		}
 		err := s.Grant(t.Context(), []GrantRequest{{Key: "k", Want: 1, Limit: l}}, make([]Grant, 1))
@@ -167,7 +167,24 @@ func TestRedisStoreForeignShare(t *testing.T) {
 			t.Errorf("Shares of %q: got no error", v)
 		}
 	}
-	if n, err := client.Exists(t.Context(), s.bucketKey("k")).Result(); err != nil || n != 0 {
+	if n, err := client.Exists(t.Context(), s.stateKey("k")).Result(); err != nil || n != 0 {
 		t.Errorf("got bucket exists=%d err %v, want no bucket written", n, err)
+	}
+	// A state key this code did not write is refused the same way.
+	if err := client.Del(t.Context(), s.oldShareKey("k")).Err(); err != nil {
+		t.Fatal(err)
+	}
+	tooBig := redisState{tokens: 1, last: 1, hasShare: true, share: 2_000_000}.encode()
+	for _, v := range []string{"abc", "0123456789abcdef", tooBig, redisState{tokens: 1, last: 1}.encode() + "x"} {
+		if err := client.Set(t.Context(), s.stateKey("k"), v, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		err := s.Grant(t.Context(), []GrantRequest{{Key: "k", Want: 1, Limit: l}}, make([]Grant, 1))
+		if err == nil || errors.Is(err, ErrUnavailable) {
+			t.Errorf("state %q: got %v, want a non-ErrUnavailable error", v, err)
+		}
+		if got, err := client.Get(t.Context(), s.stateKey("k")).Result(); err != nil || got != v {
+			t.Errorf("state %q: got %q, %v after the refused grant, want it unchanged", v, got, err)
+		}
 	}
 }

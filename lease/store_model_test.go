@@ -19,6 +19,10 @@ type model struct {
 	buckets map[string]*modelBucket
 	shares  map[string]int64
 	escrow  map[string]modelEscrow
+	// shareExp is when a key with a share vanishes (ms; 0 never): holdMS
+	// after its latest share write, never before its bucket.
+	shareExp map[string]int64
+	holdMS   int64
 }
 
 // modelEscrow is what a key's store credited of the tokens given to it:
@@ -62,12 +66,52 @@ func (m *model) windowOK(now time.Time, key string, l Limit) bool {
 	return ok
 }
 
-func newModel() *model {
-	return &model{buckets: map[string]*modelBucket{}, shares: map[string]int64{}, escrow: map[string]modelEscrow{}}
+func newModel(hold time.Duration) *model {
+	return &model{buckets: map[string]*modelBucket{}, shares: map[string]int64{}, escrow: map[string]modelEscrow{},
+		shareExp: map[string]int64{}, holdMS: hold.Milliseconds()}
+}
+
+// forget drops key's share once it has expired.
+func (m *model) forget(now time.Time, key string) {
+	if e, ok := m.shareExp[key]; ok && e != 0 && now.UnixMilli() > e {
+		delete(m.shares, key)
+		delete(m.escrow, key)
+		delete(m.shareExp, key)
+	}
+}
+
+// holdShare sets when key's share expires after its bucket b was updated,
+// by a share write or not.
+func (m *model) holdShare(key string, b *modelBucket, written bool) {
+	if _, ok := m.shares[key]; !ok {
+		return
+	}
+	old := m.shareExp[key]
+	switch {
+	case b.expireAt == 0 || (!written && old == 0):
+		m.shareExp[key] = 0
+	case written:
+		m.shareExp[key] = max(b.expireAt, (b.last.UnixMicro()+999)/1000+m.holdMS)
+	default:
+		m.shareExp[key] = max(b.expireAt, old)
+	}
+}
+
+// deleteShare drops key's share; its bucket goes too if it has expired.
+func (m *model) deleteShare(now time.Time, key string) {
+	delete(m.shares, key)
+	delete(m.escrow, key)
+	delete(m.shareExp, key)
+	if b, ok := m.buckets[key]; ok && b.expireAt != 0 && now.UnixMilli() > b.expireAt {
+		delete(m.buckets, key)
+	}
 }
 
 func (m *model) clone() *model {
-	c := newModel()
+	c := newModel(time.Duration(m.holdMS) * time.Millisecond)
+	for k, v := range m.shareExp {
+		c.shareExp[k] = v
+	}
 	for k, b := range m.buckets {
 		cp := *b
 		c.buckets[k] = &cp
@@ -142,6 +186,9 @@ func (m *model) bucket(now time.Time, key string, l Limit, rate, capacity float6
 // goes back before their expiry: a forgotten bucket starts afresh, one
 // still held is clamped (as Redis, which expires keys lazily, may do).
 func (m *model) sweep(now time.Time) {
+	for k := range m.shareExp {
+		m.forget(now, k)
+	}
 	for k, b := range m.buckets {
 		if b.expireAt != 0 && now.UnixMilli() > b.expireAt {
 			delete(m.buckets, k)
@@ -176,6 +223,7 @@ func (m *model) grant(now time.Time, r GrantRequest) (granted int64, g Grant, ma
 	if !modelValid(r.Key, r.Limit) || r.Want < r.Limit.Cost || !m.windowOK(now, r.Key, r.Limit) {
 		return 0, Grant{}, 0, false
 	}
+	m.forget(now, r.Key)
 	rate, capacity, _ := m.params(r.Key, r.Limit)
 	b := m.bucket(now, r.Key, r.Limit, rate, capacity)
 	n := math.Floor(b.tokens / float64(r.Limit.Cost))
@@ -183,6 +231,7 @@ func (m *model) grant(now time.Time, r GrantRequest) (granted int64, g Grant, ma
 	granted = min(int64(n), r.Want/r.Limit.Cost) * r.Limit.Cost
 	b.tokens -= float64(granted)
 	m.setExpiry(b, rate, capacity)
+	m.holdShare(r.Key, b, false)
 	g = Grant{Granted: granted, Tokens: b.tokens, Rate: rate, Capacity: capacity}
 	if granted == 0 {
 		switch {
@@ -202,10 +251,12 @@ func (m *model) grant(now time.Time, r GrantRequest) (granted int64, g Grant, ma
 }
 
 func (m *model) ret(now time.Time, r ReturnRequest) {
+	m.forget(now, r.Key)
 	rate, capacity, _ := m.params(r.Key, r.Limit)
 	b := m.bucket(now, r.Key, r.Limit, rate, capacity)
 	b.tokens = math.Min(capacity, b.tokens+float64(r.Tokens))
 	m.setExpiry(b, rate, capacity)
+	m.holdShare(r.Key, b, false)
 }
 
 // setShare returns the tokens released, in thousandths: a missing bucket
@@ -213,6 +264,7 @@ func (m *model) ret(now time.Time, r ReturnRequest) {
 // not credited yet in the newest generation, then capped at the new
 // capacity, the excess released.
 func (m *model) setShare(now time.Time, u ShareUpdate) (released int64, tokens float64) {
+	m.forget(now, u.Key)
 	rate, capacity, _ := m.params(u.Key, u.Limit)
 	b := m.bucket(now, u.Key, u.Limit, rate, capacity)
 	e := m.escrow[u.Key]
@@ -237,6 +289,7 @@ func (m *model) setShare(now time.Time, u ShareUpdate) (released int64, tokens f
 		b.tokens = capacity
 	}
 	m.setExpiry(b, rate, capacity)
+	m.holdShare(u.Key, b, true)
 	return released, b.tokens
 }
 
@@ -293,7 +346,9 @@ func TestMemoryStoreMatchesModel(t *testing.T) {
 		}
 		return l
 	}
-	store, mod := NewMemoryStore(MemoryConfig{Shards: 2}), newModel()
+	// Shares last 20 s after their latest write: the run spans minutes.
+	const hold = 20 * time.Second
+	store, mod := NewMemoryStore(MemoryConfig{Shards: 2, Clock: func() time.Time { return now }, ShareTTL: hold}), newModel(hold)
 	var snapStore *MemoryStore
 	var snapModel *model
 	now = epoch
@@ -365,8 +420,29 @@ func TestMemoryStoreMatchesModel(t *testing.T) {
 				}
 				mod.buckets[u.Key].tokens = out[0].Tokens
 			}
-		case p < 94: // the policy changes a key's limit
+		case p < 93: // the policy changes a key's limit
 			newLimit(key)
+		case p < 94: // the exchange retires a key, or reads what it applied
+			if key == "" {
+				break
+			}
+			if err := store.DeleteShares(t.Context(), []string{key}); err != nil {
+				t.Fatal(err)
+			}
+			mod.deleteShare(now, key)
+			k := keys[rng.IntN(len(keys)-1)]
+			got := make([]int64, 1)
+			if err := store.Shares(t.Context(), []string{k}, got); err != nil {
+				t.Fatal(err)
+			}
+			mod.forget(now, k)
+			want, ok := mod.shares[k]
+			if !ok {
+				want = -1
+			}
+			if got[0] != want {
+				t.Fatalf("op %d at %v: share of %q: got %d, want %d", op, now.Sub(epoch), k, got[0], want)
+			}
 		case p < 96: // sweeping drops what has expired
 			store.Sweep(now)
 			mod.sweep(now)
