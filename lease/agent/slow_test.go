@@ -82,7 +82,7 @@ rules:
 			}
 			k.denyUntil.Store(tt.denyUntil)
 			if tt.fallbackSpent {
-				k.fallback = emergency{init: true, active: true, last: now}
+				k.rareLocked().fallback = emergency{init: true, active: true, last: now}
 			}
 			f := &flight{done: make(chan struct{}), err: tt.err}
 			if tt.answered {
