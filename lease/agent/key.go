@@ -17,14 +17,15 @@ const cacheLine = 64
 // atomics only; everything under mu belongs to the slow path and the
 // refresher. The slots' words, which every spend of a hot key writes, start
 // the second line, so that their CAS traffic does not evict the read-mostly
-// first line from other cores' caches; the rest of that line holds fields
-// written only under mu, on grants and reports. The layout is laid out by
-// offset rather than padded (a million keys held are what the padding would
-// cost): the struct is four cache lines, and Go allocates objects of that
-// size class at multiples of their size from a page, so on cache-line
-// boundaries (TestKeyStateLayout checks both). What few keys need (requests
-// joining a round trip, failure modes) is in keyRare, allocated when first
-// needed.
+// first line from other cores' caches; the rest of that line holds the id,
+// which a lookup compares (so that finding a key reads no line that
+// deciding on it does not), and fields written only under mu, on grants
+// and reports. The layout is laid out by offset rather than padded (a
+// million keys held are what the padding would cost): the struct is four
+// cache lines, and Go allocates objects of that size class at multiples of
+// their size from a page, so on cache-line boundaries (TestKeyStateLayout
+// checks both). What few keys need (requests joining a round trip, failure
+// modes) is in keyRare, allocated when first needed.
 type keyState struct {
 	// Line 0: read on every decision, written when a grant is applied.
 	denyUntil atomic.Int64                // agent nanos: without tokens, deny locally until then
@@ -43,17 +44,14 @@ type keyState struct {
 	// The leases: expiries end line 0, the words start line 1.
 	slots slots
 
-	// The rest of line 1, under mu. Cumulative token accounting: net is
-	// the tokens granted and neither dropped nor returned, so
-	// spent = net − held. (Only that difference is read per key; the
-	// agent's counters keep the three apart.)
+	// The rest of line 1: the id, set once, and fields under mu.
+	id string // rule name, NUL, key: the map key
+	// Cumulative token accounting: net is the tokens granted and neither
+	// dropped nor returned, so spent = net − held. (Only that difference
+	// is read per key; the agent's counters keep the three apart.)
 	net int64
 	// Demand already reported to the region.
 	reportedAsked, reportedAdmitted int64
-	lastWant                        int64   // the previous lease's size, which caps the next
-	capacity                        float64 // the regional bucket's, from the last grant
-
-	id string // rule name, NUL, key: the map key
 
 	mu sync.Mutex
 	// flight is the round trip in progress for this key, sync or
@@ -62,11 +60,12 @@ type keyState struct {
 	// rare is set, under mu, the first time the key needs it.
 	rare atomic.Pointer[keyRare]
 	// Tokens denied, counted where it happens (never on the leased path).
-	denied atomic.Int64
-	rate   spendRate
+	denied   atomic.Int64
+	rate     spendRate
+	lastWant int64 // the previous lease's size, which caps the next
 	// What the last grant said.
-	regionRate float64
-	ttl        time.Duration // the lease TTL
+	regionRate, capacity float64
+	ttl                  time.Duration // the lease TTL
 	// Activity, for returning an unused lease and evicting an idle key.
 	checkedAsked int64
 	checkedAt    int64

@@ -17,7 +17,7 @@ func TestKeyMapEvictAndRecreate(t *testing.T) {
 	if got := km.len(); got != 1000 {
 		t.Fatalf("len got %d, want 1000", got)
 	}
-	for i := 0; i < 20; i++ { // enough misses to promote every shard
+	for i := 0; i < 20; i++ { // read while nothing changes
 		for _, id := range ids {
 			if km.get(id) == nil {
 				t.Fatalf("get(%q) = nil", id)
@@ -34,7 +34,7 @@ func TestKeyMapEvictAndRecreate(t *testing.T) {
 	if got := km.getOrCreate(ids[7], mk); got != k2 {
 		t.Error("a second getOrCreate made yet another state")
 	}
-	// The promoted read table still holds the evicted state: get must find
+	// The table held the evicted state until its successor: get must find
 	// its successor, or a request on a key with a fresh lease goes to the
 	// region (and when, depends on the shard seed).
 	if got := km.get(ids[7]); got != k2 {
@@ -90,15 +90,18 @@ func TestKeyMapShrinksAfterEviction(t *testing.T) {
 			t.Fatalf("get(%q) got %v, want held %v", id, k, i%100 == 0)
 		}
 	}
-	// No map keeps the evicted states or the room they took.
+	// No table keeps the evicted states or the room they took.
 	for i := range km.shards {
 		sh := &km.shards[i]
-		if n := len(sh.read.Load().m); n > 4*max(sh.peak, shrinkMinPeak) {
-			t.Errorf("shard %d: read holds %d entries for peak %d", i, n, sh.peak)
+		tab := sh.tab.Load()
+		if slots := groupSlots * len(tab.groups); sh.live*loadDen < minLoadNum*slots && slots > groupSlots {
+			t.Errorf("shard %d: a table of %d slots for %d keys", i, slots, sh.live)
 		}
-		for _, k := range sh.read.Load().m {
-			if k.isEvicted() && sh.peak < shrinkMinPeak {
-				t.Errorf("shard %d: read keeps evicted %q after a rebuild", i, k.id)
+		for g := range tab.groups {
+			for j := range tab.groups[g].keys {
+				if k := tab.groups[g].keys[j].Load(); k != nil && k.isEvicted() {
+					t.Errorf("shard %d: the table keeps evicted %q", i, k.id)
+				}
 			}
 		}
 	}
