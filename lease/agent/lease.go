@@ -38,10 +38,10 @@ func (c *core) leaseDone(f *flight, req *leasev1.LeaseRequest, wants []int64, se
 		// grant, when the grant was all it asked for (else the region ran
 		// dry, and the deny cache holds them off): the key's next lease
 		// asks for it.
-		var unserved int64
+		joined, unserved := k.joinedLocked(), int64(0)
 		if err == nil {
 			if g := max(resp.Grants[i].GetGranted(), 0); g >= wants[i] {
-				unserved = max(f.needs[i]+k.joinedLocked()-g, 0)
+				unserved = max(f.needs[i]+joined-g, 0)
 			}
 		}
 		k.setUnservedLocked(unserved, now)
