@@ -126,9 +126,10 @@ func matches(w, tag uint64) uint64 {
 // hasEmpty reports whether the tags w have an empty slot.
 func hasEmpty(w uint64) bool { return (w-lsbs)&^w&slotMSBs != 0 }
 
-// find returns the slot holding id, whose hash is h, or nil. A reader may
-// call it without the lock: the slot then held id when it was read.
-func (t *keyTable) find(h uint64, id []byte) *atomic.Pointer[keyState] {
+// find returns the state of id, whose hash is h, and its slot, or nils. A
+// reader may call it without the lock: the slot held that state when it
+// was read, and may hold another key's by now.
+func (t *keyTable) find(h uint64, id []byte) (*keyState, *atomic.Pointer[keyState]) {
 	tag := tagOf(h)
 	g := t.first(h)
 	for range t.groups {
@@ -137,17 +138,17 @@ func (t *keyTable) find(h uint64, id []byte) *atomic.Pointer[keyState] {
 		for m := matches(w, tag); m != 0; m &= m - 1 {
 			p := &grp.keys[bits.TrailingZeros64(m)>>3]
 			if k := p.Load(); k != nil && k.id == string(id) {
-				return p
+				return k, p
 			}
 		}
 		if hasEmpty(w) {
-			return nil
+			return nil, nil
 		}
 		if g++; g == len(t.groups) {
 			g = 0
 		}
 	}
-	return nil
+	return nil, nil
 }
 
 // slotOf returns the slot holding k, whose hash is h, or nil. Called with
@@ -207,10 +208,8 @@ func (grp *keyGroup) setTag(i int, tag uint64) {
 // successor takes its predecessor's slot, so once it exists, get finds it.
 func (km *keyMap) get(id []byte) *keyState {
 	h := maphash.Bytes(km.seed, id)
-	if p := km.shardOf(h).tab.Load().find(h, id); p != nil {
-		return p.Load()
-	}
-	return nil
+	k, _ := km.shardOf(h).tab.Load().find(h, id)
+	return k
 }
 
 // getOrCreate returns the live state of id, creating it with mk when there
@@ -221,8 +220,7 @@ func (km *keyMap) getOrCreate(id []byte, mk func(id string) *keyState) *keyState
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	t := sh.tab.Load()
-	if p := t.find(h, id); p != nil {
-		k := p.Load()
+	if k, p := t.find(h, id); k != nil {
 		if !k.isEvicted() {
 			return k
 		}
