@@ -14,9 +14,9 @@ import (
 //
 // Each shard is one open-addressed table of pointers to states, whose ids
 // are the keys: a held key costs its table a pointer and a tag byte at
-// five eighths to seven eighths load (10 to 15 B), where a Go map costs a string header
-// too and a sync.Map-style read and dirty pair holds every key twice. A
-// table is grouped by cache line, seven slots and their tags (a byte of
+// five to seven eighths load (10 to 15 B), where a Go map costs a string
+// header too and a sync.Map-style read and dirty pair holds every key
+// twice. A table is grouped by cache line, seven slots and their tags (a byte of
 // the id's hash each) per line, so that a lookup mostly reads one line of
 // the table and dereferences only the states whose tag matches. Writers
 // change a table in place with atomic stores that readers may see in any
