@@ -49,14 +49,15 @@ func (c *core) failMode(rr *ruleResult, now int64) {
 	switch rr.rule.OnError {
 	case policy.OnErrorOpen:
 		rr.ok, rr.path, rr.undo = true, PathFailedOpen, undoExtra
-		k.extra.Add(rr.need)
+		k.rareState().extra.Add(rr.need)
 	case policy.OnErrorClosed:
 		rr.path, rr.retry = PathFailedClosed, int64(c.cfg.ProbeInterval)
 		k.denied.Add(rr.need)
 	default:
 		k.mu.Lock()
 		rate, start, capacity := c.emergencyParams(k, rr.rule, rr.need)
-		ok, activated, wait := k.fallback.take(now, rr.need, rate, start, capacity)
+		r := k.rareLocked()
+		ok, activated, wait := r.fallback.take(now, rr.need, rate, start, capacity)
 		k.mu.Unlock()
 		if activated {
 			c.ctr.fallbacks.Add(1)
@@ -64,7 +65,7 @@ func (c *core) failMode(rr *ruleResult, now int64) {
 		rr.path = PathFallbackLocal
 		if ok {
 			rr.ok, rr.undo = true, undoFallback
-			k.extra.Add(rr.need)
+			r.extra.Add(rr.need)
 		} else {
 			rr.retry = wait
 			if wait < 0 {

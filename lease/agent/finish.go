@@ -157,11 +157,11 @@ func (c *core) undoAll(s *scratch) {
 		case undoFallback:
 			rr.k.mu.Lock()
 			_, _, capacity := c.emergencyParams(rr.k, rr.rule, rr.need)
-			rr.k.fallback.give(rr.need, capacity)
+			rr.k.fallback().give(rr.need, capacity)
 			rr.k.mu.Unlock()
-			rr.k.extra.Add(-rr.need)
+			rr.k.rare.Load().extra.Add(-rr.need)
 		case undoExtra:
-			rr.k.extra.Add(-rr.need)
+			rr.k.rare.Load().extra.Add(-rr.need)
 		}
 		rr.undo = undoNone
 	}

@@ -3,6 +3,9 @@ package agent
 import (
 	"fmt"
 	"math"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
 	"testing"
 )
 
@@ -17,7 +20,7 @@ func TestKeyMapEvictAndRecreate(t *testing.T) {
 	if got := km.len(); got != 1000 {
 		t.Fatalf("len got %d, want 1000", got)
 	}
-	for i := 0; i < 20; i++ { // enough misses to promote every shard
+	for i := 0; i < 20; i++ { // read while nothing changes
 		for _, id := range ids {
 			if km.get(id) == nil {
 				t.Fatalf("get(%q) = nil", id)
@@ -34,7 +37,7 @@ func TestKeyMapEvictAndRecreate(t *testing.T) {
 	if got := km.getOrCreate(ids[7], mk); got != k2 {
 		t.Error("a second getOrCreate made yet another state")
 	}
-	// The promoted read table still holds the evicted state: get must find
+	// The table held the evicted state until its successor: get must find
 	// its successor, or a request on a key with a fresh lease goes to the
 	// region (and when, depends on the shard seed).
 	if got := km.get(ids[7]); got != k2 {
@@ -90,16 +93,87 @@ func TestKeyMapShrinksAfterEviction(t *testing.T) {
 			t.Fatalf("get(%q) got %v, want held %v", id, k, i%100 == 0)
 		}
 	}
-	// No map keeps the evicted states or the room they took.
+	// No table keeps the evicted states or the room they took.
 	for i := range km.shards {
 		sh := &km.shards[i]
-		if n := len(sh.read.Load().m); n > 4*max(sh.peak, shrinkMinPeak) {
-			t.Errorf("shard %d: read holds %d entries for peak %d", i, n, sh.peak)
+		tab := sh.tab.Load()
+		if slots := groupSlots * len(tab.groups); sh.live*loadDen < minLoadNum*slots && slots > groupSlots {
+			t.Errorf("shard %d: a table of %d slots for %d keys", i, slots, sh.live)
 		}
-		for _, k := range sh.read.Load().m {
-			if k.isEvicted() && sh.peak < shrinkMinPeak {
-				t.Errorf("shard %d: read keeps evicted %q after a rebuild", i, k.id)
+		for g := range tab.groups {
+			for j := range tab.groups[g].keys {
+				if k := tab.groups[g].keys[j].Load(); k != nil && k.isEvicted() {
+					t.Errorf("shard %d: the table keeps evicted %q", i, k.id)
+				}
 			}
+		}
+	}
+}
+
+// TestKeyMapConcurrentReads reads keys while one writer creates and
+// removes others, through the tables' growth, tombstones and rebuilds:
+// a key held throughout is always found, and whatever get returns has the
+// id asked for.
+func TestKeyMapConcurrentReads(t *testing.T) {
+	seed := rand.Uint64()
+	t.Logf("seed %d", seed)
+	km := newKeyMap()
+	mk := func(id string) *keyState { return newKeyState(id, 1, 0) }
+	const kept, churned = 500, 3000
+	ids := make([][]byte, kept+churned)
+	for i := range ids {
+		ids[i] = fmt.Appendf(nil, "r\x00k%d", i)
+	}
+	for _, id := range ids[:kept] {
+		km.getOrCreate(id, mk)
+	}
+	var done atomic.Bool
+	var wg sync.WaitGroup
+	errs := make(chan string, 4)
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(seed, uint64(g+1)))
+			for !done.Load() {
+				i := rng.IntN(len(ids))
+				k := km.get(ids[i])
+				switch {
+				case k != nil && k.id != string(ids[i]):
+					errs <- fmt.Sprintf("get(%q) returned %q", ids[i], k.id)
+					return
+				case i < kept && (k == nil || k.isEvicted()):
+					errs <- fmt.Sprintf("get(%q), held throughout, got %v", ids[i], k)
+					return
+				}
+			}
+		}()
+	}
+	rng := rand.New(rand.NewPCG(seed, 0))
+	held := map[int]*keyState{}
+	for range 50_000 {
+		// Grow to most of the churned keys, then shrink to few, and again.
+		i := kept + rng.IntN(churned)
+		if k := held[i]; k != nil {
+			k.evicted.Store(true)
+			km.remove(k)
+			delete(held, i)
+		} else {
+			held[i] = km.getOrCreate(ids[i], mk)
+		}
+	}
+	done.Store(true)
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Error(e)
+	}
+	if got, want := km.len(), kept+len(held); got != want {
+		t.Errorf("len got %d, want %d", got, want)
+	}
+	for i, k := range held {
+		if got := km.get(ids[i]); got != k {
+			t.Errorf("get(%q) got %p, want %p", ids[i], got, k)
 		}
 	}
 }

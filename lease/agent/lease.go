@@ -38,13 +38,13 @@ func (c *core) leaseDone(f *flight, req *leasev1.LeaseRequest, wants []int64, se
 		// grant, when the grant was all it asked for (else the region ran
 		// dry, and the deny cache holds them off): the key's next lease
 		// asks for it.
-		k.unserved, k.unservedAt = 0, now
+		joined, unserved := k.joinedLocked(), int64(0)
 		if err == nil {
 			if g := max(resp.Grants[i].GetGranted(), 0); g >= wants[i] {
-				k.unserved = max(f.needs[i]+k.joined-g, 0)
+				unserved = max(f.needs[i]+joined-g, 0)
 			}
 		}
-		k.joined = 0
+		k.setUnservedLocked(unserved, now)
 		if err == nil {
 			c.applyLocked(k, f.rules[i], resp.Grants[i], sent, now, wants[i])
 		} else {
@@ -73,7 +73,7 @@ func (c *core) applyLocked(k *keyState, r *policy.Rule, g *leasev1.LeaseGrant, s
 		ttl = d.AsDuration()
 	}
 	exp := sent + int64(ttl)
-	k.granted += granted
+	k.net += granted
 	c.ctr.granted.Add(granted)
 	if k.evicted.Load() {
 		// Closed or evicted meanwhile: nobody will spend these.
@@ -96,11 +96,11 @@ func (c *core) applyLocked(k *keyState, r *policy.Rule, g *leasev1.LeaseGrant, s
 		}
 	}
 	c.dropLocked(k, k.collect(now))
-	if k.fallback.active {
+	if e := k.fallback(); e != nil && e.active {
 		// The region answers: the emergency bucket is idle again, as of
 		// the rate it ran at.
 		rate, start, capacity := c.emergencyParams(k, r, r.Cost)
-		k.fallback.idle(now, rate, start, capacity)
+		e.idle(now, rate, start, capacity)
 	}
 	k.hasGrant = true
 	k.regionRate, k.capacity, k.ttl = g.GetRate(), g.GetCapacity(), ttl
@@ -157,7 +157,7 @@ func holdAfter(granted, want, retryAfter, period int64, rate, capacity float64) 
 // dropLocked counts n tokens of k dropped (expired unspent, or lost).
 func (c *core) dropLocked(k *keyState, n int64) {
 	if n > 0 {
-		k.dropped += n
+		k.net -= n
 		c.ctr.dropped.Add(n)
 	}
 }
@@ -197,7 +197,7 @@ func (c *core) returnDone(b *returnBatch, err error) error {
 		}
 		k := b.keys[i]
 		k.mu.Lock()
-		k.returned -= it.Tokens
+		k.net += it.Tokens // not returned after all, but dropped
 		c.dropLocked(k, it.Tokens)
 		k.mu.Unlock()
 	}
@@ -224,13 +224,17 @@ func (c *core) leaseRequest(f *flight, sent int64) (*leasev1.LeaseRequest, []int
 			capacity = float64(r.Burst)
 		}
 		var waiting int64
-		if sent-k.unservedAt <= int64(c.cfg.RoundTripTimeout) {
-			waiting = k.unserved // they are about to ask again, or are asking
+		rs := k.rare.Load()
+		if rs != nil && sent-rs.unservedAt <= int64(c.cfg.RoundTripTimeout) {
+			waiting = rs.unserved // they are about to ask again, or are asking
 		}
 		want := leaseSize(k.rate.rate, c.cfg.LeasePeriod, lead, f.needs[i], waiting, r.Cost, capacity, agents, k.lastWant)
 		// The size before a window's end clips it caps the next lease, so
 		// that the next window's leases do not start small.
-		k.lastWant, k.unserved = want, 0
+		k.lastWant = want
+		if rs != nil {
+			rs.unserved = 0
+		}
 		if r.FixedWindow() {
 			want = c.windowLease(r, sent, want, k.rate.rate, lead, f.needs[i], waiting)
 		}

@@ -88,29 +88,37 @@ func heapInUse() int64 {
 	return int64(ms.HeapAlloc)
 }
 
+// maxHeldKeyBytes bounds the heap per held key at TestAgentMemoryPerKey's
+// 100,000 keys, about 300 B: its state (256 B), its id (16 B here), its
+// slot in the key table (about 11 B) and in the refresher's schedule
+// (about 10 B), and a few bytes of buffers, with some margin. A state a
+// cache line larger fails it.
+const maxHeldKeyBytes = 320
+
 // TestAgentMemoryPerKey measures the heap per held key (keys decided once
 // each, on a Driver, so that no region or store is in the heap), and the
-// heap once every key is evicted against an empty agent's, and logs them
-// (go test -run TestAgentMemoryPerKey -v ./lease/agent). It runs 100,000
-// keys; RATION_MEM_KEYS=1000000 runs that many instead.
+// heap once every key is evicted against an empty agent's, logs them (go
+// test -run TestAgentMemoryPerKey -v ./lease/agent) and checks them: at
+// most maxHeldKeyBytes per key, and twice the empty agent's once evicted.
+// It runs 100,000 keys; RATION_MEM_KEYS=1000000 runs that many instead,
+// and checks only the heap after eviction.
 func TestAgentMemoryPerKey(t *testing.T) {
 	if testing.Short() || raceEnabled {
 		t.Skip("measures memory; slow")
 	}
-	sizes := []int{100_000}
+	n, bound := 100_000, true
 	if s := os.Getenv("RATION_MEM_KEYS"); s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil {
-			t.Fatalf("RATION_MEM_KEYS=%q: %v", s, err)
+		var err error
+		if n, err = strconv.Atoi(s); err != nil || n < 1 {
+			t.Fatalf("RATION_MEM_KEYS=%q: want a positive number of keys", s)
 		}
-		sizes = []int{n}
+		bound = false
 	}
-	for _, n := range sizes {
-		t.Run(fmt.Sprint(n), func(t *testing.T) { testAgentMemory(t, n) })
-	}
+	t.Run(fmt.Sprint(n), func(t *testing.T) { testAgentMemory(t, n, bound) })
 }
 
-func testAgentMemory(t *testing.T, n int) {
+// testAgentMemory measures n keys; bound checks the bytes per key too.
+func testAgentMemory(t *testing.T, n int, bound bool) {
 	base := heapInUse()
 	w := newMemWorld(t)
 	w.decideEach(t, 1) // the agent's own structures, warm
@@ -124,6 +132,12 @@ func testAgentMemory(t *testing.T, n int) {
 	emptyAgent := empty - base
 	t.Logf("keys=%d: %.0f B per held key; empty agent %d B, after eviction %d B (%.2f× the empty agent)",
 		n, perKey, emptyAgent, after-base, float64(after-base)/float64(emptyAgent))
+	if bound && perKey > maxHeldKeyBytes {
+		t.Errorf("%.0f B per held key, want at most %d", perKey, maxHeldKeyBytes)
+	}
+	if after-base > 2*emptyAgent {
+		t.Errorf("heap after evicting every key got %d B, want at most twice the empty agent's %d B", after-base, emptyAgent)
+	}
 	runtime.KeepAlive(w)
 }
 

@@ -261,15 +261,16 @@ func (c *core) spareLocked(k *keyState) int64 {
 // of a slow quota can use the rate banked between them. A bucket that never
 // refills (a share of 0) does not keep its key.
 func (c *core) keepForEmergency(k *keyState, r *policy.Rule, now int64) int64 {
-	if r == nil || !k.fallback.init {
+	e := k.fallback()
+	if r == nil || e == nil || !e.init {
 		return now
 	}
 	rate, start, capacity := c.emergencyParams(k, r, r.Cost)
 	target := start
-	if k.fallback.active && c.down.Load() {
+	if e.active && c.down.Load() {
 		target = capacity
 	}
-	return k.fallback.full(now, rate, target)
+	return e.full(now, rate, target)
 }
 
 // evictLocked forgets k, returning its live tokens.
@@ -291,7 +292,7 @@ func (c *core) giveBackLocked(k *keyState, r *policy.Rule, now, n int64, rets *r
 		c.dropLocked(k, n)
 		return
 	}
-	k.returned += n
+	k.net -= n
 	rets.add(k, n)
 }
 

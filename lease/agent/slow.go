@@ -179,7 +179,7 @@ func (c *core) joinOrStart(s *scratch, now int64) *flight {
 			}
 			k.lastActive = now
 			if k.flight != nil {
-				k.joined += rr.need
+				k.rareLocked().joined += rr.need
 			} else {
 				if own == nil {
 					own = &flight{done: make(chan struct{}), sync: true}

@@ -82,7 +82,7 @@ rules:
 			}
 			k.denyUntil.Store(tt.denyUntil)
 			if tt.fallbackSpent {
-				k.fallback = emergency{init: true, active: true, last: now}
+				k.rareLocked().fallback = emergency{init: true, active: true, last: now}
 			}
 			f := &flight{done: make(chan struct{}), err: tt.err}
 			if tt.answered {
@@ -97,5 +97,36 @@ rules:
 				t.Errorf("got %+v, want %+v (-want +got):\n%s", got, tt.want, diff)
 			}
 		})
+	}
+}
+
+// TestRoundTripForgetsJoined: the tokens of requests that joined a round
+// trip are forgotten when it completes, failed or not, so that a later
+// grant does not count them as waiting.
+func TestRoundTripForgetsJoined(t *testing.T) {
+	for _, fail := range []bool{false, true} {
+		w := newMemWorld(t)
+		d := ds("tenant", "acme")
+		if _, ok := w.d.Decide(w.now, d, 1, 0); ok {
+			t.Fatal("a new key decided without a round trip")
+		}
+		calls := w.d.Poll(w.now)
+		if _, ok := w.d.Decide(w.now, d, 3, 1); ok {
+			t.Fatal("a request decided while its key's round trip is in flight")
+		}
+		k := w.d.c.keys.get([]byte("bench\x00tenant=acme"))
+		if got := k.rare.Load().joined; got != 3 {
+			t.Fatalf("joined got %d, want 3", got)
+		}
+		for _, c := range calls {
+			if fail {
+				w.d.Complete(w.now, c, nil, errors.New("unavailable"))
+			} else {
+				w.answer([]*Call{c})
+			}
+		}
+		if got := k.rare.Load().joined; got != 0 {
+			t.Errorf("failed %v: joined after the round trip got %d, want 0", fail, got)
+		}
 	}
 }
