@@ -70,6 +70,10 @@ type daemonMetrics struct {
 	heapInuse  int64   // go_memstats_heap_inuse_bytes
 	epochSum   float64 // ration_exchange_epoch_duration_seconds_sum
 	epochCount int64   // ration_exchange_epoch_duration_seconds_count
+	leaseItems float64 // ration_lease_items_total: keys asked for, one store operation each
+	// storeErrors counts failed store calls of the lease service and the
+	// exchange (ration_store_errors_total, ration_exchange_store_errors_total).
+	storeErrors float64
 }
 
 // scrapeMetrics reads regiond's /metrics in the Prometheus text format
@@ -110,6 +114,10 @@ func parseMetrics(r io.Reader, m *daemonMetrics) error {
 			m.epochSum += value
 		case "ration_exchange_epoch_duration_seconds_count":
 			m.epochCount += int64(value)
+		case "ration_lease_items_total":
+			m.leaseItems += value
+		case "ration_store_errors_total", "ration_exchange_store_errors_total":
+			m.storeErrors += value
 		}
 	}
 	return sc.Err()
