@@ -148,6 +148,11 @@ func (s *sampler) sample(ctx context.Context, now time.Time) (dt float64, err er
 func (s *sampler) sampleRegion(ctx context.Context, t *target, now time.Time, conns *server.Connz, active int64, rate func(cur, prev float64) float64) error {
 	l := &t.line
 	l.Kind, l.T, l.Region, l.PID = "region", now.Sub(s.start).Seconds(), t.name, t.daemon.pid()
+	for _, c := range []*child{t.daemon.child, t.redis} {
+		if c.exited() {
+			return c.failure("exited during the run")
+		}
+	}
 	pu, err := readProc(t.daemon.pid())
 	if err != nil {
 		return err
