@@ -171,6 +171,7 @@ func (p printer) start(o options, d *deployment) {
 	fmt.Fprintf(p.w, "load: %d keys, each decided once per %v (%.0f/s) in its home region (%.0f%% of keys move home every sweep),\n"+
 		"  plus %.0f/s Zipf(s=%.2f) split 60/30/10%% between regions; %d agents per region; rule per-user 100/min global; seed %d\n",
 		l.Keys, o.load.sweep, l.SweepRate, 100*l.Move, l.Hot, l.Zipf, l.Agents, l.Seed)
+	fmt.Fprintf(p.w, "active keys: distinct keys the sweep decided within the regions' idle time (%v); sweep lag: keys it is behind its schedule\n", regionIdle)
 	fmt.Fprintf(p.w, "columns: rss, cpu/s and heap (go_memstats_heap_inuse_bytes) of regiond; epoch = mean exchange epoch;\n"+
 		"  items/s = keys leased (one store operation each); st-err = failed store calls (lease and exchange) in the interval; redis = INFO used_memory;\n"+
 		"  B/rkey = used_memory/DBSIZE; B/key = (used_memory − before the load)/active keys; rcpu/s = redis-server CPU;\n"+

@@ -46,8 +46,8 @@ type generator struct {
 	cfg    loadConfig
 	agents [][]*agent.Agent // [region][agent]
 	work   [][]chan uint32  // [region][agent]
+	start  time.Time        // when the load starts; set before run
 	swept  atomic.Int64     // keys dispatched by the sweep
-	due    atomic.Int64     // keys the sweep should have dispatched by now
 	hot    atomic.Int64     // hot decisions dispatched
 }
 
@@ -63,8 +63,8 @@ func newGenerator(cfg loadConfig, agents [][]*agent.Agent) *generator {
 	return g
 }
 
-// run drives the load until ctx is done and returns once every goroutine
-// it started has exited.
+// run drives the load from g.start until ctx is done and returns once
+// every goroutine it started has exited.
 func (g *generator) run(ctx context.Context) {
 	var workers, dispatchers sync.WaitGroup
 	for r, as := range g.agents {
@@ -74,11 +74,10 @@ func (g *generator) run(ctx context.Context) {
 			}
 		}
 	}
-	start := time.Now()
-	dispatchers.Go(func() { g.sweepLoop(ctx, start) })
+	dispatchers.Go(func() { g.sweepLoop(ctx) })
 	for r := range g.agents {
 		rng := rand.New(rand.NewPCG(g.cfg.seed, uint64(r)))
-		dispatchers.Go(func() { g.hotLoop(ctx, start, r, rng) })
+		dispatchers.Go(func() { g.hotLoop(ctx, r, rng) })
 	}
 	dispatchers.Wait()
 	for _, chs := range g.work {
@@ -107,18 +106,19 @@ func keyName(buf []byte, k uint32) string {
 // sweepLoop dispatches every key once per sweep, in key order, at an even
 // rate. When the agents cannot keep up the dispatch blocks and falls
 // behind; lag says by how much.
-func (g *generator) sweepLoop(ctx context.Context, start time.Time) {
+func (g *generator) sweepLoop(ctx context.Context) {
 	t := time.NewTicker(tick)
 	defer t.Stop()
 	n := int64(g.cfg.keys)
 	for {
+		var due int64
 		select {
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
-			g.due.Store(int64(now.Sub(start).Seconds() * g.cfg.sweepRate()))
+			due = g.due(now)
 		}
-		for s := g.swept.Load(); s < g.due.Load(); s++ {
+		for s := g.swept.Load(); s < due; s++ {
 			k := uint32(s % n)
 			if !g.send(ctx, g.home(k, s/n), k) {
 				return
@@ -129,12 +129,12 @@ func (g *generator) sweepLoop(ctx context.Context, start time.Time) {
 }
 
 // hotLoop dispatches region r's Zipf-distributed demand.
-func (g *generator) hotLoop(ctx context.Context, start time.Time, r int, rng *rand.Rand) {
+func (g *generator) hotLoop(ctx context.Context, r int, rng *rand.Rand) {
 	n := uint64(g.cfg.keys)
 	zipf := rand.NewZipf(rng, g.cfg.zipfS, 1, n-1)
 	t := time.NewTicker(tick)
 	defer t.Stop()
-	last, owed := start, 0.0
+	last, owed := g.start, 0.0
 	for {
 		select {
 		case <-ctx.Done():
@@ -186,8 +186,10 @@ func mix(x uint64) uint64 {
 	return x ^ (x >> 31)
 }
 
-// lag is how many keys the sweep is behind its schedule.
-func (g *generator) lag() int64 { return max(0, g.due.Load()-g.swept.Load()) }
+// due is how many keys the sweep should have dispatched by now.
+func (g *generator) due(now time.Time) int64 {
+	return int64(now.Sub(g.start).Seconds() * g.cfg.sweepRate())
+}
 
-// active is how many distinct keys have been decided so far (at most all).
-func (g *generator) active() int64 { return min(g.swept.Load(), int64(g.cfg.keys)) }
+// lag is how many keys the sweep is behind its schedule at now.
+func (g *generator) lag(now time.Time) int64 { return max(0, g.due(now)-g.swept.Load()) }

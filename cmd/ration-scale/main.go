@@ -152,10 +152,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	s := &sampler{ns: d.nats, regions: d.targets, hc: d.hc}
 	s.gen = newGenerator(o.load, d.agents())
+	s.start = time.Now()
+	s.gen.start = s.start
 	if err := s.baseline(ctx); err != nil {
 		return err
 	}
-	s.start = time.Now()
 	return drive(ctx, o, s, p)
 }
 

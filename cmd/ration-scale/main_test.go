@@ -70,9 +70,10 @@ func TestSmallRun(t *testing.T) {
 			kinds[line.Kind]++
 			last = line.Kind
 		}
-		// Three ticks within 3.5s and the final interval at its end.
-		if kinds["start"] != 1 || kinds["all"] < 3 || kinds["region"] != 3*kinds["all"] || kinds["summary"] != 1 || last != "summary" {
-			t.Errorf("got lines %v ending with %q, want one start, ≥ 3 intervals of 3 regions and 1 all, and the summary last", kinds, last)
+		// Three ticks within 3.5s and the final interval at its end; a
+		// loaded machine may drop a tick while a sample is taken.
+		if kinds["start"] != 1 || kinds["all"] < 2 || kinds["region"] != 3*kinds["all"] || kinds["summary"] != 1 || last != "summary" {
+			t.Errorf("got lines %v ending with %q, want one start, ≥ 2 intervals of 3 regions and 1 all, and the summary last", kinds, last)
 		}
 		checkGone(t, start)
 	})

@@ -96,6 +96,30 @@ type sampler struct {
 	start    time.Time
 	last     time.Time
 	all      allLine
+	swept    []sweptAt // the sweep's progress at each sample, for active
+}
+
+// sweptAt is how many keys the sweep had dispatched at t.
+type sweptAt struct {
+	t     time.Time
+	swept int64
+}
+
+// active is how many distinct keys were decided within the regions' idle
+// time before now (the sweep goes in key order, so the last n ≤ keys it
+// dispatched are distinct), as far as the samples resolve it: counted from
+// the latest sample at least regionIdle old, or from the start.
+func (s *sampler) active(now time.Time) int64 {
+	cur := s.gen.swept.Load()
+	s.swept = append(s.swept, sweptAt{now, cur})
+	var from int64
+	for len(s.swept) > 1 && now.Sub(s.swept[1].t) >= regionIdle {
+		s.swept = s.swept[1:]
+	}
+	if now.Sub(s.swept[0].t) >= regionIdle {
+		from = s.swept[0].swept
+	}
+	return min(cur-from, int64(s.gen.cfg.keys))
 }
 
 // liveHeap collects garbage and returns the live heap of the harness: the
@@ -136,7 +160,7 @@ func (s *sampler) sample(ctx context.Context, now time.Time) (dt float64, err er
 	if err != nil {
 		return 0, fmt.Errorf("nats connz: %w", err)
 	}
-	active := s.gen.active()
+	active := s.active(now)
 	for _, t := range s.regions {
 		if err := s.sampleRegion(ctx, t, now, conns, active, rate); err != nil {
 			return 0, fmt.Errorf("region %s: %w", t.name, err)
@@ -213,7 +237,7 @@ func (s *sampler) sampleRegion(ctx context.Context, t *target, now time.Time, co
 
 func (s *sampler) sampleAll(now time.Time, active int64, rate func(cur, prev float64) float64) error {
 	a := &s.all
-	a.Kind, a.T, a.ActiveKeys, a.SweepLag = "all", now.Sub(s.start).Seconds(), active, s.gen.lag()
+	a.Kind, a.T, a.ActiveKeys, a.SweepLag = "all", now.Sub(s.start).Seconds(), active, s.gen.lag(now)
 	driven := s.gen.swept.Load() + s.gen.hot.Load()
 	a.Driven, a.prevDriven = rate(float64(driven), float64(a.prevDriven)), driven
 	v, err := s.ns.Varz(&server.VarzOptions{})
