@@ -173,7 +173,7 @@ func (p printer) start(o options, d *deployment) {
 		l.Keys, o.load.sweep, l.SweepRate, 100*l.Move, l.Hot, l.Zipf, l.Agents, l.Seed)
 	fmt.Fprintf(p.w, "active keys: distinct keys the sweep decided within the regions' idle time (%v); sweep lag: keys it is behind its schedule\n", regionIdle)
 	fmt.Fprintf(p.w, "columns: rss, cpu/s and heap (go_memstats_heap_inuse_bytes) of regiond; epoch = mean exchange epoch;\n"+
-		"  items/s = keys leased (one store operation each); st-err = failed store calls (lease and exchange) in the interval; redis = INFO used_memory;\n"+
+		"  items/s = keys leased (one store operation each); l-err, x-err = failed store calls of the lease service and of the exchange in the interval; redis = INFO used_memory;\n"+
 		"  B/rkey = used_memory/DBSIZE; B/key = (used_memory − before the load)/active keys; rcpu/s = redis-server CPU;\n"+
 		"  nats = regiond's connection, bytes published (in) and delivered (out); agent keys held; adm/den/fail = decisions, fail = by failure mode\n\n")
 }

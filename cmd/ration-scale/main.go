@@ -67,6 +67,7 @@ type options struct {
 	load                loadConfig
 	duration, report    time.Duration
 	syncPeriod, rttWait time.Duration
+	storeTimeout        time.Duration
 	agents              int
 	json                bool
 	regiond             string
@@ -89,6 +90,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.load.workers, "workers", 8, "goroutines deciding per agent (bounds the concurrent cold round trips)")
 	seed := fs.Uint64("seed", 0, "seed of the load (0: from the clock; printed)")
 	fs.DurationVar(&o.syncPeriod, "sync-period", time.Second, "regiond -sync-period")
+	fs.DurationVar(&o.storeTimeout, "store-timeout", 0, "regiond -store-timeout, the deadline of each Redis call (0: regiond's default, 50ms)")
 	fs.DurationVar(&o.rttWait, "round-trip-timeout", 100*time.Millisecond, "agents' RoundTripTimeout: how long a cold key waits for its region before its failure mode decides")
 	fs.StringVar(&o.regiond, "regiond", "", "regiond binary to run (default: go build ./cmd/regiond into the temp dir)")
 	fs.BoolVar(&o.verbose, "v", false, "regiond logs at info (default warn), in the temp dir; printed at exit")
@@ -120,8 +122,8 @@ func parse(args []string, stderr io.Writer) (options, error) {
 		return o, fmt.Errorf("-move %v: want 0 to 1", o.load.move)
 	case o.agents < 1 || o.load.workers < 1:
 		return o, errors.New("-agents and -workers must be at least 1")
-	case o.syncPeriod < 10*time.Millisecond || o.rttWait <= 0:
-		return o, errors.New("-sync-period must be at least 10ms and -round-trip-timeout positive")
+	case o.syncPeriod < 10*time.Millisecond || o.rttWait <= 0 || o.storeTimeout < 0:
+		return o, errors.New("-sync-period must be at least 10ms, -round-trip-timeout positive and -store-timeout not negative")
 	}
 	return o, nil
 }
@@ -228,10 +230,14 @@ func regionArgs(o options, r, redisAddr, natsURL, policy string) []string {
 	if o.verbose {
 		level = "info"
 	}
-	return []string{
+	args := []string{
 		"-region", r, "-regions", strings.Join(regions, ","), "-replica", r + "-0",
 		"-redis", "redis://" + redisAddr, "-nats", natsURL,
 		"-listen", "127.0.0.1:0", "-admin", "127.0.0.1:0",
 		"-policy", policy, "-sync-period", o.syncPeriod.String(), "-log-level", level,
 	}
+	if o.storeTimeout > 0 {
+		args = append(args, "-store-timeout", o.storeTimeout.String())
+	}
+	return args
 }

@@ -112,7 +112,7 @@ func checkGone(t *testing.T, start startLine) {
 func TestParseRejectsBadFlags(t *testing.T) {
 	for _, args := range [][]string{
 		{"-keys", "0"}, {"-sweep", "60s"}, {"-sweep", "0s"}, {"-zipf", "1"}, {"-move", "1.5"},
-		{"-hot", "-1"}, {"-o", "yaml"}, {"-agents", "0"}, {"-workers", "0"}, {"-report", "0s"}, {"extra"},
+		{"-hot", "-1"}, {"-o", "yaml"}, {"-agents", "0"}, {"-workers", "0"}, {"-report", "0s"}, {"-store-timeout", "-1s"}, {"extra"},
 	} {
 		if _, err := parse(args, io.Discard); err == nil {
 			t.Errorf("parse(%q): got no error", args)

@@ -67,13 +67,12 @@ func readProc(pid int) (procUsage, error) {
 
 // daemonMetrics are the figures the harness takes from regiond's /metrics.
 type daemonMetrics struct {
-	heapInuse  int64   // go_memstats_heap_inuse_bytes
-	epochSum   float64 // ration_exchange_epoch_duration_seconds_sum
-	epochCount int64   // ration_exchange_epoch_duration_seconds_count
-	leaseItems float64 // ration_lease_items_total: keys asked for, one store operation each
-	// storeErrors counts failed store calls of the lease service and the
-	// exchange (ration_store_errors_total, ration_exchange_store_errors_total).
-	storeErrors float64
+	heapInuse      int64   // go_memstats_heap_inuse_bytes
+	epochSum       float64 // ration_exchange_epoch_duration_seconds_sum
+	epochCount     int64   // ration_exchange_epoch_duration_seconds_count
+	leaseItems     float64 // ration_lease_items_total: keys asked for, one store operation each
+	leaseErrors    float64 // ration_store_errors_total: the lease service's failed store calls
+	exchangeErrors float64 // ration_exchange_store_errors_total: the exchange's
 }
 
 // scrapeMetrics reads regiond's /metrics in the Prometheus text format
@@ -116,8 +115,10 @@ func parseMetrics(r io.Reader, m *daemonMetrics) error {
 			m.epochCount += int64(value)
 		case "ration_lease_items_total":
 			m.leaseItems += value
-		case "ration_store_errors_total", "ration_exchange_store_errors_total":
-			m.storeErrors += value
+		case "ration_store_errors_total":
+			m.leaseErrors += value
+		case "ration_exchange_store_errors_total":
+			m.exchangeErrors += value
 		}
 	}
 	return sc.Err()

@@ -30,7 +30,8 @@ type regionLine struct {
 	Epochs        int64   `json:"epochs"`
 	EpochMS       float64 `json:"epoch_ms_mean"`
 	LeaseItems    float64 `json:"lease_items_per_s"`
-	StoreErrors   float64 `json:"store_errors"`
+	LeaseErrors   float64 `json:"lease_store_errors"`
+	XchgErrors    float64 `json:"exchange_store_errors"`
 	RedisUsed     int64   `json:"redis_used_memory_bytes"`
 	RedisKeys     int64   `json:"redis_dbsize"`
 	RedisPerRKey  float64 `json:"redis_bytes_per_redis_key"`
@@ -52,7 +53,8 @@ type regionLine struct {
 	prevFailure   uint64
 	prevEpochsCnt int64
 	prevItems     float64
-	prevStoreErrs float64
+	prevLeaseErrs float64
+	prevXchgErrs  float64
 }
 
 // allLine is the whole run's figures for one interval.
@@ -198,7 +200,8 @@ func (s *sampler) sampleRegion(ctx context.Context, t *target, now time.Time, co
 	}
 	l.prevEpochsCnt, l.prevEpochSum = m.epochCount, m.epochSum
 	l.LeaseItems, l.prevItems = rate(m.leaseItems, l.prevItems), m.leaseItems
-	l.StoreErrors, l.prevStoreErrs = max(0, m.storeErrors-l.prevStoreErrs), m.storeErrors
+	l.LeaseErrors, l.prevLeaseErrs = max(0, m.leaseErrors-l.prevLeaseErrs), m.leaseErrors
+	l.XchgErrors, l.prevXchgErrs = max(0, m.exchangeErrors-l.prevXchgErrs), m.exchangeErrors
 	rm, err := readRedis(ctx, t.rc)
 	if err != nil {
 		return err
@@ -280,12 +283,12 @@ func (p printer) interval(s *sampler) {
 	a := s.all
 	fmt.Fprintf(p.w, "t=%v active keys %d (sweep lag %d), driven %.0f/s, harness cpu %.2f s/s, nats in %s/s out %s/s\n",
 		time.Duration(a.T*float64(time.Second)).Round(time.Second), a.ActiveKeys, a.SweepLag, a.Driven, a.HarnessCPU, mb(a.NATSIn), mb(a.NATSOut))
-	fmt.Fprintf(p.w, "  %-4s %8s %6s %8s %8s %8s %6s %9s %9s %7s %6s %6s %9s %9s %9s %8s %8s %6s\n",
-		"reg", "rss", "cpu/s", "heap", "epoch", "items/s", "st-err", "redis", "dbsize", "B/rkey", "B/key", "rcpu/s", "nats-in/s", "nats-out/s", "agentkeys", "adm/s", "den/s", "fail/s")
+	fmt.Fprintf(p.w, "  %-4s %8s %6s %8s %8s %8s %6s %6s %9s %9s %7s %6s %6s %9s %9s %9s %8s %8s %6s\n",
+		"reg", "rss", "cpu/s", "heap", "epoch", "items/s", "l-err", "x-err", "redis", "dbsize", "B/rkey", "B/key", "rcpu/s", "nats-in/s", "nats-out/s", "agentkeys", "adm/s", "den/s", "fail/s")
 	for _, t := range s.regions {
 		l := t.line
-		fmt.Fprintf(p.w, "  %-4s %8s %6.2f %8s %6.0fms %8.0f %6.0f %9s %9d %7.0f %6.0f %6.2f %9s %9s %9d %8.0f %8.0f %6.0f\n",
-			l.Region, mb(float64(l.RSS)), l.CPU, mb(float64(l.HeapInuse)), l.EpochMS, l.LeaseItems, l.StoreErrors, mb(float64(l.RedisUsed)), l.RedisKeys,
+		fmt.Fprintf(p.w, "  %-4s %8s %6.2f %8s %6.0fms %8.0f %6.0f %6.0f %9s %9d %7.0f %6.0f %6.2f %9s %9s %9d %8.0f %8.0f %6.0f\n",
+			l.Region, mb(float64(l.RSS)), l.CPU, mb(float64(l.HeapInuse)), l.EpochMS, l.LeaseItems, l.LeaseErrors, l.XchgErrors, mb(float64(l.RedisUsed)), l.RedisKeys,
 			l.RedisPerRKey, l.RedisPerKey, l.RedisCPU, mb(l.NATSIn), mb(l.NATSOut), l.AgentKeys, l.Admitted, l.Denied, l.FailureMode)
 	}
 	fmt.Fprintf(p.w, "  agents: %d keys held, live heap %s above the start, %.0f B/key\n", a.AgentKeys, mb(float64(a.AgentHeap)), a.AgentPerKey)
