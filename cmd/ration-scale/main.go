@@ -198,7 +198,7 @@ func drive(ctx context.Context, o options, s *sampler, p printer) error {
 }
 
 func report(ctx context.Context, s *sampler, p printer, sum *summary, keys int) error {
-	if _, err := s.sample(ctx, time.Now()); err != nil {
+	if err := s.sample(ctx, time.Now()); err != nil {
 		return err
 	}
 	p.interval(s)

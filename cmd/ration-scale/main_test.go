@@ -134,3 +134,56 @@ func TestHomeMovesTheShareAsked(t *testing.T) {
 		t.Errorf("got %d of 100,000 keys moving home between rounds, want about 10,000", moved)
 	}
 }
+
+func TestParseMetricsSumsOverLabels(t *testing.T) {
+	text := `# HELP go_memstats_heap_inuse_bytes x
+# TYPE go_memstats_heap_inuse_bytes gauge
+go_memstats_heap_inuse_bytes 1.5e+07
+ration_exchange_epoch_duration_seconds_bucket{le="0.5"} 3
+ration_exchange_epoch_duration_seconds_sum 1.25
+ration_exchange_epoch_duration_seconds_count 5
+ration_lease_items_total{rule="per-user"} 10
+ration_lease_items_total{rule="other"} 5
+ration_store_errors_total{op="lease"} 2
+ration_exchange_store_errors_total{op="shares"} 3
+ration_exchange_store_errors_total{op="hold"} 4
+`
+	var got daemonMetrics
+	if err := parseMetrics(strings.NewReader(text), &got); err != nil {
+		t.Fatal(err)
+	}
+	want := daemonMetrics{heapInuse: 15e6, epochSum: 1.25, epochCount: 5, leaseItems: 15, leaseErrors: 2, exchangeErrors: 7}
+	if got != want {
+		t.Errorf("got %+v, want %+v", got, want)
+	}
+}
+
+func TestCountersRateOverTheInterval(t *testing.T) {
+	var c counters
+	steps := []struct {
+		dt, cur, want float64
+	}{
+		{0, 100, 0},   // first sample: no interval yet
+		{2, 140, 20},  // 40 over 2s
+		{2, 10, 0},    // went down (a new connection): unchanged
+		{0.5, 20, 20}, // 10 over 0.5s
+	}
+	for i, st := range steps {
+		c.dt = st.dt
+		if got := c.rate("x", st.cur); got != st.want {
+			t.Errorf("step %d: got rate %v, want %v", i, got, st.want)
+		}
+	}
+}
+
+func TestRegiondAddrs(t *testing.T) {
+	path := t.TempDir() + "/out"
+	line := "regiond eu: lease API on 127.0.0.1:4001, admin on http://127.0.0.1:4002 (/healthz /readyz /metrics)\n"
+	if err := os.WriteFile(path, []byte(line), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	lease, admin := regiondAddrs(path)
+	if lease != "127.0.0.1:4001" || admin != "127.0.0.1:4002" {
+		t.Errorf("got lease %q admin %q, want 127.0.0.1:4001 and 127.0.0.1:4002", lease, admin)
+	}
+}

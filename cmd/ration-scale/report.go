@@ -20,60 +20,73 @@ import (
 // regionLine is one region's figures for one report interval. Rates are
 // per second of the interval; memory is as sampled at its end.
 type regionLine struct {
-	Kind          string  `json:"kind"` // "region"
-	T             float64 `json:"t_s"`
-	Region        string  `json:"region"`
-	PID           int     `json:"pid"`
-	RSS           int64   `json:"rss_bytes"`
-	CPU           float64 `json:"cpu_s_per_s"`
-	HeapInuse     int64   `json:"heap_inuse_bytes"`
-	Epochs        int64   `json:"epochs"`
-	EpochMS       float64 `json:"epoch_ms_mean"`
-	LeaseItems    float64 `json:"lease_items_per_s"`
-	LeaseErrors   float64 `json:"lease_store_errors"`
-	XchgErrors    float64 `json:"exchange_store_errors"`
-	RedisUsed     int64   `json:"redis_used_memory_bytes"`
-	RedisKeys     int64   `json:"redis_dbsize"`
-	RedisPerRKey  float64 `json:"redis_bytes_per_redis_key"`
-	RedisPerKey   float64 `json:"redis_bytes_per_active_key"`
-	RedisCPU      float64 `json:"redis_cpu_s_per_s"`
-	NATSIn        float64 `json:"nats_in_bytes_per_s"`
-	NATSOut       float64 `json:"nats_out_bytes_per_s"`
-	AgentKeys     int     `json:"agent_keys"`
-	Admitted      float64 `json:"admitted_per_s"`
-	Denied        float64 `json:"denied_per_s"`
-	FailureMode   float64 `json:"failure_mode_per_s"`
-	prevCPU       float64
-	prevRedisCPU  float64
-	prevEpochSum  float64
-	prevConnIn    int64
-	prevConnOut   int64
-	prevAdmitted  uint64
-	prevDenied    uint64
-	prevFailure   uint64
-	prevEpochsCnt int64
-	prevItems     float64
-	prevLeaseErrs float64
-	prevXchgErrs  float64
+	Kind         string  `json:"kind"` // "region"
+	T            float64 `json:"t_s"`
+	Region       string  `json:"region"`
+	PID          int     `json:"pid"`
+	RSS          int64   `json:"rss_bytes"`
+	CPU          float64 `json:"cpu_s_per_s"`
+	HeapInuse    int64   `json:"heap_inuse_bytes"`
+	Epochs       float64 `json:"epochs"`
+	EpochMS      float64 `json:"epoch_ms_mean"`
+	LeaseItems   float64 `json:"lease_items_per_s"`
+	LeaseErrors  float64 `json:"lease_store_errors"`
+	XchgErrors   float64 `json:"exchange_store_errors"`
+	RedisUsed    int64   `json:"redis_used_memory_bytes"`
+	RedisKeys    int64   `json:"redis_dbsize"`
+	RedisPerRKey float64 `json:"redis_bytes_per_redis_key"`
+	RedisPerKey  float64 `json:"redis_bytes_per_active_key"`
+	RedisCPU     float64 `json:"redis_cpu_s_per_s"`
+	NATSIn       float64 `json:"nats_in_bytes_per_s"`
+	NATSOut      float64 `json:"nats_out_bytes_per_s"`
+	AgentKeys    int     `json:"agent_keys"`
+	Admitted     float64 `json:"admitted_per_s"`
+	Denied       float64 `json:"denied_per_s"`
+	FailureMode  float64 `json:"failure_mode_per_s"`
 }
 
 // allLine is the whole run's figures for one interval.
 type allLine struct {
-	Kind         string  `json:"kind"` // "all"
-	T            float64 `json:"t_s"`
-	ActiveKeys   int64   `json:"active_keys"`
-	SweepLag     int64   `json:"sweep_lag_keys"`
-	Driven       float64 `json:"decisions_per_s"`
-	NATSIn       float64 `json:"nats_in_bytes_per_s"`
-	NATSOut      float64 `json:"nats_out_bytes_per_s"`
-	HarnessCPU   float64 `json:"harness_cpu_s_per_s"`
-	AgentHeap    int64   `json:"agent_heap_bytes"`
-	AgentKeys    int     `json:"agent_keys"`
-	AgentPerKey  float64 `json:"agent_bytes_per_key"`
-	prevInBytes  int64
-	prevOutBytes int64
-	prevCPU      float64
-	prevDriven   int64
+	Kind        string  `json:"kind"` // "all"
+	T           float64 `json:"t_s"`
+	ActiveKeys  int64   `json:"active_keys"`
+	SweepLag    int64   `json:"sweep_lag_keys"`
+	Driven      float64 `json:"decisions_per_s"`
+	NATSIn      float64 `json:"nats_in_bytes_per_s"`
+	NATSOut     float64 `json:"nats_out_bytes_per_s"`
+	HarnessCPU  float64 `json:"harness_cpu_s_per_s"`
+	AgentHeap   int64   `json:"agent_heap_bytes"`
+	AgentKeys   int     `json:"agent_keys"`
+	AgentPerKey float64 `json:"agent_bytes_per_key"`
+}
+
+// counters turn cumulative counters into what changed over the interval:
+// each call keeps the value for the next interval. A counter that went
+// down (a reconnected NATS client) counts as unchanged.
+type counters struct {
+	prev map[string]float64
+	dt   float64 // seconds in the interval; 0 on the first sample
+}
+
+func (c *counters) delta(name string, cur float64) float64 {
+	if c.prev == nil {
+		c.prev = map[string]float64{}
+	}
+	prev, seen := c.prev[name]
+	c.prev[name] = cur
+	if !seen || cur < prev {
+		return 0
+	}
+	return cur - prev
+}
+
+// rate is delta per second.
+func (c *counters) rate(name string, cur float64) float64 {
+	d := c.delta(name, cur)
+	if c.dt <= 0 {
+		return 0
+	}
+	return d / c.dt
 }
 
 // target is one region as the sampler sees it.
@@ -85,10 +98,10 @@ type target struct {
 	agents []*agent.Agent
 	base   int64 // redis used_memory before the load
 	line   regionLine
+	count  counters
 }
 
-// sampler takes the figures of every interval; it keeps the previous
-// counters to turn them into rates.
+// sampler takes the figures of every interval.
 type sampler struct {
 	ns       *server.Server
 	regions  []*target
@@ -98,6 +111,7 @@ type sampler struct {
 	start    time.Time
 	last     time.Time
 	all      allLine
+	count    counters
 	swept    []sweptAt // the sweep's progress at each sample, for active
 }
 
@@ -135,7 +149,7 @@ func liveHeap() int64 {
 
 // baseline records the figures before the load starts.
 func (s *sampler) baseline(ctx context.Context) error {
-	if _, err := s.sample(ctx, time.Now()); err != nil {
+	if err := s.sample(ctx, time.Now()); err != nil {
 		return err
 	}
 	for _, t := range s.regions {
@@ -146,86 +160,101 @@ func (s *sampler) baseline(ctx context.Context) error {
 }
 
 // sample fills every line for the interval ending at now.
-func (s *sampler) sample(ctx context.Context, now time.Time) (dt float64, err error) {
-	dt = now.Sub(s.last).Seconds()
-	if s.last.IsZero() {
-		dt = 0
+func (s *sampler) sample(ctx context.Context, now time.Time) error {
+	dt := 0.0
+	if !s.last.IsZero() {
+		dt = now.Sub(s.last).Seconds()
 	}
-	s.last = now
-	rate := func(cur, prev float64) float64 {
-		if dt <= 0 || cur < prev {
-			return 0
-		}
-		return (cur - prev) / dt
-	}
+	s.last, s.count.dt = now, dt
 	conns, err := s.ns.Connz(&server.ConnzOptions{Limit: 1 << 16})
 	if err != nil {
-		return 0, fmt.Errorf("nats connz: %w", err)
+		return fmt.Errorf("nats connz: %w", err)
 	}
 	active := s.active(now)
 	for _, t := range s.regions {
-		if err := s.sampleRegion(ctx, t, now, conns, active, rate); err != nil {
-			return 0, fmt.Errorf("region %s: %w", t.name, err)
+		t.count.dt = dt
+		t.line = regionLine{Kind: "region", T: now.Sub(s.start).Seconds(), Region: t.name, PID: t.daemon.pid()}
+		err := t.sampleDaemon(ctx, s.hc)
+		if err == nil {
+			err = t.sampleRedis(ctx, active)
 		}
+		if err != nil {
+			return fmt.Errorf("region %s: %w", t.name, err)
+		}
+		t.sampleNATS(conns)
+		t.sampleAgents()
 	}
-	return dt, s.sampleAll(now, active, rate)
+	return s.sampleAll(now, active)
 }
 
-func (s *sampler) sampleRegion(ctx context.Context, t *target, now time.Time, conns *server.Connz, active int64, rate func(cur, prev float64) float64) error {
-	l := &t.line
-	l.Kind, l.T, l.Region, l.PID = "region", now.Sub(s.start).Seconds(), t.name, t.daemon.pid()
+// sampleDaemon reads regiond's /proc figures and its /metrics.
+func (t *target) sampleDaemon(ctx context.Context, hc *http.Client) error {
 	for _, c := range []*child{t.daemon.child, t.redis} {
 		if c.exited() {
 			return c.failure("exited during the run")
 		}
 	}
+	l := &t.line
 	pu, err := readProc(t.daemon.pid())
 	if err != nil {
 		return err
 	}
-	l.RSS, l.CPU, l.prevCPU = pu.rss, rate(pu.cpu, l.prevCPU), pu.cpu
-	ru, err := readProc(t.redis.pid())
-	if err != nil {
-		return err
-	}
-	l.RedisCPU, l.prevRedisCPU = rate(ru.cpu, l.prevRedisCPU), ru.cpu
-	m, err := scrapeMetrics(ctx, s.hc, t.daemon.admin)
+	l.RSS, l.CPU = pu.rss, t.count.rate("cpu", pu.cpu)
+	m, err := scrapeMetrics(ctx, hc, t.daemon.admin)
 	if err != nil {
 		return err
 	}
 	l.HeapInuse = m.heapInuse
-	l.Epochs, l.EpochMS = m.epochCount-l.prevEpochsCnt, 0
-	if l.Epochs > 0 {
-		l.EpochMS = (m.epochSum - l.prevEpochSum) / float64(l.Epochs) * 1e3
+	l.Epochs = t.count.delta("epochs", float64(m.epochCount))
+	if took := t.count.delta("epoch seconds", m.epochSum); l.Epochs > 0 {
+		l.EpochMS = took / l.Epochs * 1e3
 	}
-	l.prevEpochsCnt, l.prevEpochSum = m.epochCount, m.epochSum
-	l.LeaseItems, l.prevItems = rate(m.leaseItems, l.prevItems), m.leaseItems
-	l.LeaseErrors, l.prevLeaseErrs = max(0, m.leaseErrors-l.prevLeaseErrs), m.leaseErrors
-	l.XchgErrors, l.prevXchgErrs = max(0, m.exchangeErrors-l.prevXchgErrs), m.exchangeErrors
+	l.LeaseItems = t.count.rate("lease items", m.leaseItems)
+	l.LeaseErrors = t.count.delta("lease errors", m.leaseErrors)
+	l.XchgErrors = t.count.delta("exchange errors", m.exchangeErrors)
+	return nil
+}
+
+// sampleRedis reads the region's Redis: memory, keys and CPU.
+func (t *target) sampleRedis(ctx context.Context, active int64) error {
+	l := &t.line
+	ru, err := readProc(t.redis.pid())
+	if err != nil {
+		return err
+	}
+	l.RedisCPU = t.count.rate("redis cpu", ru.cpu)
 	rm, err := readRedis(ctx, t.rc)
 	if err != nil {
 		return err
 	}
-	l.RedisUsed, l.RedisKeys, l.RedisPerRKey, l.RedisPerKey = rm.used, rm.keys, 0, 0
+	l.RedisUsed, l.RedisKeys = rm.used, rm.keys
 	if rm.keys > 0 {
 		l.RedisPerRKey = float64(rm.used) / float64(rm.keys)
 	}
 	if active > 0 {
 		l.RedisPerKey = float64(rm.used-t.base) / float64(active)
 	}
+	return nil
+}
+
+// sampleNATS takes the bytes of regiond's NATS connection (named "regiond
+// <region>/<replica>"): in is what it published, out what it received.
+func (t *target) sampleNATS(conns *server.Connz) {
 	var in, out int64
 	for _, c := range conns.Conns {
 		if strings.HasPrefix(c.Name, "regiond "+t.name+"/") {
 			in, out = in+c.InBytes, out+c.OutBytes
 		}
 	}
-	l.NATSIn, l.NATSOut = rate(float64(in), float64(l.prevConnIn)), rate(float64(out), float64(l.prevConnOut))
-	l.prevConnIn, l.prevConnOut = in, out
+	t.line.NATSIn, t.line.NATSOut = t.count.rate("nats in", float64(in)), t.count.rate("nats out", float64(out))
+}
+
+// sampleAgents sums the region's agents' keys and decisions.
+func (t *target) sampleAgents() {
 	var adm, den, fail uint64
-	l.AgentKeys = 0
 	for _, a := range t.agents {
 		st := a.Stats()
-		l.AgentKeys += st.Keys
+		t.line.AgentKeys += st.Keys
 		for p := range st.Decisions {
 			den, adm = den+st.Decisions[p][0], adm+st.Decisions[p][1]
 		}
@@ -233,29 +262,28 @@ func (s *sampler) sampleRegion(ctx context.Context, t *target, now time.Time, co
 			fail += st.Decisions[p][0] + st.Decisions[p][1]
 		}
 	}
-	l.Admitted, l.Denied, l.FailureMode = rate(float64(adm), float64(l.prevAdmitted)), rate(float64(den), float64(l.prevDenied)), rate(float64(fail), float64(l.prevFailure))
-	l.prevAdmitted, l.prevDenied, l.prevFailure = adm, den, fail
-	return nil
+	t.line.Admitted = t.count.rate("admitted", float64(adm))
+	t.line.Denied = t.count.rate("denied", float64(den))
+	t.line.FailureMode = t.count.rate("failure mode", float64(fail))
 }
 
-func (s *sampler) sampleAll(now time.Time, active int64, rate func(cur, prev float64) float64) error {
+// sampleAll takes the run's figures: the sweep, NATS's totals, the
+// harness's CPU and the agents' heap.
+func (s *sampler) sampleAll(now time.Time, active int64) error {
 	a := &s.all
-	a.Kind, a.T, a.ActiveKeys, a.SweepLag = "all", now.Sub(s.start).Seconds(), active, s.gen.lag(now)
-	driven := s.gen.swept.Load() + s.gen.hot.Load()
-	a.Driven, a.prevDriven = rate(float64(driven), float64(a.prevDriven)), driven
+	*a = allLine{Kind: "all", T: now.Sub(s.start).Seconds(), ActiveKeys: active, SweepLag: s.gen.lag(now)}
+	a.Driven = s.count.rate("driven", float64(s.gen.swept.Load()+s.gen.hot.Load()))
 	v, err := s.ns.Varz(&server.VarzOptions{})
 	if err != nil {
 		return fmt.Errorf("nats varz: %w", err)
 	}
-	a.NATSIn, a.NATSOut = rate(float64(v.InBytes), float64(a.prevInBytes)), rate(float64(v.OutBytes), float64(a.prevOutBytes))
-	a.prevInBytes, a.prevOutBytes = v.InBytes, v.OutBytes
+	a.NATSIn, a.NATSOut = s.count.rate("nats in", float64(v.InBytes)), s.count.rate("nats out", float64(v.OutBytes))
 	self, err := readProc(os.Getpid())
 	if err != nil {
 		return err
 	}
-	a.HarnessCPU, a.prevCPU = rate(self.cpu, a.prevCPU), self.cpu
+	a.HarnessCPU = s.count.rate("cpu", self.cpu)
 	a.AgentHeap = liveHeap() - s.heapBase
-	a.AgentKeys, a.AgentPerKey = 0, 0
 	for _, t := range s.regions {
 		a.AgentKeys += t.line.AgentKeys
 	}
