@@ -4,7 +4,7 @@ GO ?= go
 TESTFLAGS ?= -race -count=1 -timeout 30m
 PERFTESTS = TestRefreshesAreBatched|TestBoundAndUtilisationUnderOverload|TestStoreOpsPerAdmittedAtSteadyState|TestEndToEndRegiondOnRedis|TestFault|TestColdKeysWhileDown|TestAllowIsAllocationFree
 
-.PHONY: run test test-short bench generate vet
+.PHONY: run test test-short bench generate vet scale
 
 # A local three-region deployment on embedded defaults (embedded NATS,
 # memory stores) with a load generator skewing demand between regions.
@@ -30,6 +30,13 @@ test-short:
 bench:
 	./scripts/test-deps
 	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+# The scale run (issue 12), not part of test: three regiond, each on its own
+# redis-server, over embedded NATS, with a million active keys for ten
+# minutes, printing memory, CPU and NATS bytes per second every 30s. Needs
+# redis-server on PATH. Smaller: make scale SCALEFLAGS='-keys 100000 -duration 3m'
+scale:
+	$(GO) run ./cmd/ration-scale $(SCALEFLAGS)
 
 generate:
 	$(GO) generate ./...
