@@ -145,10 +145,12 @@ type Config struct {
 	// demand have not changed. Reports are deltas: each lists the keys that
 	// changed since the replica's previous one (its exchange state, or its
 	// demand beyond the noise) and 1/Refresh of the others, so that their
-	// size follows change rather than the keys held; a lost delta is
-	// repaired within Refresh epochs. Default 30; at most 3,600. Negative:
-	// full reports every epoch, which releases before deltas read (every
-	// region must understand deltas before any sends them).
+	// size follows change rather than the keys held. A receiver that
+	// missed a delta asks for it again (Report.Resend); the refresh repairs
+	// whatever that misses within Refresh epochs. Default 600 (ten minutes
+	// at the default Period); at most 3,600. Negative: full reports every
+	// epoch, which releases before deltas read (every region must
+	// understand deltas before any sends them).
 	Refresh int
 	// Policy returns the policy of a key. It is called during Epoch, must
 	// be deterministic for the simulator, and must not call into the State.
@@ -203,7 +205,7 @@ func (c Config) withDefaults() Config {
 	}
 	switch {
 	case c.Refresh == 0:
-		c.Refresh = 30
+		c.Refresh = 600
 	case c.Refresh < 0:
 		c.Refresh = -1
 	}

@@ -56,6 +56,12 @@ type deltas struct {
 	newTally, newReport     bool
 	tallySince, reportSince uint64
 	tally, report           cursor
+	// prevTally and prevReport are the epochs of our latest report of each
+	// kind in its stream (Report.Prev of the next); resendTally and
+	// resendReport the epoch from which a peer asked us to list every
+	// change again (0: none).
+	prevTally, prevReport     uint64
+	resendTally, resendReport uint64
 	// talliedAt is the epoch of the latest Tally: a demand it published
 	// need not go in that epoch's exchange report.
 	talliedAt uint64
@@ -69,6 +75,7 @@ type deltas struct {
 
 // cursor is a stream's round-robin over the refresh buckets.
 type cursor struct {
+	prev        uint64 // Prev of the latest report, for one repeated in its epoch
 	next        uint32 // the first bucket of the next refresh
 	at          uint64 // the epoch of the latest refresh
 	from, count uint32 // the latest refresh's buckets
@@ -102,6 +109,7 @@ type goneKey struct {
 	key             string
 	tally, exch     bool
 	tallyAt, exchAt uint64 // epoch it was listed in by each stream (0: not yet)
+	at              uint64 // epoch it was dropped, for resends
 }
 
 // restartStreams makes the next reports of both kinds start new streams,
@@ -109,6 +117,7 @@ type goneKey struct {
 func (s *State) restartStreams() {
 	s.delta.fullTally, s.delta.fullReport = true, true
 	s.delta.newTally, s.delta.newReport = true, true
+	s.delta.prevTally, s.delta.prevReport, s.delta.resendTally, s.delta.resendReport = 0, 0, 0, 0
 	s.delta.gone = s.delta.gone[:0]
 }
 
@@ -120,17 +129,27 @@ func (s *State) header(exchange bool) Report {
 		return r
 	}
 	d := &s.delta
-	since, restart, c, full := &d.tallySince, &d.newTally, &d.tally, d.fullTally
+	since, restart, c, full, prev := &d.tallySince, &d.newTally, &d.tally, &d.fullTally, &d.prevTally
 	if exchange {
-		since, restart, c, full = &d.reportSince, &d.newReport, &d.report, d.fullReport
+		since, restart, c, full, prev = &d.reportSince, &d.newReport, &d.report, &d.fullReport, &d.prevReport
 	}
 	if *restart || *since == 0 {
 		// A full report answering a peer's new stream stays in ours:
 		// starting one would have every peer answer in turn.
-		*since, *restart = s.epoch, false
+		*since, *restart, *prev = s.epoch, false, 0
 	}
-	r.Refresh, r.Since = uint32(s.cfg.Refresh), *since
-	r.RefreshFrom, r.RefreshCount = c.advance(s.epoch, s.cfg.Refresh, full)
+	if from, all := s.resendFrom(exchange); from != 0 {
+		r.Resent, *full = from, *full || all
+	}
+	r.Refresh, r.Since, r.Prev = uint32(s.cfg.Refresh), *since, *prev
+	if *prev == s.epoch { // the same epoch again: the same report
+		r.Prev = c.prev
+	} else {
+		c.prev = *prev
+	}
+	*prev = s.epoch
+	r.RefreshFrom, r.RefreshCount = c.advance(s.epoch, s.cfg.Refresh, *full)
+	r.Resend = s.resendRequests()
 	return r
 }
 
@@ -230,17 +249,21 @@ func (s *State) tallyRefresh(r *Report) {
 		return
 	}
 	d := &s.delta
+	from := r.Resent
 	for _, ks := range s.keys {
-		if ks.tallyAt != s.epoch && ks.held != (tally{}) && inRange(ks.bucket, r.RefreshFrom, r.RefreshCount) {
+		switch {
+		case ks.tallyAt == s.epoch:
+		case ks.held != (tally{}) && inRange(ks.bucket, r.RefreshFrom, r.RefreshCount),
+			from != 0 && ks.tallyAt >= from: // asked again; a drop to nothing too
 			ks.tallyAt = s.epoch
 			r.Keys = append(r.Keys, s.tallyEntry(ks))
 		}
 	}
-	d.fullTally = false
+	d.fullTally, d.resendTally = false, 0
 	d.talliedAt = s.epoch
 	for i := range d.gone {
 		g := &d.gone[i]
-		if g.tally && (g.tallyAt == 0 || g.tallyAt == s.epoch) && s.byKey[g.key] == nil {
+		if g.tally && (g.tallyAt == 0 || g.tallyAt == s.epoch || from != 0 && g.at >= from) && s.byKey[g.key] == nil {
 			g.tallyAt = s.epoch
 			r.Keys = append(r.Keys, KeyReport{Key: g.key, SharePPM: s.initial[s.self]})
 		}
@@ -256,7 +279,8 @@ func (s *State) pruneGone() {
 	for _, g := range d.gone {
 		tallyDone := !g.tally || (g.tallyAt != 0 && g.tallyAt < s.epoch)
 		exchDone := !g.exch || (g.exchAt != 0 && g.exchAt < s.epoch)
-		if !(tallyDone && exchDone) && s.byKey[g.key] == nil {
+		kept := g.at+goneKeep >= s.epoch // for resends
+		if (kept || !(tallyDone && exchDone)) && s.byKey[g.key] == nil {
 			live = append(live, g)
 		}
 	}
@@ -269,7 +293,7 @@ func (s *State) noteGone(ks *keyState) {
 	if s.cfg.Refresh < 0 || (ks.held == (tally{}) && ks.fp == 0) {
 		return
 	}
-	s.delta.gone = append(s.delta.gone, goneKey{key: ks.key, tally: ks.held != (tally{}), exch: ks.fp != 0})
+	s.delta.gone = append(s.delta.gone, goneKey{key: ks.key, tally: ks.held != (tally{}), exch: ks.fp != 0, at: s.epoch})
 }
 
 // reportList returns the keys the exchange report r lists: in a full report
@@ -291,11 +315,13 @@ func (s *State) reportList(r *Report) []*keyState {
 		return list
 	}
 	d := &s.delta
+	from := r.Resent
 	for _, ks := range s.keys {
 		fp := s.fingerprint(ks)
 		switch {
 		case ks.fpAt == s.epoch, // the same epoch again
 			fp != ks.fp,
+			from != 0 && ks.fpAt >= from, // asked again
 			fp != 0 && inRange(ks.bucket, r.RefreshFrom, r.RefreshCount),
 			fp != 0 && s.unacknowledged(ks),
 			ks.tallyAt == s.epoch && d.talliedAt != s.epoch: // one phase: no tally report carries it
@@ -305,7 +331,7 @@ func (s *State) reportList(r *Report) []*keyState {
 		ks.fp, ks.fpAt = fp, s.epoch
 		list = append(list, ks)
 	}
-	d.fullReport = false
+	d.fullReport, d.resendReport = false, 0
 	d.list = list
 	return list
 }
@@ -316,7 +342,7 @@ func (s *State) goneEntries(r *Report) {
 	for i := range s.delta.gone {
 		g := &s.delta.gone[i]
 		onePhase := g.tally && s.delta.talliedAt != s.epoch // no tally report says it
-		if (g.exch || onePhase) && (g.exchAt == 0 || g.exchAt == s.epoch) && s.byKey[g.key] == nil {
+		if (g.exch || onePhase) && (g.exchAt == 0 || g.exchAt == s.epoch || r.Resent != 0 && g.at >= r.Resent) && s.byKey[g.key] == nil {
 			g.exchAt = s.epoch
 			if onePhase {
 				g.tallyAt = s.epoch
@@ -393,6 +419,7 @@ func (h *fnv) row(v []int64) {
 func (s *State) watchStream(r *Report) {
 	if k, ok := s.index[r.Region]; ok && r.Since <= r.Epoch {
 		s.noteStream(k, r)
+		s.asked(r)
 	}
 }
 

@@ -119,40 +119,53 @@ func TestDeltaReportsFollowChange(t *testing.T) {
 }
 
 // TestDeltaLostIsRepaired checks what a lost delta costs: a change of demand
-// whose tally report is lost is counted at the next refresh of its key's
-// bucket, within Refresh epochs; a gift whose report is lost is announced
-// again every epoch until the receiver acknowledges it.
+// whose tally report is lost is asked for again by the receiver (its next
+// report names the stream it missed) and counted two epochs later; were the
+// requests lost too, the next refresh of its key's bucket counts it, within
+// Refresh epochs.
 func TestDeltaLostIsRepaired(t *testing.T) {
-	d := newDeltaPair(t, 200)
-	for i := 0; i < 5; i++ {
-		d.epoch(steady(100), steady(100))
+	for _, tc := range []struct {
+		name         string
+		stripResends bool
+		within       int
+	}{{"asked again", false, 2}, {"refreshed", true, deltaTestRefresh}} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := newDeltaPair(t, 200)
+			for i := 0; i < 5; i++ {
+				d.epoch(steady(100), steady(100))
+			}
+			key := d.keys[7]
+			moved := func(k int) int64 {
+				if k == 7 {
+					return 900
+				}
+				return 100
+			}
+			d.lose = func(from string, r *region.Report) bool { return from == "a" && !r.Exchange }
+			d.epoch(moved, steady(100))
+			d.lose = func(from string, r *region.Report) bool {
+				if tc.stripResends && from == "b" {
+					r.Resend = nil
+				}
+				return false
+			}
+			if dem, _, _ := d.b.PeerView(key, "a"); dem != 100 {
+				t.Fatalf("setup: b counts a's demand as %d after losing the delta, want the old 100", dem)
+			}
+			took := -1
+			for i := 1; i <= tc.within; i++ {
+				d.epoch(moved, steady(100))
+				if dem, _, _ := d.b.PeerView(key, "a"); dem == 900 {
+					took = i
+					break
+				}
+			}
+			if took < 0 {
+				t.Fatalf("b did not count a's new demand within %d epochs of the lost delta", tc.within)
+			}
+			t.Logf("a lost change of demand counted %d epochs later", took)
+		})
 	}
-	key := d.keys[7]
-	moved := func(k int) int64 {
-		if k == 7 {
-			return 900
-		}
-		return 100
-	}
-	d.lose = func(from string, r *region.Report) bool { return from == "a" && !r.Exchange }
-	d.epoch(moved, steady(100))
-	d.lose = func(string, *region.Report) bool { return false }
-	if dem, _, _ := d.b.PeerView(key, "a"); dem != 100 {
-		t.Fatalf("setup: b counts a's demand as %d after losing the delta, want the old 100", dem)
-	}
-	took := -1
-	for i := 1; i <= deltaTestRefresh; i++ {
-		d.epoch(moved, steady(100))
-		if dem, _, _ := d.b.PeerView(key, "a"); dem == 900 {
-			took = i
-			break
-		}
-	}
-	if took < 0 {
-		t.Fatalf("b did not count a's new demand within %d epochs of the lost delta", deltaTestRefresh)
-	}
-	t.Logf("a lost change of demand counted %d epochs later", took)
-
 }
 
 // TestDeltaLostGiftIsAnnouncedAgain checks that a gift whose report is lost

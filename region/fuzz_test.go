@@ -72,3 +72,21 @@ func FuzzReceive(f *testing.F) {
 		}
 	})
 }
+
+// FuzzResendRequest checks that ParseResendRequest never panics, and that
+// what it accepts prints back to the same request.
+func FuzzResendRequest(f *testing.F) {
+	f.Add("x/1700000000/eu/eu-0")
+	f.Add("t/1/ap/host/with/slashes")
+	f.Add("x/0/eu/a")
+	f.Fuzz(func(t *testing.T, s string) {
+		q, err := region.ParseResendRequest(s)
+		if err != nil {
+			return
+		}
+		back, err := region.ParseResendRequest(q.String())
+		if err != nil || back != q {
+			t.Fatalf("%q parsed to %+v, which prints to %q and parses to %+v, %v", s, q, q.String(), back, err)
+		}
+	})
+}

@@ -330,9 +330,10 @@ func escrowRunWith(t *testing.T, seed uint64, n, epochs int, f faults) (int, boo
 // (Config.Refresh deltaRefresh), also under the harsh faults with ghost
 // writes: the same safety after every store write; and once the faults end,
 // every key reaches its targets within the staleness deltas allow: a delta
-// lost during the faults is repaired by the next refresh of its key's bucket,
-// within deltaRefresh epochs of fault-free messages, and then the 3 epochs
-// full reports need.
+// lost during the faults is asked for again in the first fault-free epochs
+// or, were the requests lost too, repaired by the next refresh of its key's
+// bucket, within deltaRefresh epochs, and then the 3 epochs full reports
+// need.
 func TestPropertyEscrowDeltas(t *testing.T) {
 	seed := testSeed(t)
 	epochs := 1200

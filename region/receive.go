@@ -48,6 +48,8 @@ func (s *State) Receive(now time.Time, r Report) error {
 		slot = int(s.slotFor(k, r.Replica))
 	}
 	s.noteReport(now, &r, k, slot, in.exchange)
+	s.missed(&r, slot)
+	s.asked(&r)
 	in.slot, in.inc = int32(slot), s.replicas[slot].inc
 	s.mergeKeys(now, &r, &in)
 	s.refreshed(&r, &in)

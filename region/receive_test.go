@@ -105,6 +105,11 @@ func TestReceiveRejects(t *testing.T) {
 		{"exit of a newer generation", func(r *region.Report) {
 			r.Keys[0].Exits = []region.Exit{{Generation: r.Keys[0].Generation + 1, Row: make([]int64, 3), In: make([]int64, 3)}}
 		}, region.ErrMalformed},
+		{"refresh above an hour", func(r *region.Report) { r.Refresh, r.Since = 3601, r.Epoch }, region.ErrMalformed},
+		{"delta without a stream", func(r *region.Report) { r.Refresh = 30 }, region.ErrMalformed},
+		{"refresh bucket out of range", func(r *region.Report) { r.Refresh, r.Since, r.RefreshFrom = 30, r.Epoch, region.RefreshBuckets }, region.ErrMalformed},
+		{"previous report not older", func(r *region.Report) { r.Refresh, r.Since, r.Prev = 30, r.Epoch, r.Epoch }, region.ErrMalformed},
+		{"malformed resend request", func(r *region.Report) { r.Refresh, r.Since, r.Resend = 30, r.Epoch, []string{"x/0/eu"} }, region.ErrMalformed},
 		{"replayed", func(r *region.Report) {}, region.ErrStale},
 		{"older epoch", func(r *region.Report) { r.Epoch-- }, region.ErrStale},
 		{"row went down", func(r *region.Report) { r.Epoch++; r.Keys[0].Row[0] = 0 }, region.ErrRegressed},

@@ -42,6 +42,18 @@ type Report struct {
 	// sender restarted, or another replica took the exchange over). 0 in a
 	// full report.
 	Since uint64
+	// Prev is, in a delta report, the epoch of the sender's previous report
+	// of its kind in the stream (0 for the first): a receiver that did not
+	// get that one missed a delta, and asks for it again (Resend).
+	Prev uint64
+	// Resent is, in a delta report, nonzero when the report also lists
+	// every key whose entry changed since that epoch: the answer to a
+	// Resend.
+	Resent uint64
+	// Resend are the streams whose reports the sender missed, each as
+	// ResendRequest.String: the senders named list again what changed
+	// since.
+	Resend []string
 	// Keys are the sender's active keys; in a delta report, those that
 	// changed and those refreshed. An entry with no exchange state and no
 	// tallies says the key has none there (any more).
@@ -157,6 +169,14 @@ func checkShape(r *Report) (int, error) {
 	if r.Refresh > maxRefresh || (r.Refresh == 0) != (r.Since == 0) || r.Since > r.Epoch ||
 		r.RefreshFrom >= RefreshBuckets || r.RefreshCount > RefreshBuckets || (r.Refresh == 0 && r.RefreshFrom+r.RefreshCount != 0) {
 		return -1, badReport(r, "Refresh %d, RefreshFrom %d, RefreshCount %d and Since %d", r.Refresh, r.RefreshFrom, r.RefreshCount, r.Since)
+	}
+	if (r.Refresh == 0 && (r.Prev != 0 || r.Resent != 0)) || r.Prev >= r.Epoch && r.Prev != 0 || r.Resent > r.Epoch || len(r.Resend) > maxResend {
+		return -1, badReport(r, "Prev %d, Resent %d, %d Resend", r.Prev, r.Resent, len(r.Resend))
+	}
+	for _, q := range r.Resend {
+		if _, err := ParseResendRequest(q); err != nil {
+			return -1, badReport(r, "%v", err)
+		}
 	}
 	if r.Exchange && self < 0 {
 		return -1, badReport(r, "sender region %q not in its own Regions", r.Region)

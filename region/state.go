@@ -170,6 +170,9 @@ type tallyEntry struct {
 	demand, granted int64
 }
 
+// streamPos is the latest report received of a stream of deltas.
+type streamPos struct{ since, epoch uint64 }
+
 // replica is a peer replica (of any region, ours included) that sent
 // reports; inc tells a reused slot from its previous owner.
 type replica struct {
@@ -184,6 +187,11 @@ type replica struct {
 	// since is the start of its stream of reports (streamSince): its tally
 	// entries made before stand no more.
 	since uint64
+	// streamTally and streamExch are where its streams of deltas stand,
+	// and want the first epoch of each (tally, exchange) we missed and
+	// ask for again (0: none).
+	streamTally, streamExch streamPos
+	want                    [2]uint64
 }
 
 // New returns the exchange state of region cfg.Self with no active key. The
@@ -522,7 +530,7 @@ func (s *State) slotFor(region int, name string) int32 {
 	}
 	r := &s.replicas[i]
 	r.region, r.name, r.live, r.lastEpoch, r.lastTally, r.lastExch = region, name, true, 0, 0, 0
-	r.since = 0
+	r.since, r.streamTally, r.streamExch, r.want = 0, streamPos{}, streamPos{}, [2]uint64{}
 	s.replicaBy[key] = i
 	return int32(i)
 }

@@ -17,7 +17,7 @@ func TestConfig(t *testing.T) {
 	want := region.Config{
 		Self: "b", Replica: "0", Regions: []string{"a", "b", "c"},
 		Period: time.Second, Alpha: 0.9, FloorPPM: 5_000, MinTransferPPM: 1_000,
-		StaleAfter: 3 * time.Second, IdleAfter: 60 * time.Second, Grace: 10 * time.Second, Rewrite: 6 * time.Hour, Refresh: 30,
+		StaleAfter: 3 * time.Second, IdleAfter: 60 * time.Second, Grace: 10 * time.Second, Rewrite: 6 * time.Hour, Refresh: 600,
 	}
 	if diff := cmp.Diff(want, got, cmp.FilterPath(func(p cmp.Path) bool { return p.Last().String() == ".Policy" }, cmp.Ignore())); diff != "" {
 		t.Errorf("defaults (-want +got):\n%s", diff)

@@ -43,6 +43,12 @@ var codecs = []struct {
 const benchMaxPayload = 1 << 20 // NATS's default max_payload
 
 func newBenchRegions(tb testing.TB, nkeys int, c codec) *benchRegions {
+	return newBenchRegionsWith(tb, nkeys, c, -1)
+}
+
+// newBenchRegionsWith is newBenchRegions with the regions' Config.Refresh
+// (-1: full reports, as the exchange sent before deltas).
+func newBenchRegionsWith(tb testing.TB, nkeys int, c codec, refresh int) *benchRegions {
 	tb.Helper()
 	rng := rand.New(rand.NewPCG(1, 2))
 	b := &benchRegions{names: []string{"ap", "eu", "us"}, now: time.Unix(1_700_000_000, 0), codec: c}
@@ -50,7 +56,7 @@ func newBenchRegions(tb testing.TB, nkeys int, c codec) *benchRegions {
 		b.keys = append(b.keys, fmt.Sprintf("per-tenant/tenant=%07d", i))
 	}
 	for _, r := range b.names {
-		st, err := region.New(region.Config{Self: r, Regions: b.names})
+		st, err := region.New(region.Config{Self: r, Regions: b.names, Refresh: refresh})
 		if err != nil {
 			tb.Fatal(err)
 		}

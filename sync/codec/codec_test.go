@@ -36,6 +36,10 @@ func randomReport(rng *rand.Rand, regions []string, n int, exchange bool) region
 	if rng.IntN(2) == 0 { // a delta report
 		r.Refresh, r.Since = 1+rng.Uint32N(3600), rng.Uint64N(r.Epoch+1)
 		r.RefreshFrom, r.RefreshCount = rng.Uint32N(region.RefreshBuckets), rng.Uint32N(region.RefreshBuckets+1)
+		r.Prev, r.Resent = rng.Uint64N(r.Epoch+1), rng.Uint64N(r.Epoch+1)
+		for j := rng.IntN(3); j > 0; j-- {
+			r.Resend = append(r.Resend, region.ResendRequest{Region: regions[0], Replica: "replica-0/x", Exchange: j%2 == 0, From: 1 + rng.Uint64N(1<<40)}.String())
+		}
 	}
 	row := func() []int64 {
 		if rng.IntN(3) == 0 {

@@ -89,6 +89,10 @@ func (s *partShape) check() error {
 		return bad("%d regions, more than %d", s.regions, maxRegions)
 	case s.longestRegion > lim.MaxNameBytes:
 		return bad("region name of %d bytes", s.longestRegion)
+	case s.resend > maxResend:
+		return bad("%d resend requests, more than %d", s.resend, maxResend)
+	case s.longestResend > maxResendBytes(lim):
+		return bad("resend request of %d bytes", s.longestResend)
 	}
 	return s.badKey
 }
@@ -103,10 +107,14 @@ func (s *partShape) header(p *Part) {
 		SentAt:   fromUnixNano(s.sentAt),
 		Exchange: s.exchange,
 		Refresh:  s.refresh, RefreshFrom: s.refreshFrom, RefreshCount: s.refreshCount, Since: s.since,
+		Prev: s.prev, Resent: s.resent,
 	}
 	p.ID, p.Index, p.Count, p.KeysTotal = s.id, int(s.part), int(s.parts), int(s.keysTotal)
 	if s.regions > 0 {
 		p.Header.Regions = make([]string, 0, s.regions)
+	}
+	if s.resend > 0 {
+		p.Header.Resend = make([]string, 0, s.resend)
 	}
 	if s.keys > 0 {
 		p.Keys = make([]region.KeyReport, s.keys)

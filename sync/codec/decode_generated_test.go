@@ -27,6 +27,9 @@ func encodeReportGenerated(r *region.Report, id uint64, maxBytes int) ([][]byte,
 		RefreshFrom:    r.RefreshFrom,
 		RefreshCount:   r.RefreshCount,
 		Since:          r.Since,
+		Prev:           r.Prev,
+		Resent:         r.Resent,
+		Resend:         r.Resend,
 		ReportId:       id,
 		Part:           ^uint32(0), // the largest varints, for sizing
 		Parts:          ^uint32(0),
@@ -127,6 +130,7 @@ func decodePartGenerated(msg []byte, lim Limits) (*Part, error) {
 			SentAt:   fromUnixNano(pb.SentAtUnixNano),
 			Exchange: pb.Exchange,
 			Refresh:  pb.Refresh, RefreshFrom: pb.RefreshFrom, RefreshCount: pb.RefreshCount, Since: pb.Since,
+			Prev: pb.Prev, Resent: pb.Resent, Resend: pb.Resend,
 			Regions: pb.Regions,
 		},
 		ID:        pb.ReportId,
@@ -166,6 +170,14 @@ func checkPB(pb *syncv1.Part, lim Limits) error {
 	for _, r := range pb.Regions {
 		if len(r) > lim.MaxNameBytes {
 			return bad("region name of %d bytes", len(r))
+		}
+	}
+	if len(pb.Resend) > maxResend {
+		return bad("%d resend requests, more than %d", len(pb.Resend), maxResend)
+	}
+	for _, r := range pb.Resend {
+		if len(r) > maxResendBytes(lim) {
+			return bad("resend request of %d bytes", len(r))
 		}
 	}
 	for i, k := range pb.Keys {

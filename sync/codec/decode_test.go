@@ -275,7 +275,7 @@ func (s scrambler) part(p *syncv1.Part) []byte {
 		s.scalar(fPartEpoch, p.Epoch), s.scalar(fPartSentAt, uint64(p.SentAtUnixNano)), s.scalar(fPartExchange, b2u(p.Exchange)),
 		s.scalar(fPartPart, uint64(p.Part)), s.scalar(fPartParts, uint64(p.Parts)), s.scalar(fPartKeysTotal, uint64(p.KeysTotal)),
 		s.scalar(fPartRefresh, uint64(p.Refresh)), s.scalar(fPartRefFrom, uint64(p.RefreshFrom)), s.scalar(fPartRefCount, uint64(p.RefreshCount)),
-		s.scalar(fPartSince, p.Since),
+		s.scalar(fPartSince, p.Since), s.scalar(fPartPrev, p.Prev), s.scalar(fPartResent, p.Resent),
 	}
 	if p.ReportId != 0 || s.rng.IntN(2) == 0 {
 		fs = append(fs, field{protowire.AppendFixed64(s.tag(fPartReportID, protowire.Fixed64Type), p.ReportId)})
@@ -283,6 +283,9 @@ func (s scrambler) part(p *syncv1.Part) []byte {
 	var regions, keys field
 	for _, r := range p.Regions {
 		regions = append(regions, s.str(fPartRegions, r, false)...)
+	}
+	for _, r := range p.Resend {
+		regions = append(regions, s.str(fPartResend, r, false)...)
 	}
 	for _, k := range p.Keys {
 		keys = append(keys, s.bytes(fPartKeys, s.key(k)))

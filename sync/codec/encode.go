@@ -160,6 +160,10 @@ func headerSize(r *region.Report, id uint64, part, parts, keys uint32) int {
 		n += 1 + 8
 	}
 	n += varintSize(uint64(r.Refresh)) + varintSize(uint64(r.RefreshFrom)) + varintSize(uint64(r.RefreshCount)) + varintSize(r.Since)
+	n += varintSize2(r.Prev) + varintSize2(r.Resent)
+	for _, s := range r.Resend {
+		n += 2 + protowire.SizeBytes(len(s)) // field 18: a two-byte tag
+	}
 	return n + varintSize(uint64(part)) + varintSize(uint64(parts)) + varintSize(uint64(keys))
 }
 
@@ -190,7 +194,14 @@ func appendTrailer(b []byte, r *region.Report) []byte {
 	b = appendVarint(b, fPartRefresh, uint64(r.Refresh))
 	b = appendVarint(b, fPartRefFrom, uint64(r.RefreshFrom))
 	b = appendVarint(b, fPartRefCount, uint64(r.RefreshCount))
-	return appendVarint(b, fPartSince, r.Since)
+	b = appendVarint(b, fPartSince, r.Since)
+	b = appendVarint(b, fPartPrev, r.Prev)
+	b = appendVarint(b, fPartResent, r.Resent)
+	for _, s := range r.Resend {
+		b = protowire.AppendTag(b, fPartResend, protowire.BytesType)
+		b = protowire.AppendString(b, s)
+	}
+	return b
 }
 
 // keySize is the size of k's Key message. Every field number is below 16,

@@ -248,6 +248,11 @@ func fillPart(body []byte, s *partShape, p *Part) error {
 			if r, n = protowire.ConsumeBytes(b); n >= 0 {
 				p.Header.Regions = append(p.Header.Regions, string(r))
 			}
+		case num == fPartResend && typ == protowire.BytesType:
+			var r []byte
+			if r, n = protowire.ConsumeBytes(b); n >= 0 {
+				p.Header.Resend = append(p.Header.Resend, string(r))
+			}
 		case num == fPartKeys && typ == protowire.BytesType:
 			var m []byte
 			if m, n = protowire.ConsumeBytes(b); n >= 0 {

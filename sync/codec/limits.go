@@ -44,3 +44,11 @@ func (l Limits) withDefaults() Limits {
 
 // maxRegions is region's bound on a region set.
 const maxRegions = 64
+
+// maxResend bounds a part's resend requests (region.Report.Resend): one per
+// stream a receiver merges, a few per region.
+const maxResend = 4 * maxRegions
+
+// maxResendBytes bounds one resend request: a region and a replica name,
+// an epoch and separators.
+func maxResendBytes(lim Limits) int { return 2*lim.MaxNameBytes + 24 }

@@ -153,6 +153,9 @@ type partShape struct {
 	refreshFrom     uint32
 	refreshCount    uint32
 	since           uint64
+	prev, resent    uint64
+	resend          int
+	longestResend   int
 	keys            int
 	ints, uints     int
 	exits           int
@@ -191,7 +194,12 @@ func (s *partShape) scan(b []byte) bool {
 				}
 				s.key(&k)
 			}
-		case typ == protowire.VarintType && (num >= fPartEpoch && num <= fPartKeysTotal && num != fPartRegions && num != fPartReportID || num >= fPartRefresh && num <= fPartSince):
+		case num == fPartResend && typ == protowire.BytesType:
+			var r []byte
+			r, n = consumeString(b)
+			s.resend++
+			s.longestResend = max(s.longestResend, len(r))
+		case typ == protowire.VarintType && (num >= fPartEpoch && num <= fPartKeysTotal && num != fPartRegions && num != fPartReportID || num >= fPartRefresh && num <= fPartResent):
 			if v, n = protowire.ConsumeVarint(b); n >= 0 {
 				s.varint(num, v)
 			}
@@ -230,6 +238,10 @@ func (s *partShape) varint(num protowire.Number, v uint64) {
 		s.refreshCount = uint32(v)
 	case fPartSince:
 		s.since = v
+	case fPartPrev:
+		s.prev = v
+	case fPartResent:
+		s.resent = v
 	}
 }
 

@@ -26,6 +26,9 @@ const (
 	fPartRefFrom   = 13
 	fPartRefCount  = 14
 	fPartSince     = 15
+	fPartPrev      = 16
+	fPartResent    = 17
+	fPartResend    = 18
 
 	fKeyKey        = 1
 	fKeyGeneration = 2
@@ -51,6 +54,14 @@ const (
 
 // The sizes and appenders of proto3 fields with one-byte tags: a zero
 // scalar, an empty string and an empty repeated field are left out.
+
+// varintSize2 is varintSize for a field numbered 16 or more: a two-byte tag.
+func varintSize2(v uint64) int {
+	if v == 0 {
+		return 0
+	}
+	return 2 + protowire.SizeVarint(v)
+}
 
 func varintSize(v uint64) int {
 	if v == 0 {

@@ -99,7 +99,7 @@ func (x *Envelope) GetBody() []byte {
 }
 
 // Part is one part of one replica's report for one epoch (region.Report).
-// Fields 1 to 10 and 12 to 15 are the header, equal in every part of a
+// Fields 1 to 10 and 12 to 18 are the header, equal in every part of a
 // report.
 type Part struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -133,7 +133,14 @@ type Part struct {
 	RefreshFrom  uint32 `protobuf:"varint,13,opt,name=refresh_from,json=refreshFrom,proto3" json:"refresh_from,omitempty"`
 	RefreshCount uint32 `protobuf:"varint,14,opt,name=refresh_count,json=refreshCount,proto3" json:"refresh_count,omitempty"`
 	// since is, in a delta report, the epoch its sender's stream started.
-	Since         uint64 `protobuf:"varint,15,opt,name=since,proto3" json:"since,omitempty"`
+	Since uint64 `protobuf:"varint,15,opt,name=since,proto3" json:"since,omitempty"`
+	// prev is, in a delta report, the epoch of the sender's previous report
+	// of its kind; resent, when nonzero, the epoch since which it lists every
+	// change again; resend the streams whose reports the sender missed
+	// ("kind/epoch/region/replica", region.ResendRequest).
+	Prev          uint64   `protobuf:"varint,16,opt,name=prev,proto3" json:"prev,omitempty"`
+	Resent        uint64   `protobuf:"varint,17,opt,name=resent,proto3" json:"resent,omitempty"`
+	Resend        []string `protobuf:"bytes,18,rep,name=resend,proto3" json:"resend,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -271,6 +278,27 @@ func (x *Part) GetSince() uint64 {
 		return x.Since
 	}
 	return 0
+}
+
+func (x *Part) GetPrev() uint64 {
+	if x != nil {
+		return x.Prev
+	}
+	return 0
+}
+
+func (x *Part) GetResent() uint64 {
+	if x != nil {
+		return x.Resent
+	}
+	return 0
+}
+
+func (x *Part) GetResend() []string {
+	if x != nil {
+		return x.Resend
+	}
+	return nil
 }
 
 // Key is one active global key in a report (region.KeyReport). Rows are
@@ -890,7 +918,7 @@ const file_sync_proto_rawDesc = "" +
 	"\bEnvelope\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x16\n" +
 	"\x06crc32c\x18\x02 \x01(\aR\x06crc32c\x12\x12\n" +
-	"\x04body\x18\x03 \x01(\fR\x04body\"\xb6\x03\n" +
+	"\x04body\x18\x03 \x01(\fR\x04body\"\xfa\x03\n" +
 	"\x04Part\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x18\n" +
 	"\areplica\x18\x02 \x01(\tR\areplica\x12\x14\n" +
@@ -908,7 +936,10 @@ const file_sync_proto_rawDesc = "" +
 	"\arefresh\x18\f \x01(\rR\arefresh\x12!\n" +
 	"\frefresh_from\x18\r \x01(\rR\vrefreshFrom\x12#\n" +
 	"\rrefresh_count\x18\x0e \x01(\rR\frefreshCount\x12\x14\n" +
-	"\x05since\x18\x0f \x01(\x04R\x05since\"\xf0\x02\n" +
+	"\x05since\x18\x0f \x01(\x04R\x05since\x12\x12\n" +
+	"\x04prev\x18\x10 \x01(\x04R\x04prev\x12\x16\n" +
+	"\x06resent\x18\x11 \x01(\x04R\x06resent\x12\x16\n" +
+	"\x06resend\x18\x12 \x03(\tR\x06resend\"\xf0\x02\n" +
 	"\x03Key\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1e\n" +
 	"\n" +

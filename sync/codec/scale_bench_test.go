@@ -1,0 +1,120 @@
+package codec
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// scaleKeys is BenchmarkEpochAtScale's keys per region: 1,000,000, or
+// RATION_SCALE_KEYS.
+func scaleKeys(b *testing.B) int {
+	if v := os.Getenv("RATION_SCALE_KEYS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			b.Fatalf("RATION_SCALE_KEYS=%q: want a positive number of keys", v)
+		}
+		return n
+	}
+	return 1_000_000
+}
+
+func keysLabel(n int) string {
+	switch {
+	case n%1_000_000 == 0:
+		return fmt.Sprintf("%dM", n/1_000_000)
+	case n%1_000 == 0:
+		return fmt.Sprintf("%dk", n/1_000)
+	}
+	return strconv.Itoa(n)
+}
+
+// BenchmarkEpochAtScale is one sync epoch of three regions at a million
+// active global keys each (RATION_SCALE_KEYS to change), with Zipf demand
+// (s = 1.1, a few tokens an epoch for most keys, thousands for a few) of
+// which 1% of the keys change in every region each epoch, the rest steady:
+// reports as deltas (ration, the default Config.Refresh) beside full
+// reports (baseline=full, Refresh -1), in one run. The demand is fed to
+// each region outside the timer (the lease service pays for it, once per
+// lease call); everything else an epoch costs is timed: Tally and encode,
+// decode and merge of the peers' tallies, Epoch, Commit, Report and encode,
+// decode and merge of the peers' reports, Apply. ms/region-epoch and
+// wire-B/region-epoch are per region and epoch; B/op is for the three
+// regions.
+//
+//	go test -run '^$' -bench EpochAtScale -benchmem -benchtime 3x -timeout 1h ./sync/codec
+func BenchmarkEpochAtScale(b *testing.B) {
+	keys := scaleKeys(b)
+	for _, mode := range []struct {
+		name    string
+		refresh int
+	}{{"ration", 0}, {"baseline=full", -1}} {
+		b.Run(fmt.Sprintf("%s/keys=%s", mode.name, keysLabel(keys)), func(b *testing.B) {
+			br := newBenchRegionsWith(b, keys, codecs[0].codec, mode.refresh)
+			rng := rand.New(rand.NewPCG(3, 4))
+			zipf := rand.NewZipf(rng, 1.1, 1, 100_000)
+			for i := range br.demand {
+				for k := range br.demand[i] {
+					br.demand[i][k] = 1 + int64(zipf.Uint64())
+				}
+			}
+			for i := 0; i < 12; i++ { // every key enters its generation and its shares settle; the first reports are full
+				br.scaleEpoch(b, nil)
+			}
+			change := func() {
+				for c := 0; c < keys/100; c++ {
+					k := rng.IntN(keys)
+					for i := range br.demand {
+						br.demand[i][k] = 1 + int64(zipf.Uint64())
+					}
+				}
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			var bytes int
+			for i := 0; i < b.N; i++ {
+				b.StopTimer()
+				change()
+				b.StartTimer()
+				br.scaleEpoch(b, b)
+				bytes += br.bytes
+			}
+			per := float64(b.N * len(br.names))
+			b.ReportMetric(float64(b.Elapsed().Microseconds())/1000/per, "ms/region-epoch")
+			b.ReportMetric(float64(bytes)/per, "wire-B/region-epoch")
+		})
+	}
+}
+
+// scaleEpoch is epoch with the local demand observed outside b's timer (nil:
+// no timer to stop).
+func (br *benchRegions) scaleEpoch(tb testing.TB, b *testing.B) {
+	br.now = br.now.Add(time.Second)
+	br.bytes = 0
+	for i := range br.names {
+		if b != nil {
+			b.StopTimer()
+		}
+		st := br.states[i]
+		for k, key := range br.keys {
+			st.Observe(key, br.demand[i][k], br.demand[i][k])
+		}
+		if b != nil {
+			b.StartTimer()
+		}
+		rep := st.Tally(br.now)
+		br.encode(tb, i, &rep, 1)
+	}
+	for i := range br.names {
+		br.consume(tb, i)
+	}
+	for i := range br.names {
+		br.produce(tb, i)
+	}
+	for i := range br.names {
+		br.consume(tb, i)
+	}
+}
