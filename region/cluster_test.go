@@ -32,6 +32,8 @@ type faults struct {
 	// refresh is every region's Config.Refresh in property runs (0: the
 	// default): under faults a lost delta waits for its refresh.
 	refresh int
+	// holdDemand is every region's Config.HoldDemand in property runs.
+	holdDemand bool
 }
 
 type node struct {

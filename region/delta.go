@@ -161,28 +161,44 @@ func (s *State) closeTally(ks *keyState) bool {
 		ks.held = ks.pub
 		return ks.pub != (tally{})
 	}
-	if ks.hold() {
+	held := ks.hold
+	if s.cfg.HoldDemand {
+		held = ks.holdNoise
+	}
+	if held() {
 		ks.tallyAt = s.epoch
 		return true
 	}
 	return false
 }
 
-// hold decides whether the epoch's tallies are news against the demand last
-// published, and publishes them (into ks.held) if so. In units of the
+// hold publishes the epoch's tallies (into ks.held) when they differ from
+// those last published: every region then steers by exactly the tallies a
+// full report would carry, and a key whose demand did not change is not
+// listed.
+func (ks *keyState) hold() bool {
+	if ks.pub != ks.held {
+		return ks.publish(ks.pub)
+	}
+	return false
+}
+
+// holdNoise is hold under Config.HoldDemand: it decides whether the epoch's
+// tallies are news against the demand last published, and publishes them
+// (into ks.held) if so. In units of the
 // published demand's Poisson noise (in requests of one token, which
 // overstates the noise of costlier requests only by sending more), news is:
 // demand that appeared or vanished; a shift that a two-sided CUSUM of the
 // epochs' deviations detects (slack 1/2, alarm above 3/2: a step of 2 noise
-// widths is news at once, one of 1 in two epochs or three, noise alone
-// about every 20 epochs), for which the mean of the epochs since the shift
+// widths is news at once, one of 1 in two epochs or three), for which the
+// mean of the epochs since the shift
 // began is published; or a mean over every epoch since the last
 // publication more than twice its own noise off (a bias within the CUSUM's
 // slack, found as the epochs add up), which is published. Moves under 1/32
-// of the demand are never news. A steady demand is so published less and
-// less often, each time nearer its mean, and a change within an epoch or
-// three.
-func (ks *keyState) hold() bool {
+// of the demand are never news. A steady demand of 400 an epoch is so
+// published about one epoch in six, within about a noise width of its mean
+// (TestHoldDemandPublishesNews), and a change within an epoch or three.
+func (ks *keyState) holdNoise() bool {
 	h, d := ks.held.demand, ks.pub.demand
 	if (h == 0) != (d == 0) {
 		return ks.publish(ks.pub)

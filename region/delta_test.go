@@ -2,6 +2,8 @@ package region_test
 
 import (
 	"fmt"
+	"math"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -273,4 +275,47 @@ func TestDeltaGoneKey(t *testing.T) {
 	if dem, _, _ := d.b.PeerView(d.keys[3], "a"); dem != 0 {
 		t.Fatalf("b counts a's demand for a key a has stopped as %d, want 0", dem)
 	}
+}
+
+// TestHoldDemandPublishesNews checks Config.HoldDemand: a steady demand with
+// Poisson noise is published in fewer than a quarter of the epochs (every
+// one without it), and the published value stays within two noise widths of
+// its mean (measured: about 1 in 6 epochs, 1.2 widths at worst); a step of
+// four noise widths is published within two epochs.
+func TestHoldDemandPublishesNews(t *testing.T) {
+	seed := testSeed(t)
+	rng := rand.New(rand.NewPCG(seed, 1))
+	poisson := func(mean float64) int64 { // normal approximation, fine at 400
+		return int64(math.Round(mean + math.Sqrt(mean)*rng.NormFloat64()))
+	}
+	regions := []string{"a", "b"}
+	cfg := func(self string) region.Config {
+		return region.Config{Self: self, Regions: regions, Refresh: 3600, HoldDemand: true,
+			Policy: func(string) region.KeyPolicy { return region.KeyPolicy{Rate: 10_000} }}
+	}
+	d := &deltaPair{t: t, a: mustNew(t, cfg("a")), b: mustNew(t, cfg("b")), now: t0, keys: []string{"per-user/user=1"},
+		lose: func(string, *region.Report) bool { return false }}
+	mean := 400.0
+	published := 0
+	for i := 0; i < 200; i++ {
+		v := poisson(mean)
+		d.epoch(func(int) int64 { return v }, steady(100))
+		if i >= 5 && len(d.tally.Keys) > 0 {
+			published++
+		}
+	}
+	dem, _, _ := d.b.PeerView(d.keys[0], "a")
+	if published > 195/4 || math.Abs(float64(dem)-mean) > 2*math.Sqrt(mean) {
+		t.Fatalf("steady demand %v ± %v: published %d times in 195 epochs (want ≤ %d), b counts %d", mean, math.Sqrt(mean), published, 195/4, dem)
+	}
+	t.Logf("steady demand published %d times in 195 epochs; b counts %d of %v", published, dem, mean)
+	mean = 480 // four noise widths up
+	for i := 1; i <= 2; i++ {
+		v := poisson(mean)
+		d.epoch(func(int) int64 { return v }, steady(100))
+		if dem, _, _ := d.b.PeerView(d.keys[0], "a"); math.Abs(float64(dem)-mean) < 2*math.Sqrt(mean) {
+			return
+		}
+	}
+	t.Fatalf("a step to %v was not published within 2 epochs", mean)
 }

@@ -179,7 +179,7 @@ var (
 	// refreshed every deltaRefresh epochs (the others send full reports,
 	// whose convergence after the faults they bound more tightly).
 	deltaFaults      = faults{loss: 0.2, dup: 0.1, maxDelay: 3, crash: 0.01, writeFail: 0.05, partition: 0.004, partitionN: 12, refresh: deltaRefresh}
-	deltaHarshFaults = faults{loss: 0.2, dup: 0.1, maxDelay: 3, crash: 0.05, writeFail: 0.2, ghostWrite: 0.05, partition: 0.004, partitionN: 12, refresh: deltaRefresh}
+	deltaHarshFaults = faults{loss: 0.2, dup: 0.1, maxDelay: 3, crash: 0.05, writeFail: 0.2, ghostWrite: 0.05, partition: 0.004, partitionN: 12, refresh: deltaRefresh, holdDemand: true}
 )
 
 // deltaRefresh is Config.Refresh in the delta property runs.
@@ -191,7 +191,7 @@ func escrowRunWith(t *testing.T, seed uint64, n, epochs int, f faults) (int, boo
 	keys := []string{"plain/a", "plain/b", "plain/c", "plain/d", "plain/e", "reclaim/f", "reclaim/g"}
 	c := newCluster(t, rng, n, func(cfg *region.Config) {
 		escrowConfig(cfg)
-		cfg.Refresh = f.refresh
+		cfg.Refresh, cfg.HoldDemand = f.refresh, f.holdDemand
 	})
 	c.check = func(c *cluster, when string) {
 		for _, key := range keys {
@@ -328,7 +328,7 @@ func escrowRunWith(t *testing.T, seed uint64, n, epochs int, f faults) (int, boo
 
 // TestPropertyEscrowDeltas is TestPropertyEscrow with reports as deltas
 // (Config.Refresh deltaRefresh), also under the harsh faults with ghost
-// writes: the same safety after every store write; and once the faults end,
+// writes and demand published only when it is news (Config.HoldDemand): the same safety after every store write; and once the faults end,
 // every key reaches its targets within the staleness deltas allow: a delta
 // lost during the faults is asked for again in the first fault-free epochs
 // or, were the requests lost too, repaired by the next refresh of its key's

@@ -60,6 +60,7 @@ func run(args []string) error {
 	fs.StringVar(&cfg.NATSListen, "nats-listen", "127.0.0.1:4222", "client address of the embedded NATS server")
 	regions := fs.String("regions", "", "all regions of the deployment, comma-separated, this one included (default: this region alone)")
 	fs.DurationVar(&cfg.SyncPeriod, "sync-period", time.Second, "how often regions exchange reports and move shares (the same in every region)")
+	fs.IntVar(&cfg.ReportRefresh, "report-refresh", 0, "how often, in sync periods, the exchange's reports list a key that did not change (they are deltas); -1 sends full reports, for a rolling upgrade from a release before deltas (default 600)")
 	fs.DurationVar(&cfg.DecideAfter, "decide-after", 0, "how long after publishing its tallies a region decides its moves; more than the one-way delay between regions plus clock skew (default sync-period/4)")
 	fs.StringVar(&cfg.Replica, "replica", "", "this replica's name within its region (default: hostname and a random suffix)")
 	fs.DurationVar(&cfg.LeaseTTL, "lease-ttl", service.DefaultLeaseTTL, "lease lifetime τ")

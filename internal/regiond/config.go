@@ -75,6 +75,11 @@ type Config struct {
 	// delay between regions plus clock skew. Default SyncPeriod/4; below
 	// SyncPeriod/2.
 	DecideAfter time.Duration
+	// ReportRefresh is how often, in sync periods, the exchange's reports
+	// (deltas) list a key that did not change (region.Config.Refresh):
+	// default 600; -1 sends full reports, for a rolling upgrade from a
+	// release before deltas.
+	ReportRefresh int
 	// Replica names this replica within its region (default
 	// "<hostname>-<random>"). Replicas of one region share its store; one
 	// at a time runs the exchange.

@@ -76,7 +76,7 @@ func newNATSMetrics(reg prometheus.Registerer) *natsMetrics {
 // exchange will compute it; New also validates the exchange's region
 // config with it.
 func initialShare(cfg Config) (int64, error) {
-	rc := region.Config{Self: cfg.Region, Regions: cfg.Regions, Period: cfg.SyncPeriod}
+	rc := region.Config{Self: cfg.Region, Regions: cfg.Regions, Period: cfg.SyncPeriod, Refresh: cfg.ReportRefresh}
 	if cfg.ExchangeTune != nil {
 		cfg.ExchangeTune(&rc)
 	}
@@ -153,6 +153,7 @@ func (d *Daemon) startExchange() (err error) {
 		Regions:     cfg.Regions,
 		Period:      cfg.SyncPeriod,
 		DecideAfter: cfg.DecideAfter,
+		Refresh:     cfg.ReportRefresh,
 		Conn:        d.nc,
 		Store:       d.shares,
 		Coordinator: coord,

@@ -63,6 +63,9 @@ type Config struct {
 	// so that regions with synchronised clocks close their tallies
 	// together.
 	Period time.Duration
+	// Refresh is region.Config.Refresh: how often, in epochs, reports list
+	// a key that did not change (0: its default; -1: full reports).
+	Refresh int
 	// DecideAfter is how long after the start of an epoch the exchanging
 	// replica decides its moves (region.State.Epoch), having published its
 	// tallies at the start (region.State.Tally): long enough for every

@@ -85,6 +85,7 @@ func New(cfg Config) (*Exchanger, error) {
 		Replica: cfg.Replica,
 		Regions: cfg.Regions,
 		Period:  cfg.Period,
+		Refresh: cfg.Refresh,
 		Policy:  func(key string) region.KeyPolicy { return x.pol.RuleOf(key).KeyPolicy() },
 	}
 	if cfg.Tune != nil {
