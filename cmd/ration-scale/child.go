@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -15,6 +14,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/ration-dev/ration/internal/redistest"
 )
 
 // readyTimeout bounds how long a child may take to answer (redis PING,
@@ -157,32 +158,11 @@ func startRedis(ctx context.Context, dir, name string) (*child, string, error) {
 		return nil, "", err
 	}
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	if err := c.waitFor(ctx, "did not answer PING", func() bool { return ping(addr) == nil }); err != nil {
+	if err := c.waitFor(ctx, "did not answer PING", func() bool { return redistest.Ping(addr) == nil }); err != nil {
 		c.stop(time.Second)
 		return nil, "", err
 	}
 	return c, addr, nil
-}
-
-// ping sends one PING in RESP and expects +PONG.
-func ping(addr string) error {
-	conn, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(200 * time.Millisecond))
-	if _, err := conn.Write([]byte("PING\r\n")); err != nil {
-		return err
-	}
-	line, err := bufio.NewReader(conn).ReadString('\n')
-	if err != nil {
-		return err
-	}
-	if line != "+PONG\r\n" {
-		return fmt.Errorf("PING answered %q", line)
-	}
-	return nil
 }
 
 func freePort() (int, error) {

@@ -189,7 +189,7 @@ func (s *Server) start() error {
 
 	deadline := time.Now().Add(readyTimeout)
 	for {
-		if ping(s.Addr()) == nil {
+		if Ping(s.Addr()) == nil {
 			return nil
 		}
 		select {
@@ -208,9 +208,9 @@ func (s *Server) start() error {
 	}
 }
 
-// ping sends one PING and expects +PONG, speaking RESP directly so that
+// Ping sends one PING and expects +PONG, speaking RESP directly so that
 // readiness does not depend on a client library's retry behaviour.
-func ping(addr string) error {
+func Ping(addr string) error {
 	c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
 	if err != nil {
 		return err

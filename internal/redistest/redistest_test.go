@@ -12,27 +12,27 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestServerLifecycle(t *testing.T) {
 	s := StartServer(t)
-	if err := ping(s.Addr()); err != nil {
+	if err := Ping(s.Addr()); err != nil {
 		t.Fatalf("PING after start: %v", err)
 	}
 	if got, want := s.URL(), "redis://"+s.Addr(); got != want {
 		t.Errorf("got URL %q, want %q", got, want)
 	}
 	s.Stop()
-	if err := ping(s.Addr()); err == nil {
+	if err := Ping(s.Addr()); err == nil {
 		t.Errorf("PING after Stop: got an answer, want an error")
 	}
 	s.Stop() // stopping twice is harmless
 	s.Restart()
-	if err := ping(s.Addr()); err != nil {
+	if err := Ping(s.Addr()); err != nil {
 		t.Fatalf("PING after Restart: %v", err)
 	}
 	s.Pause()
-	if err := ping(s.Addr()); err == nil {
+	if err := Ping(s.Addr()); err == nil {
 		t.Errorf("PING while paused: got an answer, want a timeout")
 	}
 	s.Resume()
-	if err := ping(s.Addr()); err != nil {
+	if err := Ping(s.Addr()); err != nil {
 		t.Errorf("PING after Resume: %v", err)
 	}
 	s.Pause() // Stop (in cleanup) must kill a paused server too
