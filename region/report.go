@@ -19,8 +19,9 @@ type Report struct {
 	SentAt time.Time
 	// Exchange is true when the sender runs its region's exchange (it holds
 	// the region's exchange lease): its entries carry generations, rows and
-	// exit records, and a key it leaves out has no exchange state there.
-	// A report with Exchange false carries demand tallies only.
+	// exit records, and a key it leaves out has no exchange state there (in
+	// a delta, a key of a bucket it refreshes; see Refresh). A report with
+	// Exchange false carries demand tallies only.
 	Exchange bool
 	// Regions is the sender's Config.Regions: the index of every Row,
 	// Taken, In and InTaken in the report. Receivers map columns by name, so
