@@ -35,7 +35,9 @@ func keysLabel(n int) string {
 // BenchmarkEpochAtScale is one sync epoch of three regions at a million
 // active global keys each (RATION_SCALE_KEYS to change), with Zipf demand
 // (s = 1.1, a few tokens an epoch for most keys, thousands for a few) of
-// which 1% of the keys change in every region each epoch, the rest steady:
+// which 1% of the keys change in every region each epoch, the rest steady,
+// measured once 40 epochs have brought the changes' effects to their steady
+// state:
 // reports as deltas (ration, the default Config.Refresh) beside full
 // reports (baseline=full, Refresh -1), in one run. The demand is fed to
 // each region outside the timer (the lease service pays for it, once per
@@ -61,9 +63,6 @@ func BenchmarkEpochAtScale(b *testing.B) {
 					br.demand[i][k] = 1 + int64(zipf.Uint64())
 				}
 			}
-			for i := 0; i < 12; i++ { // every key enters its generation and its shares settle; the first reports are full
-				br.scaleEpoch(b, nil)
-			}
 			change := func() {
 				for c := 0; c < keys/100; c++ {
 					k := rng.IntN(keys)
@@ -71,6 +70,14 @@ func BenchmarkEpochAtScale(b *testing.B) {
 						br.demand[i][k] = 1 + int64(zipf.Uint64())
 					}
 				}
+			}
+			// Every key enters its generation (the first reports are
+			// full), and the changes reach their steady state: a change
+			// moves a small key's shares for some 30 epochs, as its
+			// smoothed demand follows a few requests an epoch slowly.
+			for i := 0; i < 40; i++ {
+				change()
+				br.scaleEpoch(b, nil)
 			}
 			b.ReportAllocs()
 			b.ResetTimer()
