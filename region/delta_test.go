@@ -68,6 +68,16 @@ func (d *deltaPair) epoch(demA, demB func(k int) int64) {
 
 func steady(v int64) func(int) int64 { return func(int) int64 { return v } }
 
+// oneMoved is the demand of every key at v, key k's at moved.
+func oneMoved(k int, moved, v int64) func(int) int64 {
+	return func(i int) int64 {
+		if i == k {
+			return moved
+		}
+		return v
+	}
+}
+
 // TestDeltaReportsFollowChange checks that reports list what changed and a
 // refresh slice, not every key: with steady demand each report lists about
 // 1/Refresh of the keys, every key is listed within Refresh epochs, and the
@@ -137,12 +147,7 @@ func TestDeltaLostIsRepaired(t *testing.T) {
 				d.epoch(steady(100), steady(100))
 			}
 			key := d.keys[7]
-			moved := func(k int) int64 {
-				if k == 7 {
-					return 900
-				}
-				return 100
-			}
+			moved := oneMoved(7, 900, 100)
 			d.lose = func(from string, r *region.Report) bool { return from == "a" && !r.Exchange }
 			d.epoch(moved, steady(100))
 			d.lose = func(from string, r *region.Report) bool {
@@ -179,12 +184,7 @@ func TestDeltaLostGiftIsAnnouncedAgain(t *testing.T) {
 		d.epoch(steady(100), steady(100))
 	}
 	key := d.keys[7]
-	moved := func(k int) int64 {
-		if k == 7 {
-			return 900
-		}
-		return 100
-	}
+	moved := oneMoved(7, 900, 100)
 	var lost uint64 // epoch of the report whose gift was lost
 	gave := int64(0)
 	d.lose = func(from string, r *region.Report) bool {
@@ -258,19 +258,15 @@ func TestDeltaStreamsRestart(t *testing.T) {
 	}
 }
 
-// TestDeltaGoneKey checks that a key a region drops is listed once as empty:
-// its demand is no longer counted at once, not only at its refresh.
-func TestDeltaGoneKey(t *testing.T) {
+// TestDeltaStoppedDemand checks that demand that stops is published at once
+// (a tally of nothing is news), not only at its key's refresh: the receiver
+// stops counting it the same epoch.
+func TestDeltaStoppedDemand(t *testing.T) {
 	d := newDeltaPair(t, 50)
 	for i := 0; i < 5; i++ {
 		d.epoch(steady(100), steady(100))
 	}
-	stop := func(k int) int64 {
-		if k == 3 {
-			return 0
-		}
-		return 100
-	}
+	stop := oneMoved(3, 0, 100)
 	d.epoch(stop, steady(100))
 	if dem, _, _ := d.b.PeerView(d.keys[3], "a"); dem != 0 {
 		t.Fatalf("b counts a's demand for a key a has stopped as %d, want 0", dem)

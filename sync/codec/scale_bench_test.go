@@ -6,7 +6,6 @@ import (
 	"os"
 	"strconv"
 	"testing"
-	"time"
 )
 
 // scaleKeys is BenchmarkEpochAtScale's keys per region: 1,000,000, or
@@ -77,8 +76,9 @@ func BenchmarkEpochAtScale(b *testing.B) {
 			// smoothed demand follows a few requests an epoch slowly.
 			for i := 0; i < 40; i++ {
 				change()
-				br.scaleEpoch(b, nil)
+				br.epoch(b)
 			}
+			br.pause = b
 			b.ReportAllocs()
 			b.ResetTimer()
 			var bytes int
@@ -86,42 +86,12 @@ func BenchmarkEpochAtScale(b *testing.B) {
 				b.StopTimer()
 				change()
 				b.StartTimer()
-				br.scaleEpoch(b, b)
+				br.epoch(b)
 				bytes += br.bytes
 			}
 			per := float64(b.N * len(br.names))
 			b.ReportMetric(float64(b.Elapsed().Microseconds())/1000/per, "ms/region-epoch")
 			b.ReportMetric(float64(bytes)/per, "wire-B/region-epoch")
 		})
-	}
-}
-
-// scaleEpoch is epoch with the local demand observed outside b's timer (nil:
-// no timer to stop).
-func (br *benchRegions) scaleEpoch(tb testing.TB, b *testing.B) {
-	br.now = br.now.Add(time.Second)
-	br.bytes = 0
-	for i := range br.names {
-		if b != nil {
-			b.StopTimer()
-		}
-		st := br.states[i]
-		for k, key := range br.keys {
-			st.Observe(key, br.demand[i][k], br.demand[i][k])
-		}
-		if b != nil {
-			b.StartTimer()
-		}
-		rep := st.Tally(br.now)
-		br.encode(tb, i, &rep, 1)
-	}
-	for i := range br.names {
-		br.consume(tb, i)
-	}
-	for i := range br.names {
-		br.produce(tb, i)
-	}
-	for i := range br.names {
-		br.consume(tb, i)
 	}
 }
