@@ -82,6 +82,9 @@ type cluster struct {
 	// check is called after every store write, after every region's epoch.
 	check func(c *cluster, when string)
 	after func(c *cluster, i int)
+	// trace, when set, is told every report published and every share
+	// write, as text.
+	trace func(string)
 	// allowUnknown accepts ErrUnknownRegion (during region set changes).
 	allowUnknown bool
 	// ideal is, per key, the balance of one ideal bucket (rate testRate,
@@ -219,6 +222,9 @@ func (c *cluster) index(name string) int {
 
 // publish sends a report to every other region through the faulty network.
 func (c *cluster) publish(from int, rep region.Report) {
+	if c.trace != nil {
+		c.trace(fmt.Sprintf("%s publishes %+v", c.nodes[from].name, rep))
+	}
 	for to := range c.nodes {
 		if to == from {
 			continue
@@ -245,6 +251,9 @@ func (c *cluster) publish(from int, rep region.Report) {
 // ghost write is applied and reported failed (a lost answer). It returns
 // the change with the tokens the store released.
 func (c *cluster) write(i int, ch region.ShareChange) (region.ShareChange, bool) {
+	if c.trace != nil {
+		c.trace(fmt.Sprintf("%s writes %+v", c.nodes[i].name, ch))
+	}
 	if c.chance(c.f.writeFail) {
 		return ch, false
 	}

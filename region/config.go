@@ -142,6 +142,12 @@ type Config struct {
 	// the simulator's figures (sync-burst's bound ratio 0.70 to 0.84,
 	// follow-the-sun's utilization 99.0% to 98.8%). Default off.
 	HoldDemand bool
+	// EveryKey runs every key's epoch in every Epoch. By default a key
+	// whose epoch changed nothing rests until something it reads changes
+	// (docs/DESIGN.md, "Keys at rest"), which changes no decision: the
+	// tests compare the two, and EveryKey is the reference to compare
+	// with when in doubt.
+	EveryKey bool
 	// Rewrite is how old the latest write of a key's applied share may grow
 	// before the next epoch writes it to the store again: a store that
 	// forgets a share ShareTTL after its latest write (lease.RedisConfig,

@@ -254,7 +254,7 @@ func (t *tallySum) mean() tally {
 
 // tallyEntry is a key's entry in a tally report.
 func (s *State) tallyEntry(ks *keyState) KeyReport {
-	return KeyReport{Key: ks.key, SharePPM: s.Share(ks.key), Demand: ks.held.demand, Granted: ks.held.granted}
+	return KeyReport{Key: ks.key, SharePPM: s.shareOf(ks), Demand: ks.held.demand, Granted: ks.held.granted}
 }
 
 // tallyRefresh adds to the tally report r the keys of the buckets it
@@ -333,13 +333,18 @@ func (s *State) reportList(r *Report) []*keyState {
 	d := &s.delta
 	from := r.Resent
 	for _, ks := range s.keys {
-		fp := s.fingerprint(ks)
+		// A key at rest has the entry it had when it was last listed,
+		// and no news (mayRest).
+		fp, rest := ks.fp, ks.quiet >= restQuiet
+		if !rest {
+			fp = s.fingerprint(ks)
+		}
 		switch {
 		case ks.fpAt == s.epoch, // the same epoch again
 			fp != ks.fp,
 			from != 0 && ks.fpAt >= from, // asked again
 			fp != 0 && inRange(ks.bucket, r.RefreshFrom, r.RefreshCount),
-			fp != 0 && s.unacknowledged(ks),
+			fp != 0 && !rest && s.unacknowledged(ks),
 			ks.tallyAt == s.epoch && d.talliedAt != s.epoch: // one phase: no tally report carries it
 		default:
 			continue
@@ -385,7 +390,7 @@ func (s *State) fingerprint(ks *keyState) uint64 {
 	}
 	h := fnv{0xcbf29ce484222325}
 	h.add(ks.gen)
-	h.add(uint64(s.Share(ks.key)))
+	h.add(uint64(s.shareOf(ks)))
 	if ks.gen != 0 {
 		h.add(uint64(s.effectiveBase(ks)))
 		h.row(s.ownRow(ks))
@@ -493,10 +498,8 @@ func (s *State) refreshed(r *Report, in *inbound) {
 		return
 	}
 	k := in.k
-	for _, ks := range s.keys {
-		if !inRange(ks.bucket, r.RefreshFrom, r.RefreshCount) {
-			continue
-		}
+	s.eachRefreshed(r, func(ks *keyState) {
+		ks.touch()
 		if !r.Exchange { // an exchange report's buckets say nothing of demand without state
 			for i := range ks.tallies {
 				if e := &ks.tallies[i]; e.slot == in.slot && e.inc == in.inc && e.epoch < r.Epoch {
@@ -508,8 +511,20 @@ func (s *State) refreshed(r *Report, in *inbound) {
 			ks.seen[k], ks.cur[k], ks.shares[k] = r.Epoch, 0, s.initial[k]
 			ks.announcing &^= 1 << k
 		}
-	}
+	})
 	if in.exchange {
 		s.cover[k].set(r.RefreshFrom, r.RefreshCount)
+	}
+}
+
+// eachRefreshed calls f for every key of the buckets r refreshes.
+func (s *State) eachRefreshed(r *Report, f func(*keyState)) {
+	if r.RefreshCount == 0 || s.buckets == nil {
+		return
+	}
+	for i := uint32(0); i < min(r.RefreshCount, RefreshBuckets); i++ {
+		for _, ks := range s.buckets[(r.RefreshFrom+i)%RefreshBuckets] {
+			f(ks)
+		}
 	}
 }

@@ -19,6 +19,7 @@ func (s *State) epochKey(now time.Time, ks *keyState, p *Plan) bool {
 	// Demand: the EWMA steers by the tallies everyone saw last epoch.
 	s.demands(ks, now)
 	pol := s.cfg.Policy(ks.key)
+	s.pol = pol
 	active := s.smoothDemand(ks, pol)
 	if active {
 		ks.lastDemand = now
@@ -63,7 +64,7 @@ func (s *State) epochKey(now time.Time, ks *keyState, p *Plan) bool {
 
 // smoothDemand moves each region's smoothed demand toward its tally; true: the key has demand.
 func (s *State) smoothDemand(ks *keyState, pol KeyPolicy) bool {
-	me, cfg := s.self, &s.cfg
+	me := s.self
 	active := ks.cur0.demand > 0
 	if s.tallied {
 		active = active || ks.pub.demand > 0
@@ -88,15 +89,36 @@ func (s *State) smoothDemand(ks *keyState, pol KeyPolicy) bool {
 			ks.unheard &^= bit
 			ks.ewma[k] = s.x[k]
 		default:
-			a := cfg.Alpha * gain(max(s.x[k], ks.ewma[k]), pol.Cost) * ks.turning(bit, s.x[k] > ks.ewma[k])
-			if ks.left(k, s.x[k], pol.Cost) {
-				a = 1
-			}
-			ks.ewma[k] = a*s.x[k] + (1-a)*ks.ewma[k]
+			s.follow(ks, k, pol.Cost)
 		}
 		active = active || s.x[k] > 0
 	}
 	return active
+}
+
+// follow moves region k's smoothed demand one epoch toward its tally s.x[k].
+func (s *State) follow(ks *keyState, k int, cost float64) {
+	bit := uint64(1) << k
+	a := s.cfg.Alpha * gain(max(s.x[k], ks.ewma[k]), cost) * ks.turning(bit, s.x[k] > ks.ewma[k])
+	if ks.left(k, s.x[k], cost) {
+		a = 1
+	}
+	ks.ewma[k] = a*s.x[k] + (1-a)*ks.ewma[k]
+}
+
+// smoothOnce is smoothDemand's epoch for a key every region of which is
+// heard, for a key waking from rest (rest.go); false when it changed
+// nothing, and so never will again with the same tallies.
+func (s *State) smoothOnce(ks *keyState, cost float64) bool {
+	e, m, r := s.restE[:0], s.restM[:0], s.restR[:0]
+	e, m, r = append(e, ks.ewma...), append(m, ks.missed...), append(r, ks.runBase...)
+	s.restE, s.restM, s.restR = e, m, r
+	bits := [3]uint64{ks.moved, ks.rose, ks.flipped}
+	for k := 0; k < s.n; k++ {
+		s.follow(ks, k, cost)
+	}
+	return !slices.Equal(e, ks.ewma) || !slices.Equal(m, ks.missed) || !slices.Equal(r, ks.runBase) ||
+		bits != [3]uint64{ks.moved, ks.rose, ks.flipped}
 }
 
 // dropDoneExits drops the key's exit records that need announcing no longer (exitDone).

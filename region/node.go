@@ -141,6 +141,13 @@ func (n *Node) Share(key string) int64 { return n.st.Share(key) }
 // Observe adds local tallies of a global key (State.Observe).
 func (n *Node) Observe(key string, demand, granted int64) { n.st.Observe(key, demand, granted) }
 
+// Resting is State.Resting.
+func (n *Node) Resting() (resting, keys int) { return n.st.Resting() }
+
+// PolicyChanged is State.PolicyChanged: call it when the policy may have
+// changed.
+func (n *Node) PolicyChanged() { n.st.PolicyChanged() }
+
 // Hold takes what the replica learnt of its region's holder election at the
 // start of an epoch: a replica that no longer holds it (or took it afresh
 // after it lapsed) drops its state, and one that now holds it takes over

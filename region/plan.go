@@ -93,19 +93,15 @@ func (s *State) Epoch(now time.Time) Plan {
 	if !s.committed {
 		for _, st := range s.open {
 			st.ks.applied = -1 // the Lower write may or may not have happened
+			st.ks.touch()
 		}
 	}
 	s.pruneReplicas(now)
 	s.seq++
 	s.committed = false
 	p := Plan{Epoch: s.epoch, seq: s.seq}
-	for i := 0; i < len(s.keys); {
-		if s.epochKey(now, s.keys[i], &p) {
-			i++
-		} else {
-			s.removeKey(i)
-		}
-	}
+	s.epochKeys(now, &p)
+	s.prevNow = now
 	s.open = p.steps
 	s.restored, s.tallied = false, false
 	return p
@@ -224,6 +220,7 @@ func (s *State) Apply() []ShareChange {
 	var out []ShareChange
 	for _, ks := range s.toApply {
 		ks.toApply = false
+		ks.touch()
 		if s.byKey[ks.key] != ks || ks.gen == 0 || ks.applied < 0 || !slices.Equal(ks.inTaken, ks.inTakenStored) {
 			continue
 		}

@@ -30,7 +30,7 @@ func (s *State) Report() Report {
 		if reported(ks) {
 			s.keyReport(&r.Keys[len(r.Keys)-1], ks, &b, &ackBuf)
 		} else { // it had an entry: say it has none now
-			r.Keys[len(r.Keys)-1] = KeyReport{Key: ks.key, SharePPM: s.Share(ks.key), Demand: ks.held.demand, Granted: ks.held.granted}
+			r.Keys[len(r.Keys)-1] = KeyReport{Key: ks.key, SharePPM: s.shareOf(ks), Demand: ks.held.demand, Granted: ks.held.granted}
 		}
 	}
 	clear(list)
@@ -152,11 +152,14 @@ func (s *State) Tally(now time.Time) Report {
 	r.Regions = slices.Clone(s.cfg.Regions)
 	for i := 0; i < len(s.keys); {
 		ks := s.keys[i]
+		if ks.pub != ks.cur0 {
+			ks.touch()
+		}
 		ks.pub, ks.cur0 = ks.cur0, tally{}
 		if s.closeTally(ks) {
+			ks.touch()
 			r.Keys = append(r.Keys, s.tallyEntry(ks))
-		} else if ks.pub == (tally{}) && ks.held == (tally{}) && ks.gen == 0 && len(ks.exits) == 0 && ks.announcing == 0 && len(ks.tallies) == 0 &&
-			s.highestPeerGen(ks) == 0 && !slices.ContainsFunc(ks.ewma, func(v float64) bool { return v >= 1 }) {
+		} else if s.forgotten(ks) {
 			s.removeKey(i)
 			continue
 		}
@@ -164,4 +167,14 @@ func (s *State) Tally(now time.Time) Report {
 	}
 	s.tallyRefresh(&r)
 	return r
+}
+
+// forgotten reports whether Tally forgets ks: nothing to report, no
+// exchange state, no demand left to smooth.
+func (s *State) forgotten(ks *keyState) bool {
+	if ks.pub != (tally{}) || ks.held != (tally{}) || ks.gen != 0 || len(ks.exits) > 0 || ks.announcing != 0 || len(ks.tallies) > 0 || s.highestPeerGen(ks) != 0 {
+		return false
+	}
+	s.wake(ks) // its smoothed demand as if it had not rested
+	return !slices.ContainsFunc(ks.ewma, func(v float64) bool { return v >= 1 })
 }

@@ -20,6 +20,9 @@ type State struct {
 
 	keys  []*keyState
 	byKey map[string]*keyState
+	// buckets are the keys of each refresh bucket (delta.go), so that a
+	// report's refresh visits its buckets' keys only.
+	buckets [][]*keyState
 
 	now      time.Time
 	epoch    uint64
@@ -49,6 +52,14 @@ type State struct {
 
 	delta deltas // our own streams of reports
 
+	// Keys at rest (rest.go): the signature of what every key's epoch
+	// reads (calm) at the latest Epoch, that Epoch's time, and the count of
+	// PolicyChanged calls.
+	calmSig   uint64
+	prevNow   time.Time
+	policyGen uint64
+	resting   int // keys the latest Epoch skipped
+
 	// scratch space for Epoch and Receive
 	tg       targeter
 	recvKS   []*keyState
@@ -63,7 +74,11 @@ type State struct {
 	lt       []int64
 	gifts    []int64
 	kept     []bool
-	slab     []int64 // rows of plan steps are carved from it (see rowBuf)
+	slab     []int64   // rows of plan steps are carved from it (see rowBuf)
+	pol      KeyPolicy // the policy of the key epochKey ran last
+	restE    []float64 // scratch of rest.go
+	restM    []float64
+	restR    []float64
 }
 
 // keyState is the exchange state of one key in this region.
@@ -137,6 +152,7 @@ type keyState struct {
 	up, down float32
 	run, all tallySum
 	bucket   uint32 // RefreshBucket(key)
+	bpos     int32  // its index in State.buckets[bucket]
 	tallyAt  uint64
 	fp, fpAt uint64
 	tallies  []tallyEntry
@@ -145,6 +161,15 @@ type keyState struct {
 	written                           time.Time // the latest confirmed write of its share (Wrote)
 
 	toApply bool // in State.toApply
+
+	// At rest (rest.go): quiet epochs running (restQuiet: resting),
+	// whether it was skipped since its last epoch, and with demand; wakeAt
+	// is when its own timers wake it (UnixNano, 0: never).
+	quiet             uint8
+	slept, restActive bool
+	restN             uint32    // epochs skipped since it came to rest
+	restX             []float64 // per region, the demand it saw then
+	wakeAt            int64
 }
 
 // exitState is our final state in a generation we left.
@@ -274,8 +299,10 @@ func (s *State) Observe(key string, demand, granted int64) {
 // last committed to the store, or, for a key whose stored value is not known
 // (just created or restored), the value the next Epoch will write. A key
 // without exchange state has the region's initial share.
-func (s *State) Share(key string) int64 {
-	ks := s.byKey[key]
+func (s *State) Share(key string) int64 { return s.shareOf(s.byKey[key]) }
+
+// shareOf is Share for a key's state (nil: none).
+func (s *State) shareOf(ks *keyState) int64 {
 	switch {
 	case ks == nil || ks.gen == 0:
 		return s.initial[s.self]
@@ -296,6 +323,7 @@ func (s *State) Keys() int { return len(s.keys) }
 func (s *State) Resync(key string) {
 	if ks := s.byKey[key]; ks != nil {
 		ks.applied = -1
+		ks.touch()
 	}
 }
 
@@ -306,6 +334,7 @@ func (s *State) Resync(key string) {
 func (s *State) ResyncAll() {
 	for _, ks := range s.keys {
 		ks.applied = -1
+		ks.touch()
 	}
 }
 
@@ -342,8 +371,8 @@ func (s *State) addKey(key string) *keyState {
 	ks.bases, ks.in, ks.inTaken, ks.refund, ks.unclaim, ks.shares = next(), next(), next(), next(), next(), next()
 	ks.ack, ks.ackTkn, ks.inTakenStored = next(), next(), next()
 	ks.tok, ks.tokIn, ks.tokInWin = next(), next(), next()
-	f := make([]float64, 3*n)
-	ks.ewma, ks.missed, ks.runBase = f[:n:n], f[n:2*n:2*n], f[2*n:3*n:3*n]
+	f := make([]float64, 4*n)
+	ks.ewma, ks.missed, ks.runBase, ks.restX = f[:n:n], f[n:2*n:2*n], f[2*n:3*n:3*n], f[3*n:4*n:4*n]
 	ks.rowGen, ks.cur, ks.seen, ks.settled = gens[0:n:n], gens[n:2*n:2*n], gens[2*n:3*n:3*n], gens[3*n:4*n:4*n]
 	ks.born = gens[4*n : 5*n : 5*n]
 	copy(ks.born, s.exchEpoch)
@@ -352,6 +381,11 @@ func (s *State) addKey(key string) *keyState {
 	}
 	s.byKey[key] = ks
 	s.keys = append(s.keys, ks)
+	if s.buckets == nil {
+		s.buckets = make([][]*keyState, RefreshBuckets)
+	}
+	ks.bpos = int32(len(s.buckets[ks.bucket]))
+	s.buckets[ks.bucket] = append(s.buckets[ks.bucket], ks)
 	return ks
 }
 
@@ -365,6 +399,12 @@ func (s *State) removeKey(i int) {
 	s.keys[i] = s.keys[last]
 	s.keys[last] = nil
 	s.keys = s.keys[:last]
+	b := s.buckets[ks.bucket]
+	end := len(b) - 1
+	b[ks.bpos] = b[end]
+	b[ks.bpos].bpos = ks.bpos
+	b[end] = nil
+	s.buckets[ks.bucket] = b[:end]
 }
 
 // ownRow returns our row of gifts in the key's generation.

@@ -69,7 +69,6 @@ func (s *State) liveRegions(now time.Time, ks *keyState, sh int64, idle bool) (f
 func (s *State) needs(ks *keyState, pol KeyPolicy) {
 	// The share that serves the smoothed demand at the key's rate, or,
 	// without a rate, a part of the live regions' demand.
-	cfg := &s.cfg
 	s.need, s.weights = s.need[:0], s.weights[:0]
 	var sum float64
 	for _, k := range s.live {
@@ -79,19 +78,26 @@ func (s *State) needs(ks *keyState, pol KeyPolicy) {
 		var need float64
 		switch {
 		case pol.Rate > 0:
-			per := pol.Rate * cfg.Period.Seconds()
-			need = ks.ewma[k] / per * PPM
-			// Headroom for Poisson noise: one standard deviation of the
-			// epoch's demand, where it exceeds the floor (small keys).
-			if h := noise(ks.ewma[k], pol.Cost) / per * PPM; h > float64(cfg.FloorPPM) {
-				need += h - float64(cfg.FloorPPM)
-			}
+			need = s.rateNeed(ks.ewma[k], pol)
 		case sum > 0:
 			need = ks.ewma[k] / sum * PPM
 		}
 		s.need = append(s.need, need)
 		s.weights = append(s.weights, s.initial[k])
 	}
+}
+
+// rateNeed is the need in ppm of a smoothed demand of e tokens an epoch
+// for a key with a rate: the share that serves it, plus headroom for
+// Poisson noise (one standard deviation of the epoch's demand) where that
+// exceeds the floor (small keys).
+func (s *State) rateNeed(e float64, pol KeyPolicy) float64 {
+	per := pol.Rate * s.cfg.Period.Seconds()
+	need := e / per * PPM
+	if h := noise(e, pol.Cost) / per * PPM; h > float64(s.cfg.FloorPPM) {
+		need += h - float64(s.cfg.FloorPPM)
+	}
+	return need
 }
 
 // giftsFor splits our surplus over the live peers below target, in

@@ -168,8 +168,7 @@ func wantReason(t *testing.T, what string, err error, want Reason) {
 // TestDecodeHostile feeds messages that must be dropped, each for its
 // reason, and never applied.
 func TestDecodeHostile(t *testing.T) {
-	good := part(header(5, 1, 0, 1, 1))
-	good = part(&syncv1.Part{Region: "eu", Replica: "0", Epoch: 5, Regions: []string{"eu", "us"}, ReportId: 1, Parts: 1, KeysTotal: 1,
+	good := part(&syncv1.Part{Region: "eu", Replica: "0", Epoch: 5, Regions: []string{"eu", "us"}, ReportId: 1, Parts: 1, KeysTotal: 1,
 		Keys: []*syncv1.Key{{Key: "r/k", Generation: 3, Row: []int64{0, 10}, SharePpm: 400_000, Demand: 7}}})
 	if _, err := DecodePart(good, Limits{}); err != nil {
 		t.Fatalf("the good message: %v", err)

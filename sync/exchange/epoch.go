@@ -15,7 +15,10 @@ import (
 func (x *Exchanger) tallyPhase(ctx context.Context) bool {
 	start := time.Now()
 	now := x.cfg.Clock()
-	x.pol = x.cfg.Policy()
+	if pol := x.cfg.Policy(); pol != x.pol {
+		x.pol = pol
+		x.node.PolicyChanged() // keys at rest read the policy again
+	}
 	if n := x.asm.Expire(now); n > 0 {
 		x.met.dropped.WithLabelValues(string(codec.ReasonIncomplete)).Add(float64(n))
 	}
@@ -63,6 +66,11 @@ func (x *Exchanger) endEpoch(now time.Time, role string) {
 	x.met.epochSeconds.Observe(x.busy.Seconds())
 	for r, at := range x.heard {
 		x.met.reportAge.WithLabelValues(r).Set(now.Sub(at).Seconds())
+	}
+	if role != "follower" {
+		resting, held := x.node.Resting()
+		x.met.keys.WithLabelValues("held").Set(float64(held))
+		x.met.keys.WithLabelValues("resting").Set(float64(resting))
 	}
 	x.updateTopKeys()
 	x.epochs.Add(1)

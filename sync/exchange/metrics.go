@@ -26,6 +26,7 @@ type metrics struct {
 	stateBytes     prometheus.Gauge
 	resyncs        prometheus.Counter
 	tokensReleased prometheus.Counter
+	keys           *prometheus.GaugeVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -91,6 +92,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "ration_exchange_tokens_released_total",
 			Help: "Tokens this region's store took out of buckets whose share was lowered, to give with the share.",
 		}),
+		keys: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ration_exchange_keys",
+			Help: "Global keys the exchange holds (held) and, of those, the keys the latest epoch skipped at rest (resting); only on the replica running the exchange.",
+		}, []string{"state"}),
 	}
 	for _, r := range codec.Reasons {
 		m.dropped.WithLabelValues(string(r))
@@ -102,7 +107,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.share, m.moved, m.reportAge, m.dropped, m.epochs, m.leader,
-		m.epochSeconds, m.received, m.published, m.publishedBytes, m.publishErrors, m.storeErrors, m.stateBytes, m.resyncs, m.tokensReleased} {
+		m.epochSeconds, m.received, m.published, m.publishedBytes, m.publishErrors, m.storeErrors, m.stateBytes, m.resyncs, m.tokensReleased, m.keys} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -1,0 +1,268 @@
+package region
+
+import "time"
+
+// This file holds keys at rest (docs/DESIGN.md, "Keys at rest"): a key whose
+// epoch changed nothing twice running, and that nothing touched since, is
+// not visited by Epoch again until something touches it (its tally changes,
+// a peer lists it, a store write, a resync), a timer of its own comes due
+// (idle, grace, rewrite), or something every key depends on changes (which
+// peers and replicas are heard, their streams, the policy). Its epoch would
+// change nothing, so skipping it changes nothing: Config.EveryKey runs every
+// key every epoch, and the tests compare the two.
+
+// restQuiet is the count of quiet epochs after which a key rests: one to
+// find its epoch changes nothing, one more after its report's fingerprint
+// was taken of that state.
+const restQuiet = 2
+
+// touch wakes a key: something its epoch reads changed.
+func (ks *keyState) touch() { ks.quiet = 0 }
+
+// calm returns the signature of what every key's epoch reads beside its own
+// state, and whether keys may rest in this epoch at all: not in one phase
+// (Epoch closes the tallies), not after a Restore, not under EveryKey.
+func (s *State) calm(now time.Time) (uint64, bool) {
+	if s.cfg.EveryKey || !s.tallied || s.restored {
+		return 0, false
+	}
+	h := fnv{0xcbf29ce484222325}
+	for k := 0; k < s.n; k++ {
+		h.add(s.exchSince[k])
+		h.add(uint64(s.exchRefresh[k]))
+		h.add(b2u(s.exchEpoch[k] != 0))
+		h.add(b2u(s.heard(now, k)))
+		h.add(b2u(s.heardNow[k]))
+	}
+	for i := range s.replicas {
+		r := &s.replicas[i]
+		h.add(uint64(r.region)<<33 | uint64(r.inc)<<1 | b2u(r.live))
+		h.add(r.since)
+		h.add(b2u(now.Sub(r.lastHeard) <= s.cfg.StaleAfter))
+	}
+	h.add(s.genFloor)
+	h.add(s.policyGen)
+	return h.v, true
+}
+
+// heard reports whether peer k's exchange reports are current at now.
+func (s *State) heard(now time.Time, k int) bool {
+	return !s.exchHeard[k].IsZero() && now.Sub(s.exchHeard[k]) <= s.cfg.StaleAfter
+}
+
+func b2u(b bool) uint64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// epochKeys runs the epoch of every key not at rest into p, dropping the
+// keys whose epoch says so.
+func (s *State) epochKeys(now time.Time, p *Plan) {
+	sig, ok := s.calm(now)
+	rest := ok && sig == s.calmSig
+	s.calmSig = sig
+	ns := now.UnixNano()
+	s.resting = 0
+	for i := 0; i < len(s.keys); {
+		ks := s.keys[i]
+		if rest && ks.resting(ns) {
+			ks.slept = true
+			ks.restN++
+			s.resting++
+			i++
+			continue
+		}
+		s.wake(ks)
+		steps, retired, before := len(p.steps), len(p.Retire), s.restSig(ks)
+		if !s.epochKey(now, ks, p) {
+			s.removeKey(i)
+			continue
+		}
+		s.noteRest(now, ks, s.pol, before, len(p.steps) != steps || len(p.Retire) != retired, ok)
+		i++
+	}
+}
+
+// resting reports whether Epoch skips ks at now (UnixNano): it rests and no timer of it is due.
+func (ks *keyState) resting(now int64) bool {
+	return ks.quiet >= restQuiet && (ks.wakeAt == 0 || now < ks.wakeAt)
+}
+
+// wake brings a key that rested through epochs up to date before its
+// epoch: its smoothed demand follows, epoch by epoch, the demand it saw
+// when it came to rest (until nothing changes any more), and one that had
+// demand had it in every epoch it rested.
+func (s *State) wake(ks *keyState) {
+	if !ks.slept {
+		return
+	}
+	ks.slept = false
+	if ks.restActive {
+		ks.lastDemand = s.prevNow
+	}
+	if ks.restN == 0 {
+		return
+	}
+	cost := s.cfg.Policy(ks.key).Cost
+	for k := range s.fresh {
+		s.fresh[k] = true // a key rests only while every region is heard
+	}
+	for i := uint32(0); i < ks.restN; i++ {
+		copy(s.x, ks.restX)
+		if !s.smoothOnce(ks, cost) {
+			break
+		}
+	}
+	ks.restN = 0
+}
+
+// restSig hashes the state an epoch of ks may change without planning a
+// step, but for its smoothed demand (steady says whether that matters).
+func (s *State) restSig(ks *keyState) uint64 {
+	h := fnv{0xcbf29ce484222325}
+	h.add(ks.gen)
+	h.add(ks.floor)
+	h.add(uint64(ks.base))
+	h.add(uint64(ks.applied))
+	for k := 0; k < s.n; k++ {
+		h.add(uint64(ks.inTakenStored[k]))
+	}
+	h.add(ks.unheard)
+	h.add(uint64(ks.lastTransfer.UnixNano()))
+	h.add(uint64(len(ks.tallies)))
+	h.add(uint64(len(ks.exits)))
+	return h.v
+}
+
+// noteRest counts ks's epoch at now as quiet or not: quiet when it planned
+// nothing (moved), changed nothing but its smoothed demand, has nothing in
+// flight that a timer or a peer must settle, and its smoothed demand, as it
+// converges on the demand it sees now, cannot make it give (steady); then
+// it notes that demand, and when its own timers wake it.
+func (s *State) noteRest(now time.Time, ks *keyState, pol KeyPolicy, before uint64, moved, ok bool) {
+	if !ok || moved || s.restSig(ks) != before || !s.mayRest(now, ks, pol) || !s.steady(now, ks, pol) {
+		ks.quiet = 0
+		return
+	}
+	if ks.quiet < restQuiet {
+		ks.quiet++
+	}
+	copy(ks.restX, s.x)
+	ks.restN = 0
+	ks.restActive = ks.lastDemand.Equal(now)
+	ks.wakeAt = s.wakeAt(now, ks)
+}
+
+// steady reports whether ks gives nothing in any epoch while its inputs
+// stay as they are. Each region's smoothed demand moves monotonically from
+// where it is toward the demand seen (s.x) and no further, so each need
+// stays within the interval those ends give it; a gift needs our target at
+// least MinTransferPPM under our share, and a target rises with its own
+// need and falls with the others' (give or take 1 ppm of rounding), so it
+// is enough that our target is not that low at our lowest need and the
+// others' highest.
+func (s *State) steady(now time.Time, ks *keyState, pol KeyPolicy) bool {
+	sh := s.own(ks)
+	idle := now.Sub(ks.lastDemand) >= s.cfg.IdleAfter
+	if idle { // the targets are the initial shares
+		return sh-s.initial[s.self] < 1
+	}
+	frozen := s.liveRegions(now, ks, sh, idle)
+	lo, hi := s.restE[:0], s.restM[:0]
+	var sumLo, sumHi float64
+	for _, k := range s.live {
+		l, h := min(ks.ewma[k], s.x[k]), max(ks.ewma[k], s.x[k])
+		lo, hi = append(lo, l), append(hi, h)
+		sumLo, sumHi = sumLo+l, sumHi+h
+	}
+	s.restE, s.restM = lo, hi
+	s.need, s.weights = s.need[:0], s.weights[:0]
+	me := -1
+	for i, k := range s.live {
+		var need float64
+		switch {
+		case k == s.self && pol.Rate > 0:
+			need = s.rateNeed(lo[i], pol)
+		case pol.Rate > 0:
+			need = s.rateNeed(hi[i], pol)
+		case k == s.self: // relative: ours at its lowest, the others' at their highest
+			need = ratio(lo[i], lo[i]+sumHi-hi[i])
+		default:
+			need = ratio(hi[i], hi[i]+sumLo-lo[i])
+		}
+		if k == s.self {
+			me = i
+		}
+		s.need = append(s.need, need)
+		s.weights = append(s.weights, s.initial[k])
+	}
+	lt := s.lt[:len(s.live)]
+	s.tg.fill(lt, PPM-frozen, s.need, s.cfg.FloorPPM, s.weights)
+	return sh-lt[me] < max(s.cfg.MinTransferPPM, 1)-2
+}
+
+// ratio is a relative need: a of a total, in ppm; 0 of nothing.
+func ratio(a, total float64) float64 {
+	if !(total > 0) {
+		return 0
+	}
+	return a / total * PPM
+}
+
+// mayRest reports whether nothing of ks waits for time or for a peer: its
+// stored share is known, it has no exit records and no peer announces any,
+// its gifts are acknowledged, no gift waits for Apply, every peer's state
+// for it is known, and no reclaim can come due while the peers are heard.
+func (s *State) mayRest(now time.Time, ks *keyState, pol KeyPolicy) bool {
+	if ks.applied < 0 || len(ks.exits) > 0 || ks.announcing != 0 || ks.unheard != 0 || ks.toApply || (ks.gen != 0 && !s.settled(ks)) {
+		return false
+	}
+	for k := 0; k < s.n; k++ {
+		if k == s.self {
+			continue
+		}
+		if !s.known(ks, k) {
+			return false
+		}
+		// A reclaim comes due ReclaimAfter after a peer was last heard.
+		if pol.ReclaimAfter > 0 && (!s.heard(now, k) || pol.ReclaimAfter <= s.cfg.StaleAfter) {
+			return false
+		}
+	}
+	return true
+}
+
+// wakeAt returns when ks's own timers next change its epoch (UnixNano, 0:
+// never): it goes idle IdleAfter after its last demand, may retire Grace
+// after its last transfer, and has its share rewritten Rewrite after its
+// last write.
+func (s *State) wakeAt(now time.Time, ks *keyState) int64 {
+	var at time.Time
+	soonest := func(t time.Time) {
+		if t.After(now) && (at.IsZero() || t.Before(at)) {
+			at = t
+		}
+	}
+	if !ks.restActive {
+		soonest(ks.lastDemand.Add(s.cfg.IdleAfter))
+		soonest(ks.lastTransfer.Add(s.cfg.Grace))
+	}
+	if s.cfg.Rewrite > 0 && !ks.written.IsZero() {
+		soonest(ks.written.Add(s.cfg.Rewrite))
+	}
+	if at.IsZero() {
+		return 0
+	}
+	return at.UnixNano()
+}
+
+// PolicyChanged wakes every key: call it when the policy the Config's
+// Policy returns may have changed, as a key at rest is not visited again
+// until something it reads changes.
+func (s *State) PolicyChanged() { s.policyGen++ }
+
+// Resting returns how many of the keys the State holds the latest Epoch
+// skipped at rest, and how many it holds.
+func (s *State) Resting() (resting, keys int) { return s.resting, len(s.keys) }

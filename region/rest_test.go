@@ -1,0 +1,130 @@
+package region_test
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/ration-dev/ration/region"
+)
+
+// TestRestChangesNothing runs the same randomised deployment twice, keys at
+// rest (the default) and every key every epoch (Config.EveryKey), and
+// requires every report published and every share written to be the same,
+// in the same order, under lost, duplicated, delayed and reordered reports,
+// partitions, failed and ghost store writes, regions running in one phase,
+// and demand that mostly holds still (so that most keys rest) with idle
+// spells (so that keys go idle and retire while at rest), with and without
+// rates and reclaims. Crashes are left out: a key restored from a snapshot
+// taken while it rested has the smoothed demand it had when it came to rest
+// (docs/DESIGN.md, "Keys at rest"), so the two runs part there, by design;
+// the property tests check safety with them.
+func TestRestChangesNothing(t *testing.T) {
+	seed := testSeed(t)
+	epochs := 600
+	if testing.Short() {
+		epochs = 200
+	}
+	for _, tc := range []struct {
+		name string
+		f    faults
+		rate bool
+	}{
+		{"calm/rate", faults{}, true},
+		{"calm/relative", faults{}, false},
+		{"faults/rate", faults{loss: 0.05, dup: 0.05, maxDelay: 2, writeFail: 0.02, ghostWrite: 0.01, partition: 0.002, partitionN: 8}, true},
+		{"faults/relative/full", faults{loss: 0.05, dup: 0.05, maxDelay: 2, writeFail: 0.02, partition: 0.002, partitionN: 8, refresh: -1}, false},
+		{"faults/hold", faults{loss: 0.05, dup: 0.05, maxDelay: 1, writeFail: 0.02, partition: 0.002, partitionN: 8, holdDemand: true, refresh: 5}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, n := range []int{3, 4} {
+				s := seed + uint64(n)
+				a, restA := restRun(t, s, n, epochs, tc.f, tc.rate, false)
+				b, _ := restRun(t, s, n, epochs, tc.f, tc.rate, true)
+				for i := range min(len(a), len(b)) {
+					if a[i] != b[i] {
+						t.Fatalf("seed %d, %d regions: event %d differs:\n at rest:    %s\n every key:  %s", s, n, i, a[i], b[i])
+					}
+				}
+				if len(a) != len(b) {
+					t.Fatalf("seed %d, %d regions: %d events at rest, %d every key", s, n, len(a), len(b))
+				}
+				t.Logf("seed %d, %d regions: %d events the same; %.0f%% of key-epochs rested", s, n, len(a), restA*100)
+				// Full reports touch every key every epoch, and a refresh
+				// every 5 epochs every key that often.
+				if restA < 0.3 && tc.f.refresh == 0 {
+					t.Errorf("only %.0f%% of key-epochs rested: the test does not exercise rest", restA*100)
+				}
+			}
+		})
+	}
+}
+
+// restRun runs one deployment for TestRestChangesNothing and returns its
+// events and the fraction of key-epochs at rest (Node.Resting).
+func restRun(t *testing.T, seed uint64, n, epochs int, f faults, rate, everyKey bool) ([]string, float64) {
+	rng := rand.New(rand.NewPCG(seed, seed^0x51ed))
+	var keys []string
+	for i := 0; i < 40; i++ {
+		prefix := "plain"
+		if i%8 == 7 {
+			prefix = "reclaim"
+		}
+		keys = append(keys, fmt.Sprintf("%s/%02d", prefix, i))
+	}
+	c := newCluster(t, rng, n, func(cfg *region.Config) {
+		escrowConfig(cfg)
+		if !rate {
+			pol := cfg.Policy
+			cfg.Policy = func(key string) region.KeyPolicy {
+				p := pol(key)
+				p.Rate = 0
+				return p
+			}
+		}
+		cfg.Refresh, cfg.HoldDemand, cfg.EveryKey = f.refresh, f.holdDemand, everyKey
+	})
+	var events []string
+	c.trace = func(e string) { events = append(events, fmt.Sprintf("step %d: %s", c.step, e)) }
+	c.f = f
+	// Under faults one region runs in one phase (its keys never rest).
+	c.nodes[0].onePhase = f != (faults{})
+	// Demand holds still but for a change in one key of fifty an epoch, and
+	// idle spells.
+	d := map[string][]int64{}
+	idle := map[string]int{}
+	for _, key := range keys {
+		d[key] = make([]int64, n)
+		for r := range d[key] {
+			d[key][r] = 1 + rng.Int64N(int64(testRate)/3)
+		}
+	}
+	var rested, visited float64
+	for e := 0; e < epochs; e++ {
+		for _, key := range keys {
+			switch {
+			case idle[key] > 0:
+				idle[key]--
+			case rng.Float64() < 0.004:
+				idle[key] = 5 + rng.IntN(20)
+			case rng.Float64() < 0.02:
+				d[key][rng.IntN(n)] = rng.Int64N(int64(testRate) / 2)
+			}
+		}
+		c.run(keys, func(r int, key string) int64 {
+			if idle[key] > 0 {
+				return 0
+			}
+			return d[key][r]
+		})
+		for _, nd := range c.nodes {
+			r, all := nd.st().Resting()
+			rested, visited = rested+float64(r), visited+float64(all)
+		}
+	}
+	if strings.Contains(t.Name(), "calm") && c.lost > 0 {
+		t.Fatalf("a calm run lost %d reports", c.lost)
+	}
+	return events, rested / max(visited, 1)
+}
