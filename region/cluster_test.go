@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -398,7 +400,12 @@ func (fx effects) Persist(_ context.Context, snap *region.Snapshot) error {
 	if !fx.alive() {
 		return errCrashed
 	}
-	fx.c.nodes[fx.i].persisted = snap
+	nd := fx.c.nodes[fx.i]
+	nd.persisted = region.MergeSnapshot(nd.persisted, snap)
+	// What the store holds is the state's whole snapshot, key for key.
+	if got, want := nd.persisted, region.MergeSnapshot(nil, ptr(nd.st().Snapshot())); !reflect.DeepEqual(sortedSnapshot(got), sortedSnapshot(want)) {
+		fx.c.t.Fatalf("step %d: %s persisted (partial %v) %+v\nwant %+v", fx.c.step, nd.name, snap.Partial, got, want)
+	}
 	return nil
 }
 
@@ -474,4 +481,17 @@ func (c *cluster) checkTokens(key, when string) {
 		c.t.Fatalf("step %d after %s: %s: the regions hold %.3f tokens and %.3f are in flight, more than the ideal bucket's %.3f + %v",
 			c.step, when, key, buckets, flight, c.ideal[key], slack)
 	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// sortedSnapshot is snap with its keys in order, for comparisons.
+func sortedSnapshot(snap *region.Snapshot) region.Snapshot {
+	out := *snap
+	out.Keys = slices.Clone(snap.Keys)
+	slices.SortFunc(out.Keys, func(a, b region.KeySnapshot) int { return strings.Compare(a.Key, b.Key) })
+	if len(out.Keys) == 0 {
+		out.Keys = nil
+	}
+	return out
 }

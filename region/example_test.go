@@ -35,7 +35,7 @@ func (r *exampleRegion) DeleteShares(_ context.Context, keys []string) {
 func (r *exampleRegion) Incarnation(context.Context) (string, error) { return "one", nil }
 
 func (r *exampleRegion) Persist(_ context.Context, snap *region.Snapshot) error {
-	r.saved = snap
+	r.saved = region.MergeSnapshot(r.saved, snap)
 	return nil
 }
 

@@ -26,8 +26,10 @@ type Effects interface {
 	// Incarnation identifies the store's life: it changes whenever the
 	// store may have lost writes (lease's Incarnation).
 	Incarnation(ctx context.Context) (string, error)
-	// Persist stores snap as the region's exchange state. An error wrapping
-	// ErrNotHolder says another replica runs the exchange.
+	// Persist stores snap as the region's exchange state, atomically: whole,
+	// or, when snap.Partial, applied to the state stored before
+	// (MergeSnapshot). After an error the next snap is whole. An error
+	// wrapping ErrNotHolder says another replica runs the exchange.
 	Persist(ctx context.Context, snap *Snapshot) error
 	// Load returns the region's persisted exchange state, nil when there is
 	// none; an error wrapping ErrMalformed when it cannot be used.
@@ -191,6 +193,7 @@ func (n *Node) takeOver(ctx context.Context) (keptOwn bool, err error) {
 		n.st, n.prev = n.prev, nil
 		n.st.ResyncAll() // the shares we wrote went with the rest
 		n.st.restartStreams()
+		n.st.SaveFailed() // and the state we saved: the next snapshot is whole
 		n.holding = true
 		return true, nil
 	}
@@ -253,8 +256,9 @@ func (n *Node) Decide(ctx context.Context, now time.Time) Decided {
 		d.Err = err
 		return d
 	}
-	snap := n.st.Snapshot()
+	snap := n.st.SnapshotChanges()
 	if err := n.fx.Persist(ctx, &snap); err != nil {
+		n.st.SaveFailed()
 		d.Err = fmt.Errorf("region: persisting the exchange state: %w", err)
 		if errors.Is(err, ErrNotHolder) {
 			d.SteppedDown = true
@@ -262,6 +266,7 @@ func (n *Node) Decide(ctx context.Context, now time.Time) Decided {
 		}
 		return d
 	}
+	n.st.Saved()
 	rep := n.st.Report()
 	n.fx.Publish(ctx, &rep)
 	n.raise(ctx, plan.Raise)

@@ -56,7 +56,7 @@ func (fx orderFx) DeleteShares(_ context.Context, keys []string) {
 func (fx orderFx) Incarnation(context.Context) (string, error) { return "one", nil }
 
 func (fx orderFx) Persist(_ context.Context, snap *region.Snapshot) error {
-	fx.w.saved[fx.i] = snap
+	fx.w.saved[fx.i] = region.MergeSnapshot(fx.w.saved[fx.i], snap)
 	return nil
 }
 

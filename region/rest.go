@@ -75,6 +75,7 @@ func (s *State) epochKeys(now time.Time, p *Plan) {
 			continue
 		}
 		s.wake(ks)
+		s.markUnsaved(ks)
 		steps, retired, before := len(p.steps), len(p.Retire), s.restSig(ks)
 		if !s.epochKey(now, ks, p) {
 			s.removeKey(i)

@@ -40,6 +40,7 @@ func (s *State) Restore(snap Snapshot) error {
 	s.seq++
 	s.committed, s.open = true, nil
 	s.restored = true
+	s.SaveFailed() // the next snapshot is whole
 	return nil
 }
 
@@ -50,6 +51,9 @@ func badSnapshot(region, format string, args ...any) error {
 
 // checkSnapshot decides whether snap can be restored here: this region's, and well formed.
 func (s *State) checkSnapshot(snap *Snapshot) error {
+	if snap.Partial || len(snap.Removed) > 0 {
+		return badSnapshot(snap.Region, "a partial snapshot: merge it into the one it changes first")
+	}
 	if snap.Region != s.cfg.Self {
 		return fmt.Errorf("%w: snapshot of %q restored in %q", ErrUnknownRegion, snap.Region, s.cfg.Self)
 	}

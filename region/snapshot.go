@@ -32,8 +32,16 @@ type Snapshot struct {
 	// region not heard for IdleAfter is no longer waited for.
 	HeardAt []time.Time
 	// Keys are the keys with exchange state, and retired keys still
-	// announcing their exit.
+	// announcing their exit; in a partial snapshot, those of them whose
+	// state changed since the snapshot saved before.
 	Keys []KeySnapshot
+	// Partial is true for a snapshot of what changed since the one saved
+	// before (State.SnapshotChanges): Keys replace the saved keys of the
+	// same name, Removed are saved keys that have no state any more, and
+	// the other fields replace the saved ones. Restore takes whole
+	// snapshots only (MergeSnapshot makes one).
+	Partial bool
+	Removed []string
 }
 
 // KeySnapshot is the persistent state of one key.
@@ -92,20 +100,15 @@ type ExitSnapshot struct {
 	At time.Time
 }
 
-// Snapshot returns the state to persist. The slices are freshly allocated.
+// Snapshot returns the state to persist, whole. The slices are freshly
+// allocated.
 func (s *State) Snapshot() Snapshot {
-	snap := Snapshot{
-		Region:          s.cfg.Self,
-		Regions:         slices.Clone(s.cfg.Regions),
-		Epoch:           s.epoch,
-		GenerationFloor: s.genFloor,
-		Heard:           slices.Clone(s.exchEpoch),
-		HeardAt:         slices.Clone(s.exchHeard),
-	}
+	snap := s.snapshotHead()
 	// Size everything first: a handful of allocations, not one per row.
 	n := s.n
 	sz, floor := s.snapshotSize()
-	snap.GenerationFloor = max(snap.GenerationFloor, floor)
+	// The floor saved last stays: a partial snapshot cannot lower it.
+	snap.GenerationFloor = max(snap.GenerationFloor, floor, s.saved.floor)
 	snap.Keys = make([]KeySnapshot, 0, sz.keys)
 	b := snapBufs{
 		rows:   rowSlab{buf: make([]int64, sz.ints), n: n},
@@ -120,6 +123,18 @@ func (s *State) Snapshot() Snapshot {
 		}
 	}
 	return snap
+}
+
+// snapshotHead returns a snapshot without keys.
+func (s *State) snapshotHead() Snapshot {
+	return Snapshot{
+		Region:          s.cfg.Self,
+		Regions:         slices.Clone(s.cfg.Regions),
+		Epoch:           s.epoch,
+		GenerationFloor: s.genFloor,
+		Heard:           slices.Clone(s.exchEpoch),
+		HeardAt:         slices.Clone(s.exchHeard),
+	}
 }
 
 // persisted reports whether a key goes in the snapshot: it has exchange state, or announces an exit.
@@ -158,6 +173,23 @@ type snapBufs struct {
 	floats []float64
 	gens   []uint64
 	exits  []ExitSnapshot
+}
+
+// grow sizes b for the snapshots of keys (some of which may not be persisted).
+func (b *snapBufs) grow(n int, keys []*keyState) {
+	var sz snapSize
+	for _, ks := range keys {
+		sz.keys++
+		sz.ints += 11*n + 7*n*len(ks.exits)
+		sz.floats += n
+		sz.exits += len(ks.exits)
+	}
+	*b = snapBufs{
+		rows:   rowSlab{buf: make([]int64, sz.ints), n: n},
+		floats: make([]float64, sz.floats),
+		gens:   make([]uint64, sz.keys*n),
+		exits:  make([]ExitSnapshot, 0, sz.exits),
+	}
 }
 
 // keySnapshot fills k, the persistent state of a key, its slices carved from b.

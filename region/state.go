@@ -60,6 +60,8 @@ type State struct {
 	policyGen uint64
 	resting   int // keys the latest Epoch skipped
 
+	saved saveState // what of the state is persisted (saved.go)
+
 	// scratch space for Epoch and Receive
 	tg       targeter
 	recvKS   []*keyState
@@ -167,6 +169,9 @@ type keyState struct {
 	// is when its own timers wake it (UnixNano, 0: never).
 	quiet             uint8
 	slept, restActive bool
+	// unsaved: its persisted record may have changed (saved.go);
+	// inStore: the saved snapshot holds it.
+	unsaved, inStore bool
 	restN             uint32    // epochs skipped since it came to rest
 	restX             []float64 // per region, the demand it saw then
 	wakeAt            int64
@@ -392,6 +397,9 @@ func (s *State) addKey(key string) *keyState {
 // removeKey drops s.keys[i], moving the last key into its place.
 func (s *State) removeKey(i int) {
 	ks := s.keys[i]
+	if ks.inStore {
+		s.saved.removed = append(s.saved.removed, ks.key)
+	}
 	s.genFloor = max(s.genFloor, ks.floor) // the key's own floor is forgotten now
 	delete(s.byKey, ks.key)
 	s.noteGone(ks)

@@ -76,7 +76,7 @@ func (fx regionFx) Incarnation(ctx context.Context) (string, error) {
 // without restarts never reads it.
 func (fx regionFx) Persist(_ context.Context, snap *region.Snapshot) error {
 	if fx.w.restarts {
-		fx.r.persisted = snap
+		fx.r.persisted = region.MergeSnapshot(fx.r.persisted, snap)
 	}
 	return nil
 }

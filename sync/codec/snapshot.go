@@ -18,6 +18,9 @@ import (
 // epoch, so it is appended with protowire like the reports: byte for byte
 // what proto.Marshal of a syncv1.Snapshot makes (the tests check it).
 func EncodeSnapshot(s *region.Snapshot) ([]byte, error) {
+	if s.Partial || len(s.Removed) > 0 {
+		return nil, fmt.Errorf("codec: encoding snapshot: a partial snapshot is a store's to apply (EncodeSnapshotParts)")
+	}
 	if err := checkSnapshotUTF8(s); err != nil {
 		return nil, err
 	}
@@ -161,6 +164,85 @@ func doublesSize(v []float64) int {
 	return 1 + protowire.SizeBytes(8*len(v))
 }
 
+// EncodeSnapshotParts encodes s for a store that keeps a snapshot's keys
+// apart, so that a partial snapshot (region.Snapshot.Partial) replaces the
+// records of its keys only: a head, which is EncodeSnapshot of s without
+// its keys, and a record for each key, which is the key's field of the
+// Snapshot message. JoinSnapshot puts them together. Partial and Removed
+// are the store's to apply, and are not encoded.
+func EncodeSnapshotParts(s *region.Snapshot) (head []byte, records [][]byte, err error) {
+	h := *s
+	h.Keys, h.Partial, h.Removed = nil, false, nil
+	if head, err = EncodeSnapshot(&h); err != nil {
+		return nil, nil, err
+	}
+	sizes := make([]int, len(s.Keys))
+	total := 0
+	for i := range s.Keys {
+		if !utf8.ValidString(s.Keys[i].Key) {
+			return nil, nil, fmt.Errorf("codec: encoding snapshot: key %q is not valid UTF-8", s.Keys[i].Key)
+		}
+		sizes[i] = keySnapshotSize(&s.Keys[i])
+		total += 1 + protowire.SizeBytes(sizes[i])
+	}
+	buf := make([]byte, 0, total) // one allocation, carved into records
+	records = make([][]byte, len(s.Keys))
+	for i := range s.Keys {
+		start := len(buf)
+		buf = appendKeySnapshot(protowire.AppendTag(buf, 7, protowire.BytesType), &s.Keys[i], sizes[i])
+		records[i] = buf[start:len(buf):len(buf)]
+	}
+	if len(buf) != total {
+		return nil, nil, fmt.Errorf("codec: encoding snapshot records: %d bytes, sized %d", len(buf), total) // a bug
+	}
+	return head, records, nil
+}
+
+// JoinSnapshot decodes a head and the records of its keys, in any order, as
+// EncodeSnapshotParts made them; a whole snapshot of EncodeSnapshot is a head
+// without records. A damaged head or record is a *DropError.
+func JoinSnapshot(head []byte, records [][]byte) (region.Snapshot, error) {
+	body, err := openEnvelope(head)
+	if err != nil {
+		return region.Snapshot{}, err
+	}
+	if len(records) == 0 {
+		return decodeSnapshotBody(body)
+	}
+	n := len(body)
+	for i, r := range records {
+		if err := checkRecord(r); err != nil {
+			return region.Snapshot{}, fmt.Errorf("snapshot record %d: %w", i, err)
+		}
+		n += len(r)
+	}
+	all := make([]byte, 0, n)
+	all = append(all, body...)
+	for _, r := range records {
+		all = append(all, r...)
+	}
+	return decodeSnapshotBody(all)
+}
+
+// checkRecord checks that r is one key field of a Snapshot message.
+func checkRecord(r []byte) error {
+	num, typ, n := protowire.ConsumeTag(r)
+	if n < 0 {
+		return parseDrop(n)
+	}
+	if num != 7 || typ != protowire.BytesType {
+		return drop(ReasonCorrupt, "field %d of type %d, want a key (7)", num, typ)
+	}
+	m := protowire.ConsumeFieldValue(num, typ, r[n:])
+	if m < 0 {
+		return parseDrop(m)
+	}
+	if n+m != len(r) {
+		return drop(ReasonCorrupt, "%d bytes after the key", len(r)-n-m)
+	}
+	return nil
+}
+
 // DecodeSnapshot decodes what EncodeSnapshot wrote. A damaged blob is a
 // *DropError; region.State.Restore validates the content.
 func DecodeSnapshot(b []byte) (region.Snapshot, error) {
@@ -168,6 +250,11 @@ func DecodeSnapshot(b []byte) (region.Snapshot, error) {
 	if err != nil {
 		return region.Snapshot{}, err
 	}
+	return decodeSnapshotBody(body)
+}
+
+// decodeSnapshotBody decodes a Snapshot message.
+func decodeSnapshotBody(body []byte) (region.Snapshot, error) {
 	var pb syncv1.Snapshot
 	if err := proto.Unmarshal(body, &pb); err != nil {
 		return region.Snapshot{}, drop(ReasonCorrupt, "snapshot: %v", err)

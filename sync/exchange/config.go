@@ -37,12 +37,30 @@ type Coordinator interface {
 	Acquire(ctx context.Context, reg, holder string, ttl time.Duration) (region.Hold, error)
 	// Release gives the hold up if holder has it.
 	Release(ctx context.Context, reg, holder string) error
-	// Save stores the state while holder holds the election; otherwise its
-	// error wraps region.ErrNotHolder.
-	Save(ctx context.Context, reg, holder string, state []byte) error
-	// Load returns the stored state, nil when there is none.
-	Load(ctx context.Context, reg string) ([]byte, error)
+	// Save stores the state, atomically, while holder holds the election;
+	// otherwise its error wraps region.ErrNotHolder and nothing changes.
+	Save(ctx context.Context, reg, holder string, st SavedState) error
+	// Load returns the stored state, whole (Head nil when there is none).
+	Load(ctx context.Context, reg string) (SavedState, error)
 }
+
+// SavedState is a region's persisted exchange state as a Coordinator keeps
+// it: a head and one record per key (codec.EncodeSnapshotParts), so that
+// an epoch writes the records of the keys that changed only.
+type SavedState struct {
+	// Whole replaces everything stored. Otherwise Head replaces the stored
+	// head, Records the stored records of Keys (Records[i] is Keys[i]'s),
+	// and Deleted are removed (before Records are written).
+	Whole   bool
+	Head    []byte
+	Keys    []string
+	Records [][]byte
+	Deleted []string
+}
+
+// ErrNoWholeState is wrapped by Save's error for a partial state where no
+// whole one was stored: nothing changes, and the next save must be whole.
+var ErrNoWholeState = errors.New("exchange: no whole state stored to change")
 
 // ErrInvalidConfig reports a Config that New cannot use.
 var ErrInvalidConfig = errors.New("exchange: invalid config")

@@ -97,13 +97,19 @@ func (fx effects) Incarnation(ctx context.Context) (string, error) {
 	return inc, err
 }
 
-// Persist saves the state, fenced by the hold.
+// Persist saves the state, fenced by the hold: whole, or the records of the
+// keys that changed (region.Snapshot.Partial).
 func (fx effects) Persist(ctx context.Context, snap *region.Snapshot) error {
 	x := fx.x
-	blob, err := codec.EncodeSnapshot(snap)
+	head, recs, err := codec.EncodeSnapshotParts(snap)
+	st := SavedState{Whole: !snap.Partial, Head: head, Records: recs, Deleted: snap.Removed}
 	if err == nil {
+		st.Keys = make([]string, len(snap.Keys))
+		for i := range snap.Keys {
+			st.Keys[i] = snap.Keys[i].Key
+		}
 		lctx, cancel := x.holdCtx(ctx, x.cfg.Period)
-		err = x.cfg.Coordinator.Save(lctx, x.cfg.Region, x.cfg.Replica, blob)
+		err = x.cfg.Coordinator.Save(lctx, x.cfg.Region, x.cfg.Replica, st)
 		cancel()
 	}
 	if err != nil {
@@ -111,7 +117,14 @@ func (fx effects) Persist(ctx context.Context, snap *region.Snapshot) error {
 		x.cfg.Logger.Warn("exchange: persisting the region's state; not publishing", "err", err)
 		return err
 	}
-	x.met.stateBytes.Set(float64(len(blob)))
+	n := len(head)
+	for _, r := range recs {
+		n += len(r)
+	}
+	x.met.stateWritten.Add(float64(n))
+	if st.Whole {
+		x.met.stateBytes.Set(float64(n))
+	}
 	return nil
 }
 
@@ -120,15 +133,15 @@ func (fx effects) Load(ctx context.Context) (*region.Snapshot, error) {
 	x := fx.x
 	lctx, cancel := x.holdCtx(ctx, x.cfg.Period)
 	defer cancel()
-	blob, err := x.cfg.Coordinator.Load(lctx, x.cfg.Region)
+	st, err := x.cfg.Coordinator.Load(lctx, x.cfg.Region)
 	if err != nil {
 		x.met.storeErrors.WithLabelValues("load").Inc()
 		return nil, err
 	}
-	if blob == nil {
+	if st.Head == nil {
 		return nil, nil
 	}
-	snap, err := codec.DecodeSnapshot(blob)
+	snap, err := codec.JoinSnapshot(st.Head, st.Records)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", region.ErrMalformed, err)
 	}

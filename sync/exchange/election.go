@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -81,13 +82,36 @@ redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return 1
 `)
 
-// saveScript writes the state only while holder holds the election.
-// KEYS[1] hold, KEYS[2] state; ARGV[1] holder, ARGV[2] state.
+// saveScript writes the state only while holder holds the election (0
+// otherwise; -1 for a partial state where no whole one is stored). The
+// state is a hash: the head at field "", each key's record at its name; a
+// string there is the whole state as releases before records wrote it.
+// KEYS[1] hold, KEYS[2] state; ARGV[1] holder, ARGV[2] "1" for a whole
+// state, ARGV[3] head, ARGV[4] n, then n (key, record) pairs, then the keys
+// deleted. Calls take at most a thousand pairs (Lua's stack).
 var saveScript = redis.NewScript(`
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
-redis.call('SET', KEYS[2], ARGV[2])
+if ARGV[2] == '1' then
+  redis.call('DEL', KEYS[2])
+elseif redis.call('TYPE', KEYS[2]).ok ~= 'hash' then
+  return -1
+end
+local last = 4 + 2 * tonumber(ARGV[4])
+local i = last + 1
+while i <= #ARGV do
+  local j = math.min(i + 999, #ARGV)
+  redis.call('HDEL', KEYS[2], unpack(ARGV, i, j))
+  i = j + 1
+end
+redis.call('HSET', KEYS[2], '', ARGV[3])
+i = 5
+while i <= last do
+  local j = math.min(i + 1999, last)
+  redis.call('HSET', KEYS[2], unpack(ARGV, i, j))
+  i = j + 1
+end
 return 1
 `)
 
@@ -133,39 +157,104 @@ func (c *RedisCoordinator) Release(ctx context.Context, reg, holder string) erro
 	return nil
 }
 
-// Save stores state as reg's exchange state, atomically with a check that
+// Save stores st as reg's exchange state, atomically with a check that
 // holder holds the election; otherwise it returns an error wrapping
-// region.ErrNotHolder and writes nothing. The state may be megabytes, so
-// the call is bounded by ctx only.
-func (c *RedisCoordinator) Save(ctx context.Context, reg, holder string, state []byte) error {
-	if err := checkHold(reg, holder, 0, false); err != nil {
+// region.ErrNotHolder and writes nothing. A whole state may be megabytes,
+// so the call is bounded by ctx only.
+func (c *RedisCoordinator) Save(ctx context.Context, reg, holder string, st SavedState) error {
+	if err := checkSave(reg, holder, &st); err != nil {
 		return err
 	}
-	keys := []string{c.key(reg, "lease"), c.key(reg, "state")}
-	n, err := saveScript.Run(ctx, c.client, keys, holder, state).Int()
-	if err != nil {
-		return fmt.Errorf("exchange: redis save: %w", err)
+	whole := "0"
+	if st.Whole {
+		whole = "1"
 	}
-	if n != 1 {
+	args := make([]any, 0, 4+2*len(st.Keys)+len(st.Deleted))
+	args = append(args, holder, whole, st.Head, len(st.Keys))
+	for i, k := range st.Keys {
+		args = append(args, k, st.Records[i])
+	}
+	for _, k := range st.Deleted {
+		args = append(args, k)
+	}
+	keys := []string{c.key(reg, "lease"), c.key(reg, "state")}
+	n, err := saveScript.Run(ctx, c.client, keys, args...).Int()
+	switch {
+	case err != nil:
+		return fmt.Errorf("exchange: redis save: %w", err)
+	case n == -1:
+		return fmt.Errorf("%w: region %q", ErrNoWholeState, reg)
+	case n != 1:
 		return fmt.Errorf("%w: region %q, holder %q", region.ErrNotHolder, reg, holder)
 	}
 	return nil
 }
 
-// Load returns reg's stored exchange state, nil when none was ever saved.
-// Bounded by ctx only, like Save.
-func (c *RedisCoordinator) Load(ctx context.Context, reg string) ([]byte, error) {
+// checkSave checks Save's arguments.
+func checkSave(reg, holder string, st *SavedState) error {
+	if err := checkHold(reg, holder, 0, false); err != nil {
+		return err
+	}
+	if len(st.Records) != len(st.Keys) {
+		return fmt.Errorf("%w: %d records for %d keys", ErrInvalidArgument, len(st.Records), len(st.Keys))
+	}
+	if slices.Contains(st.Keys, "") || slices.Contains(st.Deleted, "") {
+		return fmt.Errorf("%w: a record of an empty key", ErrInvalidArgument)
+	}
+	return nil
+}
+
+// Load returns reg's stored exchange state, whole; Head is nil when none was
+// ever saved. A state in the format of releases before records is its
+// Head. Bounded by ctx only, like Save.
+func (c *RedisCoordinator) Load(ctx context.Context, reg string) (SavedState, error) {
+	st := SavedState{Whole: true}
 	if reg == "" {
-		return nil, fmt.Errorf("%w: empty region", ErrInvalidArgument)
+		return st, fmt.Errorf("%w: empty region", ErrInvalidArgument)
 	}
-	b, err := c.client.Get(ctx, c.key(reg, "state")).Bytes()
-	if errors.Is(err, redis.Nil) {
-		return nil, nil
-	}
+	key := c.key(reg, "state")
+	typ, err := c.client.Type(ctx, key).Result()
 	if err != nil {
-		return nil, fmt.Errorf("exchange: redis load: %w", err)
+		return st, fmt.Errorf("exchange: redis load: %w", err)
 	}
-	return b, nil
+	switch typ {
+	case "none":
+		return st, nil
+	case "string":
+		st.Head, err = c.client.Get(ctx, key).Bytes()
+		if errors.Is(err, redis.Nil) {
+			return SavedState{Whole: true}, nil
+		}
+		if err != nil {
+			return st, fmt.Errorf("exchange: redis load: %w", err)
+		}
+		return st, nil
+	case "hash":
+	default:
+		return st, fmt.Errorf("%w: exchange state %s is a %s", region.ErrMalformed, key, typ)
+	}
+	// Only the holder writes, and we hold the election: a scan in steps is
+	// as consistent as one read, without a reply of the whole state.
+	iter := c.client.HScan(ctx, key, 0, "", 1000).Iterator()
+	for iter.Next(ctx) {
+		field := iter.Val()
+		if !iter.Next(ctx) {
+			break
+		}
+		if field == "" {
+			st.Head = []byte(iter.Val())
+			continue
+		}
+		st.Keys = append(st.Keys, field)
+		st.Records = append(st.Records, []byte(iter.Val()))
+	}
+	if err := iter.Err(); err != nil {
+		return SavedState{Whole: true}, fmt.Errorf("exchange: redis load: %w", err)
+	}
+	if st.Head == nil {
+		return SavedState{Whole: true}, fmt.Errorf("%w: exchange state %s has no head", region.ErrMalformed, key)
+	}
+	return st, nil
 }
 
 // MemoryCoordinator is RedisCoordinator in memory, for the replicas of a
@@ -177,7 +266,13 @@ type MemoryCoordinator struct {
 
 	mu     sync.Mutex
 	holds  map[string]memHold
-	states map[string][]byte
+	states map[string]*memState
+}
+
+// memState is a region's state in a MemoryCoordinator.
+type memState struct {
+	head    []byte
+	records map[string][]byte
 }
 
 type memHold struct {
@@ -191,7 +286,7 @@ func NewMemoryCoordinator(clock func() time.Time) *MemoryCoordinator {
 	if clock == nil {
 		clock = time.Now
 	}
-	return &MemoryCoordinator{clock: clock, holds: make(map[string]memHold), states: make(map[string][]byte)}
+	return &MemoryCoordinator{clock: clock, holds: make(map[string]memHold), states: make(map[string]*memState)}
 }
 
 // Acquire is RedisCoordinator.Acquire.
@@ -229,9 +324,9 @@ func (m *MemoryCoordinator) Release(ctx context.Context, reg, holder string) err
 	return nil
 }
 
-// Save is RedisCoordinator.Save. It keeps a copy of state.
-func (m *MemoryCoordinator) Save(ctx context.Context, reg, holder string, state []byte) error {
-	if err := checkHold(reg, holder, 0, false); err != nil {
+// Save is RedisCoordinator.Save. It keeps copies.
+func (m *MemoryCoordinator) Save(ctx context.Context, reg, holder string, st SavedState) error {
+	if err := checkSave(reg, holder, &st); err != nil {
 		return err
 	}
 	if err := ctx.Err(); err != nil {
@@ -243,19 +338,43 @@ func (m *MemoryCoordinator) Save(ctx context.Context, reg, holder string, state 
 	if h, ok := m.holds[reg]; !ok || h.holder != holder || !now.Before(h.until) {
 		return fmt.Errorf("%w: region %q, holder %q", region.ErrNotHolder, reg, holder)
 	}
-	m.states[reg] = slices.Clone(state)
+	ms := m.states[reg]
+	switch {
+	case st.Whole:
+		ms = &memState{records: make(map[string][]byte, len(st.Keys))}
+		m.states[reg] = ms
+	case ms == nil:
+		return fmt.Errorf("%w: region %q", ErrNoWholeState, reg)
+	}
+	for _, k := range st.Deleted {
+		delete(ms.records, k)
+	}
+	ms.head = slices.Clone(st.Head)
+	for i, k := range st.Keys {
+		ms.records[k] = slices.Clone(st.Records[i])
+	}
 	return nil
 }
 
-// Load is RedisCoordinator.Load; the result is a copy.
-func (m *MemoryCoordinator) Load(ctx context.Context, reg string) ([]byte, error) {
+// Load is RedisCoordinator.Load; the result is a copy, its records in order of their keys.
+func (m *MemoryCoordinator) Load(ctx context.Context, reg string) (SavedState, error) {
+	st := SavedState{Whole: true}
 	if reg == "" {
-		return nil, fmt.Errorf("%w: empty region", ErrInvalidArgument)
+		return st, fmt.Errorf("%w: empty region", ErrInvalidArgument)
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, err
+		return st, err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return slices.Clone(m.states[reg]), nil
+	ms := m.states[reg]
+	if ms == nil {
+		return st, nil
+	}
+	st.Head = slices.Clone(ms.head)
+	for _, k := range slices.Sorted(maps.Keys(ms.records)) {
+		st.Keys = append(st.Keys, k)
+		st.Records = append(st.Records, slices.Clone(ms.records[k]))
+	}
+	return st, nil
 }

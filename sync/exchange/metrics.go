@@ -24,6 +24,7 @@ type metrics struct {
 	publishErrors  prometheus.Counter
 	storeErrors    *prometheus.CounterVec
 	stateBytes     prometheus.Gauge
+	stateWritten   prometheus.Counter
 	resyncs        prometheus.Counter
 	tokensReleased prometheus.Counter
 	keys           *prometheus.GaugeVec
@@ -82,7 +83,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"op"}),
 		stateBytes: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "ration_exchange_state_bytes",
-			Help: "Size of the region's exchange state as last persisted.",
+			Help: "Size of the region's exchange state at its latest whole save (at a take-over; later epochs write the keys that changed).",
+		}),
+		stateWritten: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ration_exchange_state_written_bytes_total",
+			Help: "Bytes of exchange state written to the store: whole at a take-over, the records of the keys that changed at other epochs.",
 		}),
 		resyncs: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ration_exchange_store_resyncs_total",
@@ -107,7 +112,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.share, m.moved, m.reportAge, m.dropped, m.epochs, m.leader,
-		m.epochSeconds, m.received, m.published, m.publishedBytes, m.publishErrors, m.storeErrors, m.stateBytes, m.resyncs, m.tokensReleased, m.keys} {
+		m.epochSeconds, m.received, m.published, m.publishedBytes, m.publishErrors, m.storeErrors, m.stateBytes, m.stateWritten, m.resyncs, m.tokensReleased, m.keys} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
