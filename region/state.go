@@ -172,9 +172,9 @@ type keyState struct {
 	// unsaved: its persisted record may have changed (saved.go);
 	// inStore: the saved snapshot holds it.
 	unsaved, inStore bool
-	restN             uint32    // epochs skipped since it came to rest
-	restX             []float64 // per region, the demand it saw then
-	wakeAt            int64
+	restN            uint32    // epochs skipped since it came to rest
+	restX            []float64 // per region, the demand it saw then
+	wakeAt           int64
 }
 
 // exitState is our final state in a generation we left.
