@@ -146,7 +146,9 @@ func (s *State) forgetAnnouncers(ks *keyState) {
 func (s *State) canRetire(now time.Time, ks *keyState, sh int64) bool {
 	// A share the store may hold unknown to us (ks.applied < 0) waits: the
 	// exit record would say we applied less than the store may.
-	return ks.applied >= 0 && now.Sub(ks.lastTransfer) >= s.cfg.Grace && s.atRest(now, ks, sh) && s.settled(ks)
+	// Nor one an older generation's exit record of which is still owed
+	// something by a peer: what comes back after we retire is lost.
+	return ks.applied >= 0 && now.Sub(ks.lastTransfer) >= s.cfg.Grace && s.atRest(now, ks, sh) && s.settled(ks) && !s.owedByExits(now, ks)
 }
 
 // retire drops the key's generation at rest and lists the key in p.Retire.

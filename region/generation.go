@@ -133,15 +133,37 @@ func (s *State) exitDone(now time.Time, ks *keyState, x *exitState) bool {
 		}
 	}
 	for k := 0; k < s.n; k++ {
-		// Wait for k's own exit record while we may be owed something
-		// from it: gifts k did not acknowledge, or reclaims we gave up
-		// that k may have applied.
-		owed := x.row[k]-x.refund[k] > x.ack[k] || x.dropped[k] > 0
-		if k != s.self && owed && ks.settled[k] < x.gen {
+		if k != s.self && s.awaitsExit(ks, x, k) {
 			return false
 		}
 	}
 	return true
+}
+
+// awaitsExit reports whether our exit record x waits for peer k's own exit
+// record of the same generation, while we may be owed something from it:
+// gifts k did not acknowledge (they come back if k never applied them), or
+// reclaims we gave up that k may have applied.
+func (s *State) awaitsExit(ks *keyState, x *exitState, k int) bool {
+	owed := x.row[k]-x.refund[k] > x.ack[k] || x.dropped[k] > 0
+	return owed && ks.settled[k] < x.gen
+}
+
+// owedByExits reports whether an exit record of ks younger than
+// 10 × IdleAfter waits for a peer's (awaitsExit): a key retired then would
+// lose what comes back (settle), so it does not retire yet.
+func (s *State) owedByExits(now time.Time, ks *keyState) bool {
+	for _, x := range ks.exits {
+		if now.Sub(x.at) >= 10*s.cfg.IdleAfter {
+			continue
+		}
+		for k := 0; k < s.n; k++ {
+			if k != s.self && s.awaitsExit(ks, x, k) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // alloc sizes an exit record's rows for n regions.
