@@ -63,8 +63,9 @@ type deltas struct {
 	prevTally, prevReport     uint64
 	resendTally, resendReport uint64
 	// talliedAt is the epoch of the latest Tally: a demand it published
-	// need not go in that epoch's exchange report.
-	talliedAt uint64
+	// need not go in that epoch's exchange report. reportedAt is the epoch
+	// of the latest exchange report.
+	talliedAt, reportedAt uint64
 	// gone are keys dropped whose last listing still stands at receivers.
 	gone []goneKey
 	// streams is, per region, the Since of its exchange stream as last
@@ -266,7 +267,10 @@ func (s *State) tallyRefresh(r *Report) {
 	}
 	d := &s.delta
 	from := r.Resent
-	for _, ks := range s.keys {
+	for i, ks := range s.keys {
+		if from == 0 && !inRange(uint32(s.meta[i].bucket), r.RefreshFrom, r.RefreshCount) {
+			continue // neither refreshed nor asked for again
+		}
 		switch {
 		case ks.tallyAt == s.epoch:
 		case ks.held != (tally{}) && inRange(ks.bucket, r.RefreshFrom, r.RefreshCount),
@@ -332,10 +336,17 @@ func (s *State) reportList(r *Report) []*keyState {
 	}
 	d := &s.delta
 	from := r.Resent
-	for _, ks := range s.keys {
-		// A key at rest has the entry it had when it was last listed,
-		// and no news (mayRest).
-		fp, rest := ks.fp, ks.quiet >= restQuiet
+	// A key at rest has the entry it had when it was last listed, and no
+	// news (mayRest): unless its bucket is refreshed, or everything
+	// changed since an epoch is asked for, or this epoch's report was made
+	// already (each key then as listed the first time), it is not listed.
+	skip := from == 0 && d.reportedAt != s.epoch
+	d.reportedAt = s.epoch
+	for i, ks := range s.keys {
+		if m := &s.meta[i]; skip && m.rest && !inRange(uint32(m.bucket), r.RefreshFrom, r.RefreshCount) {
+			continue
+		}
+		fp, rest := ks.fp, ks.resting()
 		if !rest {
 			fp = s.fingerprint(ks)
 		}
@@ -499,7 +510,7 @@ func (s *State) refreshed(r *Report, in *inbound) {
 	}
 	k := in.k
 	s.eachRefreshed(r, func(ks *keyState) {
-		ks.touch()
+		s.touch(ks)
 		if !r.Exchange { // an exchange report's buckets say nothing of demand without state
 			for i := range ks.tallies {
 				if e := &ks.tallies[i]; e.slot == in.slot && e.inc == in.inc && e.epoch < r.Epoch {

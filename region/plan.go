@@ -93,7 +93,7 @@ func (s *State) Epoch(now time.Time) Plan {
 	if !s.committed {
 		for _, st := range s.open {
 			st.ks.applied = -1 // the Lower write may or may not have happened
-			st.ks.touch()
+			s.touch(st.ks)
 		}
 	}
 	s.pruneReplicas(now)
@@ -220,7 +220,7 @@ func (s *State) Apply() []ShareChange {
 	var out []ShareChange
 	for _, ks := range s.toApply {
 		ks.toApply = false
-		ks.touch()
+		s.touch(ks)
 		if s.byKey[ks.key] != ks || ks.gen == 0 || ks.applied < 0 || !slices.Equal(ks.inTaken, ks.inTakenStored) {
 			continue
 		}

@@ -153,11 +153,11 @@ func (s *State) Tally(now time.Time) Report {
 	for i := 0; i < len(s.keys); {
 		ks := s.keys[i]
 		if ks.pub != ks.cur0 {
-			ks.touch()
+			s.touch(ks)
 		}
 		ks.pub, ks.cur0 = ks.cur0, tally{}
 		if s.closeTally(ks) {
-			ks.touch()
+			s.touch(ks)
 			r.Keys = append(r.Keys, s.tallyEntry(ks))
 		} else if s.forgotten(ks) {
 			s.removeKey(i)

@@ -150,7 +150,7 @@ func (s *State) mergeKeys(now time.Time, r *Report, in *inbound) {
 			}
 			ks = s.addKey(e.Key)
 		}
-		ks.touch()
+		s.touch(ks)
 		ks.setTally(in.slot, in.inc, in.epoch, e.Demand, e.Granted)
 		if !exchange {
 			continue

@@ -23,7 +23,7 @@ func (s *State) Restore(snap Snapshot) error {
 	// Valid: build the new key set, then swap it in.
 	cols := s.columns(snap.Regions)
 	old := s.keys
-	s.keys, s.byKey, s.buckets = nil, make(map[string]*keyState, len(snap.Keys)), nil
+	s.keys, s.meta, s.byKey, s.buckets = nil, nil, make(map[string]*keyState, len(snap.Keys)), nil
 	for i := range snap.Keys {
 		s.restoreKey(&snap.Keys[i], cols)
 	}

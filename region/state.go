@@ -19,6 +19,7 @@ type State struct {
 	initial  []int64 // initial share per region
 
 	keys  []*keyState
+	meta  []keyMeta // beside keys (rest.go)
 	byKey map[string]*keyState
 	// buckets are the keys of each refresh bucket (delta.go), so that a
 	// report's refresh visits its buckets' keys only.
@@ -58,7 +59,8 @@ type State struct {
 	calmSig   uint64
 	prevNow   time.Time
 	policyGen uint64
-	resting   int // keys the latest Epoch skipped
+	resting   int    // keys the latest Epoch skipped
+	epochs    uint64 // Epoch calls completed
 
 	saved saveState // what of the state is persisted (saved.go)
 
@@ -164,17 +166,17 @@ type keyState struct {
 
 	toApply bool // in State.toApply
 
-	// At rest (rest.go): quiet epochs running (restQuiet: resting),
-	// whether it was skipped since its last epoch, and with demand; wakeAt
-	// is when its own timers wake it (UnixNano, 0: never).
-	quiet             uint8
-	slept, restActive bool
+	// At rest (rest.go): quiet epochs running (restQuiet: resting), and
+	// whether it had demand when it came to rest; its timers are in
+	// State.meta.
+	quiet      uint8
+	restActive bool
 	// unsaved: its persisted record may have changed (saved.go);
 	// inStore: the saved snapshot holds it.
 	unsaved, inStore bool
-	restN            uint32    // epochs skipped since it came to rest
-	restX            []float64 // per region, the demand it saw then
-	wakeAt           int64
+	idx              int32     // its index in State.keys and State.meta
+	visit            uint64    // the epoch its state is current in, counted from 1 (0: none yet)
+	restX            []float64 // per region, the demand it saw when it came to rest
 }
 
 // exitState is our final state in a generation we left.
@@ -328,7 +330,7 @@ func (s *State) Keys() int { return len(s.keys) }
 func (s *State) Resync(key string) {
 	if ks := s.byKey[key]; ks != nil {
 		ks.applied = -1
-		ks.touch()
+		s.touch(ks)
 	}
 }
 
@@ -339,7 +341,7 @@ func (s *State) Resync(key string) {
 func (s *State) ResyncAll() {
 	for _, ks := range s.keys {
 		ks.applied = -1
-		ks.touch()
+		s.touch(ks)
 	}
 }
 
@@ -385,7 +387,9 @@ func (s *State) addKey(key string) *keyState {
 		ks.created, ks.lastDemand, ks.lastTransfer = s.now, s.now, s.now
 	}
 	s.byKey[key] = ks
+	ks.idx = int32(len(s.keys))
 	s.keys = append(s.keys, ks)
+	s.meta = append(s.meta, keyMeta{bucket: uint16(ks.bucket)})
 	if s.buckets == nil {
 		s.buckets = make([][]*keyState, RefreshBuckets)
 	}
@@ -405,8 +409,11 @@ func (s *State) removeKey(i int) {
 	s.noteGone(ks)
 	last := len(s.keys) - 1
 	s.keys[i] = s.keys[last]
+	s.keys[i].idx = int32(i)
 	s.keys[last] = nil
 	s.keys = s.keys[:last]
+	s.meta[i] = s.meta[last]
+	s.meta = s.meta[:last]
 	b := s.buckets[ks.bucket]
 	end := len(b) - 1
 	b[ks.bpos] = b[end]

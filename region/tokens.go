@@ -64,7 +64,7 @@ func (s *State) Wrote(cs []ShareChange) {
 		ks := s.byKey[c.Key]
 		if ks != nil && c.Gen == ks.gen {
 			ks.written = s.now
-			ks.touch()
+			s.touch(ks)
 		}
 		if ks == nil || c.Gen == 0 || c.Gen != ks.gen || c.Window < ks.tokCreditedWin {
 			continue
