@@ -71,9 +71,10 @@ func BenchmarkEpochAtScale(b *testing.B) {
 				}
 			}
 			// Every key enters its generation (the first reports are
-			// full), and the changes reach their steady state: a change
-			// moves a small key's shares for some 30 epochs, as its
-			// smoothed demand follows a few requests an epoch slowly.
+			// full), and the changes reach their steady state: the
+			// moves and listings they cause level off within some 35
+			// epochs (a small key's smoothed demand follows a few
+			// requests an epoch slowly).
 			for i := 0; i < 40; i++ {
 				change()
 				br.epoch(b)
