@@ -21,7 +21,7 @@ const restQuiet = 2
 // over a million keys reads 16 MB in order rather than a million scattered
 // keyStates.
 type keyMeta struct {
-	wakeAt int64 // keyState.wakeAt
+	wakeAt int64 // when its own timers wake it (UnixNano, 0: never)
 	bucket uint16
 	rest   bool // keyState.quiet >= restQuiet
 }
@@ -34,7 +34,8 @@ func (s *State) touch(ks *keyState) {
 
 // calm returns the signature of what every key's epoch reads beside its own
 // state, and whether keys may rest in this epoch at all: not in one phase
-// (Epoch closes the tallies), not after a Restore, not under EveryKey.
+// (Epoch closes the tallies), not after a Restore, not under EveryKey. It is
+// a hash: a collision (2⁻⁶⁴ an epoch) wakes the keys an epoch late.
 func (s *State) calm(now time.Time) (uint64, bool) {
 	if s.cfg.EveryKey || !s.tallied || s.restored {
 		return 0, false
