@@ -108,7 +108,13 @@ func (fx effects) Persist(ctx context.Context, snap *region.Snapshot) error {
 		for i := range snap.Keys {
 			st.Keys[i] = snap.Keys[i].Key
 		}
-		lctx, cancel := x.holdCtx(ctx, x.cfg.Period)
+		// A whole state (after a take-over) may be many megabytes: it has
+		// until the hold lapses, the partial ones that follow a period.
+		timeout := x.cfg.Period
+		if st.Whole {
+			timeout = x.cfg.HoldTTL
+		}
+		lctx, cancel := x.holdCtx(ctx, timeout)
 		err = x.cfg.Coordinator.Save(lctx, x.cfg.Region, x.cfg.Replica, st)
 		cancel()
 	}
