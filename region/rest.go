@@ -89,7 +89,11 @@ func (s *State) epochKeys(now time.Time, p *Plan) {
 		s.wake(ks)
 		ks.visit = s.epochs + 1 // this epoch, counted from 1
 		s.markUnsaved(ks)
-		steps, retired, before := len(p.steps), len(p.Retire), s.restSig(ks)
+		steps, retired := len(p.steps), len(p.Retire)
+		var before uint64
+		if ok { // noteRest compares it only when keys may rest
+			before = s.restSig(ks)
+		}
 		if !s.epochKey(now, ks, p) {
 			s.removeKey(i)
 			continue

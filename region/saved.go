@@ -42,8 +42,13 @@ func (s *State) SnapshotChanges() Snapshot {
 	snap := s.snapshotHead()
 	snap.Partial = true
 	floor := max(s.saved.floor, s.genFloor)
-	var b snapBufs
-	b.grow(s.n, s.saved.unsaved)
+	var sz snapSize
+	for _, ks := range s.saved.unsaved {
+		if s.byKey[ks.key] == ks && persisted(ks) {
+			sz.add(s.n, ks)
+		}
+	}
+	b := newSnapBufs(s.n, sz)
 	for _, ks := range s.saved.unsaved {
 		switch {
 		case s.byKey[ks.key] != ks: // dropped: in removed if it was saved

@@ -110,12 +110,7 @@ func (s *State) Snapshot() Snapshot {
 	// The floor saved last stays: a partial snapshot cannot lower it.
 	snap.GenerationFloor = max(snap.GenerationFloor, floor, s.saved.floor)
 	snap.Keys = make([]KeySnapshot, 0, sz.keys)
-	b := snapBufs{
-		rows:   rowSlab{buf: make([]int64, sz.ints), n: n},
-		floats: make([]float64, sz.floats),
-		gens:   make([]uint64, sz.keys*n),
-		exits:  make([]ExitSnapshot, 0, sz.exits),
-	}
+	b := newSnapBufs(n, sz)
 	for _, ks := range s.keys {
 		if persisted(ks) {
 			snap.Keys = append(snap.Keys, KeySnapshot{})
@@ -156,15 +151,20 @@ func (s *State) snapshotSize() (sz snapSize, floor uint64) {
 			floor = max(floor, ks.floor)
 			continue
 		}
-		sz.keys++
-		if ks.gen != 0 {
-			sz.ints += 11 * n
-			sz.floats += n
-		}
-		sz.exits += len(ks.exits)
-		sz.ints += 7 * n * len(ks.exits)
+		sz.add(n, ks)
 	}
 	return sz, floor
+}
+
+// add counts what the snapshot of a persisted key holds.
+func (sz *snapSize) add(n int, ks *keyState) {
+	sz.keys++
+	if ks.gen != 0 {
+		sz.ints += 11 * n
+		sz.floats += n
+	}
+	sz.exits += len(ks.exits)
+	sz.ints += 7 * n * len(ks.exits)
 }
 
 // snapBufs are the allocations a Snapshot's slices are carved from.
@@ -175,16 +175,9 @@ type snapBufs struct {
 	exits  []ExitSnapshot
 }
 
-// grow sizes b for the snapshots of keys (some of which may not be persisted).
-func (b *snapBufs) grow(n int, keys []*keyState) {
-	var sz snapSize
-	for _, ks := range keys {
-		sz.keys++
-		sz.ints += 11*n + 7*n*len(ks.exits)
-		sz.floats += n
-		sz.exits += len(ks.exits)
-	}
-	*b = snapBufs{
+// newSnapBufs makes the allocations for a snapshot of size sz.
+func newSnapBufs(n int, sz snapSize) snapBufs {
+	return snapBufs{
 		rows:   rowSlab{buf: make([]int64, sz.ints), n: n},
 		floats: make([]float64, sz.floats),
 		gens:   make([]uint64, sz.keys*n),
