@@ -12,6 +12,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ration-dev/ration/lease"
+	"github.com/ration-dev/ration/lease/service"
 	"github.com/ration-dev/ration/policy"
 	"github.com/ration-dev/ration/region"
 	"github.com/ration-dev/ration/sync/embedded"
@@ -22,6 +24,29 @@ import (
 type shareStore interface {
 	exchange.Store
 	Shares(ctx context.Context, keys []string, out []int64) error
+}
+
+// forgetting is the region's store as the exchange writes shares to it: the
+// lease service forgets what it remembers of a key's bucket once its share
+// is written (or the write may have landed), since a raised share or tokens
+// given with it may let a dry bucket grant at once.
+type forgetting struct {
+	shareStore
+	svc *service.Service
+}
+
+func (f forgetting) SetShares(ctx context.Context, ups []lease.ShareUpdate, out []lease.ShareResult) error {
+	err := f.shareStore.SetShares(ctx, ups, out)
+	for i := range ups {
+		f.svc.Forget(ups[i].Key)
+	}
+	return err
+}
+
+func (f forgetting) DeleteShares(ctx context.Context, keys []string) error {
+	err := f.shareStore.DeleteShares(ctx, keys)
+	f.svc.Forget(keys...)
+	return err
 }
 
 // observer forwards the lease service's tallies to the exchange once it
@@ -155,7 +180,7 @@ func (d *Daemon) startExchange() (err error) {
 		DecideAfter: cfg.DecideAfter,
 		Refresh:     cfg.ReportRefresh,
 		Conn:        d.nc,
-		Store:       d.shares,
+		Store:       forgetting{d.shares, d.svc},
 		Coordinator: coord,
 		Policy:      d.svc.Policy,
 		Tune:        cfg.ExchangeTune,

@@ -25,6 +25,11 @@ type batch struct {
 	out    []lease.Grant
 	rets   []lease.ReturnRequest
 	buf    []byte
+	// The grants that go to the store (those of keys not remembered dry),
+	// their answers, and their indices in grants.
+	send    []lease.GrantRequest
+	sendOut []lease.Grant
+	sendIdx []int
 }
 
 func (s *Service) getBatch(n int) *batch {
@@ -33,6 +38,7 @@ func (s *Service) getBatch(n int) *batch {
 	b.keys = b.keys[:0]
 	b.grants = b.grants[:0]
 	b.rets = b.rets[:0]
+	b.send, b.sendIdx = b.send[:0], b.sendIdx[:0]
 	if cap(b.out) < n {
 		b.out = make([]lease.Grant, n)
 	}
@@ -45,6 +51,7 @@ func (s *Service) putBatch(b *batch) {
 	clear(b.keys[:cap(b.keys)])
 	clear(b.grants[:cap(b.grants)])
 	clear(b.rets[:cap(b.rets)])
+	clear(b.send[:cap(b.send)])
 	s.bufs.Put(b)
 }
 
@@ -155,16 +162,8 @@ func (s *Service) Lease(ctx context.Context, req *leasev1.LeaseRequest) (*leasev
 		return nil, err
 	}
 	s.agents.saw(req.GetAgent().GetId(), now)
-
-	sctx, cancel := context.WithTimeout(ctx, s.cfg.StoreTimeout)
-	start := time.Now()
-	err := s.cfg.Store.Grant(sctx, b.grants, b.out)
-	cancel()
-	s.metrics.lease.latency.Observe(time.Since(start).Seconds())
-	if err != nil {
-		s.metrics.lease.storeErrors.Inc()
-		s.metrics.lease.storeError.Inc()
-		return nil, storeError(ctx, err)
+	if err := s.grantBatch(ctx, b, now); err != nil {
+		return nil, err
 	}
 	resp := &leasev1.LeaseResponse{
 		Grants: make([]*leasev1.LeaseGrant, len(items)),
@@ -174,6 +173,53 @@ func (s *Service) Lease(ctx context.Context, req *leasev1.LeaseRequest) (*leasev
 	s.grants(resp, b, items, now)
 	s.metrics.lease.ok.Inc()
 	return resp, nil
+}
+
+// grantBatch fills b.out: from the memory of dry keys where it holds the
+// key, from the store for the rest, which it remembers.
+func (s *Service) grantBatch(ctx context.Context, b *batch, now time.Time) error {
+	at := now.UnixNano()
+	for i := range b.grants {
+		if d, ok := s.dry.lookup(b.keys[i], at); ok {
+			b.out[i] = lease.Grant{RetryAfter: time.Duration(d.until - at), Rate: d.rate, Capacity: d.capacity}
+			s.metrics.dryAnswers.Inc()
+			continue
+		}
+		b.send = append(b.send, b.grants[i])
+		b.sendIdx = append(b.sendIdx, i)
+	}
+	if len(b.send) == 0 {
+		return nil
+	}
+	if cap(b.sendOut) < len(b.send) {
+		b.sendOut = make([]lease.Grant, len(b.send))
+	}
+	out := b.sendOut[:len(b.send)]
+	sctx, cancel := context.WithTimeout(ctx, s.cfg.StoreTimeout)
+	start := time.Now()
+	err := s.cfg.Store.Grant(sctx, b.send, out)
+	cancel()
+	s.metrics.lease.latency.Observe(time.Since(start).Seconds())
+	s.metrics.grantItems.Add(float64(len(b.send)))
+	s.grantItems.Add(int64(len(b.send)))
+	if err != nil {
+		s.metrics.lease.storeErrors.Inc()
+		s.metrics.lease.storeError.Inc()
+		return storeError(ctx, err)
+	}
+	for j, i := range b.sendIdx {
+		b.out[i] = out[j]
+		s.dry.note(b.keys[i], &out[j], b.grants[i].Limit, at, s.dryFor(b.rules[i]))
+	}
+	return nil
+}
+
+// dryFor is how long a dry key of rule r may be remembered.
+func (s *Service) dryFor(r *policy.Rule) time.Duration {
+	if r.Scope != policy.ScopeRegion && s.cfg.ShareRetryAfter > 0 {
+		return min(s.cfg.DryFor, s.cfg.ShareRetryAfter)
+	}
+	return s.cfg.DryFor
 }
 
 // leaseBatch validates every item and fills b with its rule, store key and
@@ -188,6 +234,8 @@ func (s *Service) leaseBatch(b *batch, items []*leasev1.LeaseItem, now time.Time
 		switch {
 		case it.GetWant() <= 0:
 			return invalid("items[%d].want: %d, must be > 0", i, it.GetWant())
+		case it.GetWant() < r.Cost:
+			return invalid("items[%d].want: %d, below rule %s's cost %d", i, it.GetWant(), r.Name, r.Cost)
 		case it.GetDemand() < 0 || it.GetAdmitted() < 0:
 			return invalid("items[%d]: demand and admitted must not be negative", i)
 		case it.GetAdmitted() > it.GetDemand():
@@ -300,12 +348,15 @@ func (s *Service) Return(ctx context.Context, req *leasev1.ReturnRequest) (*leas
 		}
 		b.rets = append(b.rets, lease.ReturnRequest{Key: key, Tokens: it.GetTokens(), Limit: l})
 		total += it.GetTokens()
+		s.dry.forget(key)
 	}
 	s.agents.saw(req.GetAgent().GetId(), now)
 	sctx, cancel := context.WithTimeout(ctx, s.cfg.StoreTimeout)
 	start := time.Now()
 	err := s.cfg.Store.Return(sctx, b.rets)
 	cancel()
+	s.metrics.returnItems.Add(float64(len(b.rets)))
+	s.returnItems.Add(int64(len(b.rets)))
 	s.metrics.ret.latency.Observe(time.Since(start).Seconds())
 	if err != nil {
 		s.metrics.ret.storeErrors.Inc()

@@ -15,6 +15,10 @@ type metrics struct {
 	staleReturns   prometheus.Counter       // tokens returned too early in a fixed window, dropped
 	storeLatency   *prometheus.HistogramVec // store call latency by op
 	storeErrors    *prometheus.CounterVec   // store call failures by op
+	storeItems     *prometheus.CounterVec   // items sent to the store by op
+
+	grantItems, returnItems prometheus.Counter
+	dryAnswers              prometheus.Counter // lease items answered from the memory of dry keys
 
 	lease, ret  rpcMetrics
 	granted     prometheus.Counter // items by outcome
@@ -40,7 +44,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"rpc", "outcome"}),
 		items: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ration_lease_items_total",
-			Help: "Lease items by outcome (granted, partial, denied, invalid).",
+			Help: "Lease items by outcome (granted, partial, denied, invalid), and those of them denied from the memory of dry keys without the store (dry).",
 		}, []string{"outcome"}),
 		tokensGranted: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ration_tokens_granted_total",
@@ -59,6 +63,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help:    "Latency of allocator store calls by op (grant, return).",
 			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25},
 		}, []string{"op"}),
+		storeItems: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ration_store_items_total",
+			Help: "Items sent to the allocator store by op (grant, return): its operations, one per key.",
+		}, []string{"op"}),
 		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ration_store_errors_total",
 			Help: "Allocator store calls that failed, by op.",
@@ -70,10 +78,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m.partial = m.items.WithLabelValues("partial")
 	m.denied = m.items.WithLabelValues("denied")
 	m.invalidItem = m.items.WithLabelValues("invalid")
+	m.dryAnswers = m.items.WithLabelValues("dry")
+	m.grantItems = m.storeItems.WithLabelValues("grant")
+	m.returnItems = m.storeItems.WithLabelValues("return")
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.items, m.tokensGranted, m.tokensReturned, m.staleReturns, m.storeLatency, m.storeErrors} {
+	for _, c := range []prometheus.Collector{m.requests, m.items, m.tokensGranted, m.tokensReturned, m.staleReturns, m.storeLatency, m.storeErrors, m.storeItems} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

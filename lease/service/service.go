@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -75,6 +76,15 @@ type Config struct {
 	// the exchange may raise the key's share at every epoch, and an agent
 	// that asks again reports its demand. Zero caps nothing.
 	ShareRetryAfter time.Duration
+	// DryFor is the longest the service remembers that a key's regional
+	// bucket holds no whole token, answering asks for it without the store
+	// (default 1s; negative remembers nothing). A global key's memory is
+	// also cut at ShareRetryAfter, since the exchange may raise its share
+	// at each epoch. See dry.go.
+	DryFor time.Duration
+	// DryKeys bounds the dry keys remembered (default 1,048,576; negative
+	// remembers none): about 100 bytes each.
+	DryKeys int
 	// StoreTimeout bounds each store call; when it passes the call fails with
 	// codes.Unavailable (default DefaultStoreTimeout).
 	StoreTimeout time.Duration
@@ -123,6 +133,12 @@ func (c Config) withDefaults() Config {
 	if c.MaxAgents == 0 {
 		c.MaxAgents = 100_000
 	}
+	if c.DryFor == 0 {
+		c.DryFor = time.Second
+	}
+	if c.DryKeys == 0 {
+		c.DryKeys = 1 << 20
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -162,6 +178,9 @@ type Service struct {
 	cfg     Config
 	metrics *metrics
 	agents  *agentSet
+	dry     *dryMemory
+	// Items sent to the store, for StoreItems.
+	grantItems, returnItems atomic.Int64
 
 	mu      sync.Mutex
 	pol     *policy.Set
@@ -190,6 +209,9 @@ func New(cfg Config) (*Service, error) {
 		changed: make(chan struct{}),
 		closed:  make(chan struct{}),
 	}
+	if cfg.DryFor > 0 {
+		s.dry = newDryMemory(cfg.DryKeys)
+	}
 	s.bufs.New = func() any { return new(batch) }
 	return s, nil
 }
@@ -206,6 +228,7 @@ func (s *Service) SetPolicy(p *policy.Set) {
 		return
 	}
 	s.pol = p
+	s.dry.clear()
 	close(s.changed)
 	s.changed = make(chan struct{})
 }
@@ -221,6 +244,22 @@ func (s *Service) policyAndChange() (*policy.Set, <-chan struct{}) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.pol, s.changed
+}
+
+// Forget drops what the service remembers of keys' regional buckets (store
+// keys, as policy.AppendStoreKey names them): call it after writing their
+// shares, which may let a dry bucket grant again at once.
+func (s *Service) Forget(keys ...string) {
+	for _, k := range keys {
+		s.dry.forget(k)
+	}
+}
+
+// StoreItems returns the items this service sent to the store: grants and
+// returns, one store operation each (a lease item answered from the memory
+// of dry keys is none).
+func (s *Service) StoreItems() (grants, returns int64) {
+	return s.grantItems.Load(), s.returnItems.Load()
 }
 
 // Agents returns how many distinct agents called within AgentWindow.

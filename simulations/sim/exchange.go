@@ -52,6 +52,7 @@ func (fx regionFx) WriteShares(_ context.Context, cs []region.ShareChange) []reg
 	}
 	for i := range cs {
 		cs[i].Released, cs[i].ReleasedWindow = res[i].Released, res[i].Window
+		r.svc.Forget(cs[i].Key) // as regiond's exchange does
 	}
 	w.shareWrites += int64(len(cs))
 	// A rewrite (after a restart or a failover) may put back share that a
@@ -65,6 +66,7 @@ func (fx regionFx) DeleteShares(_ context.Context, keys []string) {
 	if err := r.store.DeleteShares(w.ctx, keys); err != nil {
 		w.fail(fmt.Errorf("sim: region %s: retiring shares: %w", r.name, err))
 	}
+	r.svc.Forget(keys...)
 	w.shareWrites += int64(len(keys))
 }
 

@@ -1,0 +1,63 @@
+package regiond
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/ration-dev/ration/lease"
+	"github.com/ration-dev/ration/lease/service"
+	leasev1 "github.com/ration-dev/ration/lease/v1"
+	"github.com/ration-dev/ration/policy"
+)
+
+// TestShareWritesForgetDryKeys: a share the exchange writes (or deletes)
+// through the daemon's store makes the lease service ask the store again
+// for a key it remembered dry, since the new share may have tokens at once.
+func TestShareWritesForgetDryKeys(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	clock := func() time.Time { return now }
+	pol, err := policy.Parse("p.yaml", []byte("rules:\n  - {name: r, key: [k], limit: 10, period: 1s}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem := lease.NewMemoryStore(lease.MemoryConfig{Clock: clock})
+	svc, err := service.New(service.Config{Region: "eu", Store: mem, Policy: pol, Clock: clock, InitialShare: 500_000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fx := forgetting{mem, svc}
+	ctx := context.Background()
+	ask := func() int64 {
+		t.Helper()
+		resp, err := svc.Lease(ctx, &leasev1.LeaseRequest{Agent: &leasev1.Agent{Id: "a"}, Items: []*leasev1.LeaseItem{{Rule: "r", Key: "k=1", Want: 10}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Grants[0].GetGranted()
+	}
+	key := policy.StoreKey("r", "k=1")
+	limit := service.Limit(pol.Rule("r"), 500_000, now)
+	for _, write := range []func() error{
+		func() error {
+			return fx.SetShares(ctx, []lease.ShareUpdate{{Key: key, SharePPM: 1_000_000, Limit: limit}}, make([]lease.ShareResult, 1))
+		},
+		func() error { return fx.DeleteShares(ctx, []string{key}) },
+	} {
+		for i := 0; i < 100 && ask() > 0; i++ { // drain the bucket; the service then remembers it dry
+		}
+		before, _ := svc.StoreItems()
+		ask()
+		if after, _ := svc.StoreItems(); after != before {
+			t.Fatalf("a dry key's ask reached the store (%d items, %d before)", after, before)
+		}
+		if err := write(); err != nil {
+			t.Fatal(err)
+		}
+		before, _ = svc.StoreItems()
+		ask()
+		if after, _ := svc.StoreItems(); after != before+1 {
+			t.Fatalf("after a share write the ask did not reach the store (%d items, %d before)", after, before)
+		}
+	}
+}

@@ -1,0 +1,168 @@
+package service
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/ration-dev/ration/lease"
+	leasev1 "github.com/ration-dev/ration/lease/v1"
+)
+
+// TestDryKeyAnsweredWithoutStore: once a bucket is empty, asks for it from
+// every agent are denied from memory, with the store's retry hint, until the
+// bucket holds a cost again; then the store is asked.
+func TestDryKeyAnsweredWithoutStore(t *testing.T) {
+	f := start(t, Config{})
+	item := func(want int64) *leasev1.LeaseItem {
+		return &leasev1.LeaseItem{Rule: "per-tenant", Key: "tenant=acme", Want: want, Demand: want}
+	}
+	if g := f.lease(t, item(200)).Grants[0]; g.GetGranted() != 200 {
+		t.Fatalf("got %d, want the bucket's 200", g.GetGranted())
+	}
+	for i := range 20 {
+		resp, err := f.client.Lease(context.Background(), &leasev1.LeaseRequest{Agent: agent(fmt.Sprint("a", i)), Items: []*leasev1.LeaseItem{item(5)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := resp.Grants[0]
+		if ra := g.GetRetryAfter().AsDuration(); g.GetGranted() != 0 || ra <= 0 || ra > 10*time.Millisecond || g.GetRate() != 100 || g.GetCapacity() != 200 {
+			t.Fatalf("ask %d: got %d tokens, retry %v, rate %v, capacity %v; want 0, (0, 10ms], 100, 200", i, g.GetGranted(), ra, g.GetRate(), g.GetCapacity())
+		}
+	}
+	if grants, _ := f.svc.StoreItems(); grants != 1 {
+		t.Fatalf("the store saw %d grant items, want 1: asks for a dry key went to it", grants)
+	}
+	f.clock.Advance(10 * time.Millisecond) // one token at 100/s
+	if g := f.lease(t, item(5)).Grants[0]; g.GetGranted() != 1 {
+		t.Fatalf("after the refill got %d, want 1", g.GetGranted())
+	}
+	if grants, _ := f.svc.StoreItems(); grants != 2 {
+		t.Fatalf("the store saw %d grant items, want 2", grants)
+	}
+}
+
+// TestDryKeyForgotten: a return, Forget (a share written) and a new policy
+// make the next ask go to the store, which may have tokens again.
+func TestDryKeyForgotten(t *testing.T) {
+	f := start(t, Config{})
+	item := &leasev1.LeaseItem{Rule: "per-tenant", Key: "tenant=acme", Want: 200}
+	drain := func() {
+		t.Helper()
+		f.lease(t, item)
+		if f.svc.dry.len() != 1 {
+			t.Fatalf("%d keys remembered dry, want 1", f.svc.dry.len())
+		}
+	}
+	ret := func() {
+		_, err := f.client.Return(context.Background(), &leasev1.ReturnRequest{Agent: agent("a1"), Items: []*leasev1.ReturnItem{{Rule: "per-tenant", Key: "tenant=acme", Tokens: 50}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range []struct {
+		name   string
+		forget func()
+		want   int64
+	}{
+		{"return", ret, 50},
+		{"forget", func() { ret(); f.svc.Forget("per-tenant/tenant=acme") }, 50},
+		{"policy", func() { ret(); f.svc.SetPolicy(mustPolicy(t, testPolicy)) }, 50},
+	} {
+		drain()
+		c.forget()
+		if g := f.lease(t, item).Grants[0]; g.GetGranted() != c.want {
+			t.Errorf("%s: got %d after it, want %d", c.name, g.GetGranted(), c.want)
+		}
+	}
+	// Without the Forget, a return to another replica is only waited out.
+	drain()
+	if err := f.svc.cfg.Store.Return(context.Background(), []lease.ReturnRequest{{Key: "per-tenant/tenant=acme", Tokens: 50, Limit: f.svc.limitFor("per-tenant/tenant=acme", f.svc.Policy().Rule("per-tenant"), f.clock.Now())}}); err != nil {
+		t.Fatal(err)
+	}
+	if g := f.lease(t, item).Grants[0]; g.GetGranted() != 0 {
+		t.Errorf("a return the service did not see: got %d, want the remembered denial", g.GetGranted())
+	}
+}
+
+// TestDryMemoryDeniesOnlyWhatTheStoreWould runs random asks, returns and
+// share writes (each Forget as regiond's exchange does) at random instants
+// through a service that remembers dry keys and one that does not, each on
+// its own store: every grant must be the same, and the memory must save
+// store operations.
+func TestDryMemoryDeniesOnlyWhatTheStoreWould(t *testing.T) {
+	seed, err := strconv.ParseUint(os.Getenv("RATION_SEED"), 10, 64)
+	if err != nil || seed == 0 {
+		seed = uint64(time.Now().UnixNano())
+	}
+	t.Logf("seed %d (replay: RATION_SEED=%d go test ./lease/service -run '%s')", seed, seed, t.Name())
+	rng := rand.New(rand.NewPCG(seed, 1))
+	clk := &clock{now: time.Unix(1_700_000_000, 0)}
+	pol := mustPolicy(t, testPolicy)
+	var svcs [2]*Service
+	var stores [2]*lease.MemoryStore
+	for i, dryFor := range []time.Duration{0, -1} {
+		stores[i] = lease.NewMemoryStore(lease.MemoryConfig{Clock: clk.Now})
+		s, err := New(Config{Region: "eu", Store: stores[i], Policy: pol, Clock: clk.Now, DryFor: dryFor, ShareRetryAfter: 300 * time.Millisecond, InitialShare: 500_000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		svcs[i] = s
+	}
+	type pick struct{ rule, key string }
+	picks := []pick{{"per-tenant", "tenant=a"}, {"per-tenant", "tenant=b"}, {"costly", "tenant=a"}, {"per-ip", "ip=1"}}
+	ctx := context.Background()
+	for step := range 20_000 {
+		clk.Advance(time.Duration(rng.Int64N(int64(5 * time.Millisecond))))
+		p := picks[rng.IntN(len(picks))]
+		sk := p.rule + "/" + p.key
+		op, n, ppm := rng.IntN(20), 1+rng.Int64N(30), 100_000+rng.Int64N(900_000)
+		var got [2]string
+		for i, s := range svcs {
+			switch {
+			case op == 0:
+				_, err := s.Return(ctx, &leasev1.ReturnRequest{Agent: agent("a"), Items: []*leasev1.ReturnItem{{Rule: p.rule, Key: p.key, Tokens: n}}})
+				got[i] = fmt.Sprint("return ", err)
+			case op == 1 && p.rule != "per-ip":
+				ups := []lease.ShareUpdate{{Key: sk, SharePPM: ppm, Limit: s.limitFor(sk, pol.Rule(p.rule), clk.Now())}}
+				err := stores[i].SetShares(ctx, ups, make([]lease.ShareResult, 1))
+				s.Forget(sk)
+				got[i] = fmt.Sprint("share ", err)
+			default:
+				want := n
+				if p.rule == "costly" {
+					want = 10 + n // at least its cost
+				}
+				resp, err := s.Lease(ctx, &leasev1.LeaseRequest{Agent: agent("a"), Items: []*leasev1.LeaseItem{{Rule: p.rule, Key: p.key, Want: want}}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				got[i] = fmt.Sprint("granted ", resp.Grants[0].GetGranted())
+			}
+		}
+		if got[0] != got[1] {
+			t.Fatalf("seed %d step %d (%s): with the memory %s, without %s", seed, step, sk, got[0], got[1])
+		}
+	}
+	with, _ := svcs[0].StoreItems()
+	without, _ := svcs[1].StoreItems()
+	t.Logf("grant items sent to the store: %d with the memory, %d without", with, without)
+	if with >= without {
+		t.Errorf("the memory saved no store operation: %d against %d", with, without)
+	}
+}
+
+// TestDryMemoryBounded: the memory keeps at most DryKeys keys.
+func TestDryMemoryBounded(t *testing.T) {
+	f := start(t, Config{DryKeys: 128})
+	for i := range 1000 {
+		f.lease(t, &leasev1.LeaseItem{Rule: "per-tenant", Key: fmt.Sprint("tenant=", i), Want: 200})
+	}
+	if n := f.svc.dry.len(); n > 128 || n == 0 {
+		t.Fatalf("%d keys remembered, want 1 to 128", n)
+	}
+}
