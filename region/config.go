@@ -120,6 +120,14 @@ type Config struct {
 	// idle, where exact moves back to the initial shares let it retire.
 	// Default 1,000 (0.1%).
 	MinTransferPPM int64
+	// SettledPPM: a key whose every live region holds at least its ask
+	// (need plus headroom) moves no share while every share is within
+	// SettledPPM of its target (docs/DESIGN.md, "Settled keys"), rather
+	// than following each move of its targets, most of which, for keys of
+	// a few requests an epoch, are noise. Below the convergence tolerance
+	// the tests and the simulator measure (50,000). Default 40,000;
+	// negative: keys follow their targets always.
+	SettledPPM int64
 	// StaleAfter is how long a region (or a replica's tallies) counts as
 	// heard after its last report. A region not heard for StaleAfter is
 	// frozen: it neither gives nor receives, and its share is left out of
@@ -192,6 +200,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Alpha == 0 {
 		c.Alpha = 0.9
+	}
+	if c.SettledPPM == 0 {
+		c.SettledPPM = 40_000
 	}
 	if c.FloorPPM == 0 {
 		c.FloorPPM = 5_000
@@ -266,6 +277,8 @@ func (c Config) initialShares() ([]int64, error) {
 		return nil, bad("Alpha %v is not in (0, 1]", c.Alpha)
 	case c.FloorPPM < 0 || c.FloorPPM > PPM/int64(n):
 		return nil, bad("FloorPPM %d is not in [0, %d]", c.FloorPPM, PPM/int64(n))
+	case c.SettledPPM > PPM:
+		return nil, bad("SettledPPM %d is above %d", c.SettledPPM, PPM)
 	case c.MinTransferPPM < 0 || c.MinTransferPPM > PPM:
 		return nil, bad("MinTransferPPM %d is not in [0, %d]", c.MinTransferPPM, PPM)
 	case c.StaleAfter < 0:

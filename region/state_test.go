@@ -16,7 +16,7 @@ func TestConfig(t *testing.T) {
 	got := mustNew(t, ok).Config()
 	want := region.Config{
 		Self: "b", Replica: "0", Regions: []string{"a", "b", "c"},
-		Period: time.Second, Alpha: 0.9, FloorPPM: 5_000, MinTransferPPM: 1_000,
+		Period: time.Second, Alpha: 0.9, FloorPPM: 5_000, MinTransferPPM: 1_000, SettledPPM: 40_000,
 		StaleAfter: 3 * time.Second, IdleAfter: 60 * time.Second, Grace: 10 * time.Second, Rewrite: 6 * time.Hour, Refresh: 600,
 	}
 	if diff := cmp.Diff(want, got, cmp.FilterPath(func(p cmp.Path) bool { return p.Last().String() == ".Policy" }, cmp.Ignore())); diff != "" {

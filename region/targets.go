@@ -34,6 +34,9 @@ func Targets(total int64, need []float64, floorPPM int64, weights []int64) []int
 // targeter holds scratch space so that the per-key loop of Epoch computes
 // targets without allocating.
 type targeter struct {
+	// fits is whether the latest fill served every ask (Σ asks ≤ total);
+	// ask holds the asks it computed.
+	fits bool
 	ask  []float64
 	real []float64
 	done []bool
@@ -56,12 +59,13 @@ func (t *targeter) fill(out []int64, total int64, need []float64, floorPPM int64
 	for i := range out {
 		out[i] = 0
 	}
-	if n == 0 || total <= 0 {
+	if t.fits = false; n == 0 || total <= 0 {
 		return
 	}
 	t.grow(n)
 	tot := float64(total)
-	if sumAsk := t.asks(need, floorPPM, tot); sumAsk <= tot {
+	sumAsk := t.asks(need, floorPPM, tot)
+	if t.fits = sumAsk <= tot; t.fits {
 		// Everyone is served; spread the rest by weight.
 		t.spread(tot-sumAsk, weights)
 	} else {

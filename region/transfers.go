@@ -104,6 +104,9 @@ func (s *State) rateNeed(e float64, pol KeyPolicy) float64 {
 // proportion to their deficits: when every giver does so with the same view,
 // each deficit is filled exactly in one epoch.
 func (s *State) giftsFor(ks *keyState, sh int64, t []int64, idle bool) []int64 {
+	if !idle && s.inPlace(t) {
+		return nil
+	}
 	me := s.self
 	surplus := sh - t[me]
 	least := max(s.cfg.MinTransferPPM, 1)
@@ -142,6 +145,28 @@ func (s *State) giftsFor(ks *keyState, sh int64, t []int64, idle bool) []int64 {
 		}
 	}
 	return g
+}
+
+// inPlace reports whether a key with targets t (s.targets' latest, not
+// idle) has nothing to move: every live region holds at least its ask (its
+// need and headroom) and every share is within SettledPPM of its target.
+// Such a key serves every region's demand where it is, and moving its
+// share would only chase the noise of small demands (docs/DESIGN.md,
+// "Settled keys").
+func (s *State) inPlace(t []int64) bool {
+	band := s.cfg.SettledPPM
+	if band < 0 || !s.tg.fits {
+		return false
+	}
+	for i, k := range s.live {
+		if s.tg.ask[i] > float64(s.v[k]) {
+			return false
+		}
+		if d := s.v[k] - t[k]; d > band || -d > band {
+			return false
+		}
+	}
+	return true
 }
 
 // reclaims returns what we take, for a key with partition_reclaim_after, from
