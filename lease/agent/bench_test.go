@@ -111,6 +111,46 @@ func BenchmarkAllowHotKeyFixedWindow(b *testing.B) {
 	}
 }
 
+// benchDryPolicy has a rule whose key runs dry at once and stays dry for
+// the whole benchmark (one request an hour), beside benchPolicy's.
+const benchDryPolicy = benchPolicy + `
+  - name: dry
+    key: [user]
+    limit: 1
+    period: 1h
+`
+
+// BenchmarkAllowDryKey: one goroutine deciding requests on a key whose
+// region has nothing left, which the agent denies from its deny cache
+// without a round trip, beside the same on a hot leased key.
+func BenchmarkAllowDryKey(b *testing.B) {
+	hot, dry := ds("tenant", "acme"), ds("user", "mallory")
+	a := benchAgentWith(b, benchDryPolicy, hot)
+	ctx := context.Background()
+	for i := 0; i < 10 && a.Allow(ctx, dry, 1).Allowed; i++ { // its one token
+	}
+	b.Run("ration", func(b *testing.B) {
+		b.ReportAllocs()
+		before := a.Stats()
+		for b.Loop() {
+			if d := a.Allow(ctx, dry, 1); d.Allowed || d.Path != PathDenyCache {
+				b.Fatalf("a dry key's decision: %+v, want a DENY_CACHE denial", d)
+			}
+		}
+		if st := a.Stats(); st.SyncDecisions != before.SyncDecisions {
+			b.Errorf("%d decisions on a dry key waited for a round trip", st.SyncDecisions-before.SyncDecisions)
+		}
+	})
+	b.Run("baseline=hot-leased-key", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if !a.Allow(ctx, hot, 1).Allowed {
+				b.Fatal("denied on a key far below its limit")
+			}
+		}
+	})
+}
+
 // BenchmarkWindowCache: placing an instant in a daily window of
 // Europe/Berlin from the rule's cache, beside policy.Rule.Window, which
 // walks the time zone.
