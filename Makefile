@@ -2,7 +2,7 @@
 GO ?= go
 # Packages' tests run with the race detector; -timeout bounds a stuck test.
 TESTFLAGS ?= -race -count=1 -timeout 30m
-PERFTESTS = TestRefreshesAreBatched|TestBoundAndUtilisationUnderOverload|TestStoreOpsPerAdmittedAtSteadyState|TestEndToEndRegiondOnRedis|TestFault|TestColdKeysWhileDown|TestAllowIsAllocationFree
+PERFTESTS = TestRefreshesAreBatched|TestEndToEndLongTail|TestBoundAndUtilisationUnderOverload|TestStoreOpsPerAdmittedAtSteadyState|TestEndToEndRegiondOnRedis|TestFault|TestColdKeysWhileDown|TestAllowIsAllocationFree
 
 .PHONY: run test test-short bench generate vet scale
 

@@ -27,15 +27,22 @@ const dryShards = 64
 // dryKey is what the service remembers of a dry bucket: until when it
 // cannot grant at the rate it had (Clock nanoseconds), which a denial's
 // retry hint tells, until when the memory is trusted (at most the limit
-// after the ask), and its rate and capacity, which a denial reports.
+// after the answer), the time a cost takes to refill (step), its rate and
+// capacity, which a denial reports, and whether an ask let through once
+// trust passed is still on its way to the store (probing).
 type dryKey struct {
-	until, trust   int64
-	rate, capacity float64
+	until, trust, step int64
+	rate, capacity     float64
+	probing            bool
 }
 
 type dryShard struct {
 	mu       sync.Mutex
 	cur, old map[string]dryKey
+	// flight holds the keys a Lease call is asking the store for, with the
+	// call's channel, closed once its answers are noted: a concurrent ask
+	// for one of them waits for it rather than asking too (claim).
+	flight map[string]chan struct{}
 }
 
 // dryMemory is the service's memory of dry keys. The zero value is not
@@ -53,6 +60,7 @@ func newDryMemory(keys int) *dryMemory {
 	m := &dryMemory{seed: maphash.MakeSeed(), half: max(keys/dryShards/2, 1)}
 	for i := range m.shards {
 		m.shards[i].cur = make(map[string]dryKey)
+		m.shards[i].flight = make(map[string]chan struct{})
 	}
 	return m
 }
@@ -61,33 +69,85 @@ func (m *dryMemory) shard(key string) *dryShard {
 	return &m.shards[maphash.String(m.seed, key)%dryShards]
 }
 
-// lookup returns what is remembered of key if it is still trusted dry at now.
-func (m *dryMemory) lookup(key string, now int64) (dryKey, bool) {
+// claim decides an ask of key at now: dry, with what is remembered; or
+// another call is asking the store for key, and wait is closed once its
+// answer is noted; or the ask goes to the store, and, with ch not nil, key
+// is in flight with ch until land. A nil memory sends every ask.
+//
+// Dry means trusted dry, or, within a step after trust, while the one ask
+// let through then (the probe) is on its way to the store: a bucket that
+// held less than a cost when trust passed holds less than two a step later,
+// and the probe asks for at least one, so the store would deny the others
+// too.
+func (m *dryMemory) claim(key string, now int64, ch chan struct{}) (d dryKey, dry bool, wait chan struct{}) {
 	if m == nil {
-		return dryKey{}, false
+		return dryKey{}, false, nil
 	}
 	sh := m.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
+	if d, dry := sh.dryLocked(key, now); dry {
+		return d, true, nil
+	}
+	if ch == nil {
+		return dryKey{}, false, nil
+	}
+	if f := sh.flight[key]; f != nil {
+		return dryKey{}, false, f
+	}
+	sh.flight[key] = ch
+	return dryKey{}, false, nil
+}
+
+// dryLocked is claim's memory: whether key is dry at now (sh.mu held).
+func (sh *dryShard) dryLocked(key string, now int64) (dryKey, bool) {
 	d, ok := sh.cur[key]
 	if !ok {
 		d, ok = sh.old[key]
 	}
-	if !ok {
+	switch {
+	case !ok:
 		return dryKey{}, false
-	}
-	if d.trust <= now {
+	case now < d.trust:
+		return d, true
+	case now >= d.trust+d.step:
 		delete(sh.cur, key)
 		delete(sh.old, key)
 		return dryKey{}, false
+	case d.probing:
+		d.until = d.trust + d.step
+		return d, true
 	}
-	return d, true
+	d.probing = true
+	if _, inCur := sh.cur[key]; inCur {
+		sh.cur[key] = d
+	} else {
+		sh.old[key] = d
+	}
+	return dryKey{}, false
 }
 
-// note records the store's answer g to an ask of key under l, sent at
-// sent: dry until the bucket holds one cost again, trusted for at most
-// limit. Any other answer forgets the key.
-func (m *dryMemory) note(key string, g *lease.Grant, l lease.Limit, sent int64, limit time.Duration) {
+// land ends key's flight with ch, once its answer is noted.
+func (m *dryMemory) land(key string, ch chan struct{}) {
+	if m == nil || ch == nil {
+		return
+	}
+	sh := m.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if sh.flight[key] == ch {
+		delete(sh.flight, key)
+	}
+}
+
+// note records the store's answer g to an ask of key under l, received at
+// at: dry until the bucket holds one cost again, trusted for at most limit.
+// Any other answer forgets the key. The store acted before at, so the
+// bucket may refill up to the store's round trip earlier than remembered:
+// an ask in that moment is denied (the token waits in the bucket for the
+// next), where one counted from the sending would reach the store early
+// and be denied there, an operation for nothing.
+func (m *dryMemory) note(key string, g *lease.Grant, l lease.Limit, at int64, limit time.Duration) {
 	if m == nil {
 		return
 	}
@@ -97,13 +157,11 @@ func (m *dryMemory) note(key string, g *lease.Grant, l lease.Limit, sent int64, 
 	case g.Granted == 0:
 		wait = g.RetryAfter
 	case !l.Fixed() && g.Tokens < float64(l.Cost) && g.Rate > 0:
-		// The store acted after sent, so its bucket refills no sooner
-		// than this. (A fixed window refills only at its end, which a
-		// denial's hint tells.)
+		// A fixed window refills only at its end, which a denial's hint
+		// tells.
 		wait = time.Duration(min((float64(l.Cost)-max(g.Tokens, 0))/g.Rate*1e9, float64(lease.MaxRetryAfter)))
 	}
-	// The store's hints are rounded up to its microsecond clock: a
-	// microsecond less never denies what the store would grant.
+	// The store's hints are rounded up to its microsecond clock.
 	wait -= time.Microsecond
 	if wait <= 0 || limit <= 0 {
 		m.forget(key)
@@ -116,7 +174,11 @@ func (m *dryMemory) note(key string, g *lease.Grant, l lease.Limit, sent int64, 
 		sh.old, sh.cur = sh.cur, make(map[string]dryKey, m.half)
 	}
 	delete(sh.old, key)
-	sh.cur[key] = dryKey{until: sent + int64(wait), trust: sent + int64(min(wait, limit)), rate: g.Rate, capacity: g.Capacity}
+	step := limit
+	if g.Rate > 0 && !l.Fixed() {
+		step = min(time.Duration(float64(l.Cost)/g.Rate*1e9), limit)
+	}
+	sh.cur[key] = dryKey{until: at + int64(wait), trust: at + int64(min(wait, limit)), step: int64(step), rate: g.Rate, capacity: g.Capacity}
 }
 
 // forget drops what is remembered of key.
@@ -139,7 +201,7 @@ func (m *dryMemory) clear() {
 	for i := range m.shards {
 		sh := &m.shards[i]
 		sh.mu.Lock()
-		sh.cur, sh.old = make(map[string]dryKey), nil
+		sh.cur, sh.old = make(map[string]dryKey), nil // flights land as they end
 		sh.mu.Unlock()
 	}
 }

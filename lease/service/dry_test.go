@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"os"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -164,5 +166,68 @@ func TestDryMemoryBounded(t *testing.T) {
 	}
 	if n := f.svc.dry.len(); n > 128 || n == 0 {
 		t.Fatalf("%d keys remembered, want 1 to 128", n)
+	}
+}
+
+// gatedStore holds its first Grant call until gate is closed, telling
+// entered when it arrives, and counts the items it is asked.
+type gatedStore struct {
+	Store
+	entered, gate chan struct{}
+	once          sync.Once
+	items         atomic.Int64
+}
+
+func (g *gatedStore) Grant(ctx context.Context, reqs []lease.GrantRequest, out []lease.Grant) error {
+	g.items.Add(int64(len(reqs)))
+	first := false
+	g.once.Do(func() { first = true })
+	if first {
+		close(g.entered)
+		<-g.gate
+	}
+	return g.Store.Grant(ctx, reqs, out)
+}
+
+// TestConcurrentAsksJoin: an ask for a key that another call is asking the
+// store for waits for that answer; the first empties the bucket, so the
+// second is denied from memory without a store operation of its own.
+func TestConcurrentAsksJoin(t *testing.T) {
+	clk := &clock{now: time.Unix(1_700_000_000, 0)}
+	st := &gatedStore{Store: lease.NewMemoryStore(lease.MemoryConfig{Clock: clk.Now}), entered: make(chan struct{}), gate: make(chan struct{})}
+	f := start(t, Config{Store: st, Clock: clk.Now})
+	waiting := make(chan struct{})
+	f.svc.joined = func() { close(waiting) }
+	item := func(want int64) []*leasev1.LeaseItem {
+		return []*leasev1.LeaseItem{{Rule: "per-tenant", Key: "tenant=acme", Want: want}}
+	}
+	first := make(chan int64, 1)
+	go func() {
+		resp, err := f.client.Lease(context.Background(), &leasev1.LeaseRequest{Agent: agent("a1"), Items: item(200)})
+		if err != nil {
+			t.Error(err)
+			first <- -1
+			return
+		}
+		first <- resp.Grants[0].GetGranted()
+	}()
+	<-st.entered
+	second := make(chan int64, 1)
+	go func() {
+		resp, err := f.client.Lease(context.Background(), &leasev1.LeaseRequest{Agent: agent("a2"), Items: item(5)})
+		if err != nil {
+			t.Error(err)
+			second <- -1
+			return
+		}
+		second <- resp.Grants[0].GetGranted()
+	}()
+	<-waiting // the second ask waits for the first's answer
+	close(st.gate)
+	if a, b := <-first, <-second; a != 200 || b != 0 {
+		t.Fatalf("got %d and %d tokens, want 200 and 0", a, b)
+	}
+	if n := st.items.Load(); n != 1 {
+		t.Fatalf("the store was asked %d items, want 1: the second ask did not join the first", n)
 	}
 }

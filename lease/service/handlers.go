@@ -30,6 +30,10 @@ type batch struct {
 	send    []lease.GrantRequest
 	sendOut []lease.Grant
 	sendIdx []int
+	// Items waiting for another call's answer for their key, and its
+	// channel.
+	waitIdx []int
+	waitCh  []chan struct{}
 }
 
 func (s *Service) getBatch(n int) *batch {
@@ -52,6 +56,7 @@ func (s *Service) putBatch(b *batch) {
 	clear(b.grants[:cap(b.grants)])
 	clear(b.rets[:cap(b.rets)])
 	clear(b.send[:cap(b.send)])
+	clear(b.waitCh[:cap(b.waitCh)])
 	s.bufs.Put(b)
 }
 
@@ -176,18 +181,70 @@ func (s *Service) Lease(ctx context.Context, req *leasev1.LeaseRequest) (*leasev
 }
 
 // grantBatch fills b.out: from the memory of dry keys where it holds the
-// key, from the store for the rest, which it remembers.
+// key, from the store for the rest, which it remembers. An ask for a key
+// that another call is asking the store for waits for that answer and
+// decides again (one store operation for a herd of asks), but only after
+// this call's own asks are answered, so that two calls never wait for each
+// other.
 func (s *Service) grantBatch(ctx context.Context, b *batch, now time.Time) error {
-	at := now.UnixNano()
+	var ch chan struct{}
+	if s.dry != nil {
+		ch = make(chan struct{})
+		defer close(ch)
+	}
+	b.waitIdx, b.waitCh = b.waitIdx[:0], b.waitCh[:0]
 	for i := range b.grants {
-		if d, ok := s.dry.lookup(b.keys[i], at); ok {
-			b.out[i] = lease.Grant{RetryAfter: time.Duration(d.until - at), Rate: d.rate, Capacity: d.capacity}
-			s.metrics.dryAnswers.Inc()
+		if !s.fromMemory(b, i, now, ch) {
 			continue
 		}
 		b.send = append(b.send, b.grants[i])
 		b.sendIdx = append(b.sendIdx, i)
 	}
+	if err := s.sendGrants(ctx, b, ch); err != nil {
+		return err
+	}
+	if len(b.waitIdx) == 0 {
+		return nil
+	}
+	b.send, b.sendIdx = b.send[:0], b.sendIdx[:0]
+	for j, i := range b.waitIdx {
+		select {
+		case <-b.waitCh[j]:
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		}
+		if s.fromMemory(b, i, s.cfg.Clock(), nil) {
+			b.send = append(b.send, b.grants[i])
+			b.sendIdx = append(b.sendIdx, i)
+		}
+	}
+	return s.sendGrants(ctx, b, nil)
+}
+
+// fromMemory answers item i from the memory of dry keys, or puts it on
+// b's waits (ch not nil: another call asks the store for its key), and
+// reports whether it is left to send.
+func (s *Service) fromMemory(b *batch, i int, now time.Time, ch chan struct{}) bool {
+	at := now.UnixNano()
+	d, dry, wait := s.dry.claim(b.keys[i], at, ch)
+	switch {
+	case dry:
+		b.out[i] = lease.Grant{RetryAfter: time.Duration(d.until - at), Rate: d.rate, Capacity: d.capacity}
+		s.metrics.dryAnswers.Inc()
+		return false
+	case wait != nil:
+		b.waitIdx, b.waitCh = append(b.waitIdx, i), append(b.waitCh, wait)
+		if s.joined != nil {
+			s.joined()
+		}
+		return false
+	}
+	return true
+}
+
+// sendGrants asks the store for b.send, fills their answers in b.out and
+// notes them in the memory, ending the flights of ch.
+func (s *Service) sendGrants(ctx context.Context, b *batch, ch chan struct{}) error {
 	if len(b.send) == 0 {
 		return nil
 	}
@@ -202,14 +259,18 @@ func (s *Service) grantBatch(ctx context.Context, b *batch, now time.Time) error
 	s.metrics.lease.latency.Observe(time.Since(start).Seconds())
 	s.metrics.grantItems.Add(float64(len(b.send)))
 	s.grantItems.Add(int64(len(b.send)))
+	done := s.cfg.Clock().UnixNano()
+	for j, i := range b.sendIdx {
+		if err == nil {
+			b.out[i] = out[j]
+			s.dry.note(b.keys[i], &out[j], b.grants[i].Limit, done, s.dryFor(b.rules[i]))
+		}
+		s.dry.land(b.keys[i], ch)
+	}
 	if err != nil {
 		s.metrics.lease.storeErrors.Inc()
 		s.metrics.lease.storeError.Inc()
 		return storeError(ctx, err)
-	}
-	for j, i := range b.sendIdx {
-		b.out[i] = out[j]
-		s.dry.note(b.keys[i], &out[j], b.grants[i].Limit, at, s.dryFor(b.rules[i]))
 	}
 	return nil
 }

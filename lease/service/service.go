@@ -179,6 +179,9 @@ type Service struct {
 	metrics *metrics
 	agents  *agentSet
 	dry     *dryMemory
+	// joined, when set (by tests, before any call), is called when an ask
+	// waits for another call's answer.
+	joined func()
 	// Items sent to the store, for StoreItems.
 	grantItems, returnItems atomic.Int64
 

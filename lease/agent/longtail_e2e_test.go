@@ -1,0 +1,166 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ration-dev/ration/internal/redistest"
+)
+
+// longTailPolicy is a per-user quota of 2 a second with bursts of 4.
+const longTailPolicy = `
+rules:
+  - name: user
+    key: [user]
+    limit: 2
+    period: 1s
+    burst: 4
+`
+
+// TestEndToEndLongTail (issue 13): one regiond on a real redis-server, 20
+// agents, 10,000 keys of a per-user rule (2 a second, bursts of 4), 300 of
+// them asked at ten times their limit from every agent and the rest now and
+// then (a tenth of a request a second each, spread over the agents, so
+// every one of their decisions is a cold key's). It counts the allocator
+// scripts Redis ran (INFO commandstats) per admitted request over the run,
+// and checks that no key admitted more than its bucket allowed
+// (burst + rate × elapsed).
+func TestEndToEndLongTail(t *testing.T) {
+	if raceEnabled {
+		t.Skip("a load measurement: judged without -race (make test runs it in the performance pass)")
+	}
+	if os.Getenv(redistest.EnvURL) != "" {
+		t.Skip("counts the commands of a Redis of its own; RATION_REDIS_URL is shared")
+	}
+	seed, err := strconv.ParseUint(os.Getenv("RATION_SEED"), 10, 64)
+	if err != nil || seed == 0 {
+		seed = uint64(time.Now().UnixNano())
+	}
+	t.Logf("seed %d (replay: RATION_SEED=%d go test ./lease/agent -run '%s')", seed, seed, t.Name())
+	url := redistest.Start(t)
+	d := startRegiond(t, url, longTailPolicy)
+	scripts := redisScriptCalls(t, url)
+
+	const (
+		nAgents, nKeys, nHot = 20, 10_000, 300
+		hotRate              = 10 * 2.0 // per hot key, over all agents
+		coldRate             = 0.1      // per cold key
+		duration             = 5 * time.Second
+	)
+	keys := make([]string, nKeys)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("u%05d", i)
+	}
+	keys = keyNames(t, keys...)
+	cfg := testConfig()
+	cfg.Target, cfg.Logger = d.LeaseAddr(), quietLogger()
+	agents := make([]*Agent, nAgents)
+	for i := range agents {
+		c := cfg
+		c.AgentID = fmt.Sprintf("tail-%d", i)
+		a, err := New(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer a.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err = a.WaitPolicy(ctx)
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		agents[i] = a
+	}
+
+	// Each agent's goroutine decides, every millisecond, the requests of
+	// that millisecond: hot keys uniformly at hotRate each, cold keys
+	// uniformly at coldRate each, split evenly over the agents.
+	perMS := (nHot*hotRate + (nKeys-nHot)*coldRate) / nAgents / 1000
+	hotFrac := nHot * hotRate / (nHot*hotRate + (nKeys-nHot)*coldRate)
+	admitted := make([]atomic.Int64, nKeys)
+	var total, allowed atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	ops0 := scripts()
+	start := time.Now()
+	for ai, a := range agents {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(seed, uint64(ai)))
+			tick := time.NewTicker(time.Millisecond)
+			defer tick.Stop()
+			owed := 0.0
+			next := time.Now()
+			for {
+				select {
+				case <-stop:
+					return
+				case <-tick.C:
+				}
+				// Requests due since the last tick, however late it is.
+				now := time.Now()
+				owed += perMS * float64(now.Sub(next)) / float64(time.Millisecond)
+				next = now
+				for ; owed >= 1; owed-- {
+					k := nHot + rng.IntN(nKeys-nHot)
+					if rng.Float64() < hotFrac {
+						k = rng.IntN(nHot)
+					}
+					total.Add(1)
+					if a.Allow(context.Background(), ds("user", keys[k]), 1).Allowed {
+						admitted[k].Add(1)
+						allowed.Add(1)
+					}
+				}
+			}
+		}()
+	}
+	<-time.After(duration) // the load runs for its duration
+	close(stop)
+	wg.Wait()
+	elapsed := time.Since(start)
+	// Counted once every decision is made, so that no store operation
+	// is counted without the request it admitted.
+	ops, adm, req := scripts()-ops0, allowed.Load(), total.Load()
+
+	var sync, leaseCalls, leaseItems, returnItems, granted, dropped int64
+	for _, a := range agents {
+		st := a.Stats()
+		sync += int64(st.SyncDecisions)
+		leaseCalls += st.LeaseCalls
+		leaseItems += st.LeaseItems
+		returnItems += st.ReturnItems
+		granted += st.TokensGranted
+		dropped += st.TokensDropped
+	}
+	t.Logf("run: %d lease items, %d return items, %d tokens granted, %d dropped", leaseItems, returnItems, granted, dropped)
+	per := float64(ops) / float64(max(adm, 1))
+	t.Logf("%v: %d requests, %d admitted, %d Redis script calls = %.3f per admitted request; %d decisions waited for a round trip (%.1f%%), %d lease calls",
+		elapsed, req, adm, ops, per, sync, 100*float64(sync)/float64(max(req, 1)), leaseCalls)
+	var over []string
+	var hotAdmitted int64
+	for i := range admitted {
+		n := admitted[i].Load()
+		if i < nHot {
+			hotAdmitted += n
+		}
+		if bound := 4 + 2*elapsed.Seconds(); float64(n) > bound {
+			over = append(over, fmt.Sprintf("%s admitted %d > %.1f", keys[i], n, bound))
+		}
+	}
+	t.Logf("hot keys admitted %d tokens in %v: %.0f%% of their limits", hotAdmitted, elapsed, 100*float64(hotAdmitted)/(nHot*(4+2*elapsed.Seconds())))
+	if len(over) > 0 {
+		t.Errorf("%d keys admitted more than their bucket allowed (burst + rate × elapsed), e.g. %s", len(over), over[0])
+	}
+	if per > 1.0 {
+		t.Errorf("%.3f Redis script calls per admitted request, want at most 1.0", per)
+	}
+}
