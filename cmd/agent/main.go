@@ -27,7 +27,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
+	"github.com/ration-dev/ration/internal/tlsfiles"
 	"github.com/ration-dev/ration/lease/agent"
 	"github.com/ration-dev/ration/lease/agent/envoyrls"
 )
@@ -42,7 +44,14 @@ func main() {
 func run(ctx context.Context, args []string, stdout *os.File) error {
 	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
 	regiond := fs.String("regiond", "127.0.0.1:7070", "the region's lease API address")
+	regiondCA := fs.String("regiond-ca", "", "CA bundle (PEM) that verifies regiond's certificate: dial regiond over TLS (default roots: the system's, with -tls-cert or -regiond-server-name)")
+	tlsCert := fs.String("tls-cert", "", "client certificate (PEM) presented to regiond (mTLS); read again when it changes")
+	tlsKey := fs.String("tls-key", "", "key (PEM) of -tls-cert")
+	serverName := fs.String("regiond-server-name", "", "name regiond's certificate must carry (default: the host of -regiond)")
 	listen := fs.String("listen", "127.0.0.1:8081", "Envoy rate limit service (gRPC) address")
+	listenCert := fs.String("listen-tls-cert", "", "serve the Envoy rate limit service over TLS with this certificate (PEM)")
+	listenKey := fs.String("listen-tls-key", "", "key (PEM) of -listen-tls-cert")
+	listenCA := fs.String("listen-client-ca", "", "CA bundle (PEM) that Envoy's client certificate must chain to (mTLS on -listen)")
 	admin := fs.String("admin", "127.0.0.1:8082", "admin HTTP address (/healthz, /readyz, /metrics); - disables it")
 	domainKey := fs.String("domain-key", "domain", "descriptor key that carries Envoy's domain; - passes none")
 	leasePeriod := fs.Duration("lease-period", agent.DefaultLeasePeriod, "T_lease: leases cover this much of a key's recent spend")
@@ -63,7 +72,21 @@ func run(ctx context.Context, args []string, stdout *os.File) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	a, err := agent.New(agent.Config{Target: *regiond, LeasePeriod: *leasePeriod, RoundTripTimeout: *rtTimeout, Registerer: reg, Logger: log})
+	var serverOpts []grpc.ServerOption
+	switch {
+	case *listenCert != "" || *listenKey != "":
+		tc, err := tlsfiles.Server(tlsfiles.Files{Cert: *listenCert, Key: *listenKey, CA: *listenCA, Logger: log})
+		if err != nil {
+			return fmt.Errorf("-listen-tls-cert: %w", err)
+		}
+		serverOpts = append(serverOpts, grpc.Creds(credentials.NewTLS(tc)))
+	case *listenCA != "":
+		return errors.New("-listen-client-ca needs -listen-tls-cert and -listen-tls-key")
+	}
+	a, err := agent.New(agent.Config{
+		Target: *regiond, RegiondCA: *regiondCA, TLSCert: *tlsCert, TLSKey: *tlsKey, RegiondServerName: *serverName,
+		LeasePeriod: *leasePeriod, RoundTripTimeout: *rtTimeout, Registerer: reg, Logger: log,
+	})
 	if err != nil {
 		return err
 	}
@@ -78,7 +101,7 @@ func run(ctx context.Context, args []string, stdout *os.File) error {
 	if err != nil {
 		return err
 	}
-	g := grpc.NewServer()
+	g := grpc.NewServer(serverOpts...)
 	rls.Register(g)
 	serveErr := make(chan error, 2)
 	go func() { serveErr <- g.Serve(lis) }()

@@ -27,8 +27,8 @@ var binaries = map[string]string{
 // module passes regiond every flag its variables stand for.
 func TestFlags(t *testing.T) {
 	want := map[string][]string{
-		moduleDir: {"admin", "decide-after", "grace", "listen", "lease-ttl", "log-level", "nats",
-			"policy", "redis", "region", "regions", "store-timeout", "sync-period"},
+		moduleDir: {"admin", "decide-after", "grace", "insecure", "listen", "lease-ttl", "log-level", "nats",
+			"policy", "redis", "region", "regions", "store-timeout", "sync-period", "tls-cert", "tls-client-ca", "tls-key"},
 		exampleDir: {"admin", "grace", "listen", "regiond"},
 	}
 	for _, dir := range []string{moduleDir, exampleDir} {

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"slices"
 	"time"
 
@@ -25,6 +26,16 @@ type Config struct {
 	// Listen is the lease API's gRPC address (default "127.0.0.1:7070";
 	// port 0 picks a free port, see Daemon.LeaseAddr).
 	Listen string
+	// TLSCert and TLSKey are the lease API's server certificate chain and
+	// key (PEM files, read again when they change, so that a rotation on
+	// disk needs no restart); TLSClientCA, when set, makes the lease API
+	// require client certificates that bundle verifies (mTLS). Without
+	// TLSCert the lease API is plaintext, which is refused on an address
+	// that is not loopback unless Insecure.
+	TLSCert, TLSKey, TLSClientCA string
+	// Insecure allows a plaintext lease API on a non-loopback address (a
+	// private network the deployment trusts, or a service mesh's own mTLS).
+	Insecure bool
 	// Admin is the HTTP address of /healthz, /readyz and /metrics (default
 	// "127.0.0.1:7071"; "-" disables it).
 	Admin string
@@ -160,6 +171,9 @@ func (c Config) validate() error {
 	if c.DecideAfter < 0 || 2*c.DecideAfter >= c.SyncPeriod {
 		errs = append(errs, fmt.Errorf("decide-after %v is not in [0, sync period/2)", c.DecideAfter))
 	}
+	if err := c.checkTLS(); err != nil {
+		errs = append(errs, err)
+	}
 	if c.NATSURL != "" && c.NATSEmbedded {
 		errs = append(errs, errors.New("NATS: use an external server (NATSURL) or the embedded one, not both"))
 	}
@@ -179,6 +193,33 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	return nil
+}
+
+// checkTLS checks the lease API's TLS files and refuses plaintext on an
+// address other than loopback without Insecure.
+func (c Config) checkTLS() error {
+	switch {
+	case (c.TLSCert == "") != (c.TLSKey == ""):
+		return errors.New("TLS: give the lease API's certificate and its key (-tls-cert, -tls-key), or neither")
+	case c.TLSClientCA != "" && c.TLSCert == "":
+		return errors.New("TLS: a client CA (-tls-client-ca) needs the server's own certificate (-tls-cert, -tls-key)")
+	case c.TLSCert == "" && !c.Insecure && !loopback(c.Listen):
+		return fmt.Errorf("TLS: the lease API would listen in plaintext on %s, which is not a loopback address: give -tls-cert and -tls-key (and -tls-client-ca to require client certificates), or -insecure to allow plaintext", c.Listen)
+	}
+	return nil
+}
+
+// loopback reports whether addr (host:port) listens on loopback only.
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 func validRegion(r string) bool {

@@ -15,8 +15,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
 
+	"github.com/ration-dev/ration/internal/tlsfiles"
 	"github.com/ration-dev/ration/lease"
 	"github.com/ration-dev/ration/lease/service"
 	"github.com/ration-dev/ration/policy"
@@ -165,10 +167,24 @@ func (d *Daemon) Start(ctx context.Context) error {
 		d.adminLis = alis
 	}
 
-	d.grpc = grpc.NewServer(
+	opts := []grpc.ServerOption{
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
-		grpc.MaxRecvMsgSize(8<<20),
-	)
+		grpc.MaxRecvMsgSize(8 << 20),
+	}
+	if d.cfg.TLSCert != "" {
+		tc, err := tlsfiles.Server(tlsfiles.Files{Cert: d.cfg.TLSCert, Key: d.cfg.TLSKey, CA: d.cfg.TLSClientCA, Logger: d.log})
+		if err != nil {
+			lis.Close()
+			if d.adminLis != nil {
+				d.adminLis.Close()
+			}
+			return fmt.Errorf("regiond: lease API: %w", err)
+		}
+		opts = append(opts, grpc.Creds(credentials.NewTLS(tc)))
+	} else if !loopback(d.cfg.Listen) {
+		d.log.Warn("the lease API is plaintext on a non-loopback address (-insecure): anyone who reaches it can lease any quota", "listen", d.cfg.Listen)
+	}
+	d.grpc = grpc.NewServer(opts...)
 	d.svc.Register(d.grpc)
 
 	runCtx, cancel := context.WithCancel(context.Background())

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -12,8 +14,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/ration-dev/ration/internal/tlsfiles"
 	leasev1 "github.com/ration-dev/ration/lease/v1"
 	"github.com/ration-dev/ration/policy"
 )
@@ -96,8 +100,18 @@ func (a *Agent) dial() (grpc.ClientConnInterface, error) {
 	if a.cfg.Conn != nil {
 		return a.cfg.Conn, nil
 	}
+	creds := insecure.NewCredentials()
+	if a.cfg.tls() {
+		tc, err := tlsfiles.Client(tlsfiles.Files{Cert: a.cfg.TLSCert, Key: a.cfg.TLSKey, CA: a.cfg.RegiondCA, ServerName: a.cfg.RegiondServerName, Logger: a.cfg.Logger})
+		if err != nil {
+			return nil, fmt.Errorf("agent: %w", err)
+		}
+		creds = credentials.NewTLS(tc)
+	} else if !loopbackTarget(a.cfg.Target) && len(a.cfg.DialOptions) == 0 {
+		a.cfg.Logger.Warn("agent: dialling regiond in plain text over a network: set RegiondCA (and TLSCert, TLSKey for mTLS)", "target", a.cfg.Target)
+	}
 	opts := append([]grpc.DialOption{
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithTransportCredentials(creds),
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           backoff.Config{BaseDelay: 20 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
 			MinConnectTimeout: time.Second,
@@ -109,6 +123,23 @@ func (a *Agent) dial() (grpc.ClientConnInterface, error) {
 	}
 	a.conn = cc
 	return cc, nil
+}
+
+// loopbackTarget reports whether a gRPC target names a loopback address
+// (host:port, with or without a passthrough or dns scheme).
+func loopbackTarget(target string) bool {
+	if i := strings.LastIndex(target, "/"); i >= 0 {
+		target = target[i+1:]
+	}
+	host, _, err := net.SplitHostPort(target)
+	if err != nil {
+		host = target
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // newScratch makes a decision's scratch for the pool, tied to the next

@@ -31,11 +31,20 @@ type Config struct {
 	// ("regiond.eu.svc:7400", "dns:///..."). Exactly one of Target and Conn
 	// must be set.
 	Target string
+	// RegiondCA, TLSCert, TLSKey and RegiondServerName make the agent dial
+	// Target over TLS: RegiondCA is the bundle (a PEM file) that verifies
+	// regiond's certificate (default: the system's roots), TLSCert and
+	// TLSKey the agent's client certificate and key for a regiond that
+	// requires one (mTLS), RegiondServerName the name regiond's certificate
+	// must carry (default: Target's host). The files are read again when
+	// they change, so that rotated certificates are used without a
+	// restart. With none of them set the agent dials in plain text, which
+	// it warns about unless Target is a loopback address.
+	RegiondCA, TLSCert, TLSKey, RegiondServerName string
 	// DialOptions are passed to grpc.NewClient with Target, after the
-	// defaults, which they override: plain text (agents and regiond usually
-	// share a private network; pass TLS credentials otherwise) and a
-	// reconnect backoff of 20ms growing to 1s, so that the agent notices a
-	// region that came back within about a second, not gRPC's default two
+	// defaults, which they override: the transport above and a reconnect
+	// backoff of 20ms growing to 1s, so that the agent notices a region
+	// that came back within about a second, not gRPC's default two
 	// minutes.
 	DialOptions []grpc.DialOption
 	// Conn is an existing connection to the lease API, used instead of
@@ -167,6 +176,15 @@ func (c Config) validate() error {
 		return bad("FallbackHeadroom %v must be a positive finite number", c.FallbackHeadroom)
 	case c.BreakerFailures < 1:
 		return bad("BreakerFailures %d must be at least 1", c.BreakerFailures)
+	case (c.TLSCert == "") != (c.TLSKey == ""):
+		return bad("TLSCert and TLSKey go together")
+	case c.Conn != nil && c.tls():
+		return bad("TLS files are for dialling Target; Conn is already connected")
 	}
 	return nil
+}
+
+// tls reports whether the agent dials Target over TLS.
+func (c Config) tls() bool {
+	return c.RegiondCA != "" || c.TLSCert != "" || c.TLSKey != "" || c.RegiondServerName != ""
 }

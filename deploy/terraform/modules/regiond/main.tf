@@ -45,7 +45,15 @@ locals {
     "-store-timeout=${var.store_timeout}",
     "-grace=${var.shutdown_grace_seconds}s",
     "-log-level=${var.log_level}",
-  ], var.decide_after == "" ? [] : ["-decide-after=${var.decide_after}"])
+    ], var.decide_after == "" ? [] : ["-decide-after=${var.decide_after}"],
+    # The lease API over mTLS from a Secret, or in plain text on the pod
+    # network, which regiond refuses beyond loopback without -insecure.
+    var.lease_tls_secret == null ? ["-insecure"] : [
+      "-tls-cert=${local.tls_dir}/tls.crt",
+      "-tls-key=${local.tls_dir}/tls.key",
+      "-tls-client-ca=${local.tls_dir}/ca.crt",
+  ])
+  tls_dir = "/etc/ration/tls"
 }
 
 resource "kubernetes_config_map_v1" "policy" {
@@ -231,12 +239,29 @@ resource "kubernetes_deployment_v1" "regiond" {
             mount_path = local.policy_dir
             read_only  = true
           }
+          dynamic "volume_mount" {
+            for_each = var.lease_tls_secret == null ? [] : [1]
+            content {
+              name       = "lease-tls"
+              mount_path = local.tls_dir
+              read_only  = true
+            }
+          }
         }
 
         volume {
           name = "policy"
           config_map {
             name = kubernetes_config_map_v1.policy.metadata[0].name
+          }
+        }
+        dynamic "volume" {
+          for_each = var.lease_tls_secret == null ? [] : [var.lease_tls_secret]
+          content {
+            name = "lease-tls"
+            secret {
+              secret_name = volume.value
+            }
           }
         }
       }

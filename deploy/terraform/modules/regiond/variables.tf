@@ -186,6 +186,12 @@ variable "credentials_secret" {
   default     = null
 }
 
+variable "lease_tls_secret" {
+  description = "Name of an existing Secret in the namespace with the lease API's server certificate and key (tls.crt, tls.key) and the CA that agents' client certificates must chain to (ca.crt), as cert-manager writes them: regiond then serves the lease API over mTLS (-tls-cert, -tls-key, -tls-client-ca) and reads the files again when the Secret is renewed. Null serves it in plain text on the pod network (-insecure), for a network that is private or encrypted by a mesh."
+  type        = string
+  default     = null
+}
+
 # ---- the exchange and the lease API ------------------------------------------
 #
 # Durations are Go duration strings. The pattern accepts a subset of Go's
