@@ -21,6 +21,8 @@ test:
 	# per admitted request, allocation-free decisions, recovery time) need,
 	# so those tests skip them under -race; run them again without it.
 	$(GO) test -count=1 -timeout 10m -run '$(PERFTESTS)' ./lease/agent
+	# The client-IP extraction is what a spoofed header attacks: fuzz it.
+	$(GO) test -run '^$$' -fuzz FuzzExtractor -fuzztime 10s ./lease/agent/httplimit
 
 # Quick loop while developing: no race detector, short mode.
 test-short:

@@ -3,39 +3,71 @@ package httplimit
 import (
 	"net"
 	"net/http/httptest"
+	"net/netip"
+	"strings"
 	"testing"
 	"unicode/utf8"
 )
 
 // FuzzExtractor feeds arbitrary forwarded headers, peer addresses and API
-// keys to the extractor: it must never panic, the ip descriptor must be a
-// parseable address or the peer's own address, and a forwarded header is
-// believed only when TrustForwarded says so.
+// keys to the extractor: it must never panic; the ip descriptor is the
+// peer's own address unless the peer is a trusted proxy, and then an
+// address the headers carry; what a client prepends to a header never
+// changes it (the same request with junk on the left gets the same IP).
 func FuzzExtractor(f *testing.F) {
-	f.Add("198.51.100.1, 10.0.0.1", "192.0.2.7:5555", "key", true)
-	f.Add("", "[2001:db8::1]:443", "", false)
-	f.Add("not an ip", "garbage", "k\x00ey", true)
-	f.Fuzz(func(t *testing.T, xff, remote, key string, trust bool) {
-		r := httptest.NewRequest("GET", "/x", nil)
-		r.RemoteAddr = remote
-		if utf8.ValidString(xff) {
-			r.Header.Set("X-Forwarded-For", xff)
-		}
-		r.Header.Set("X-API-Key", key)
-		e := Extractor{TrustForwarded: trust, APIKeyHeader: "X-API-Key"}
-		ds := e.Descriptors(r, nil)
-		var ip string
-		for _, d := range ds {
-			if d.Key == DescIP {
-				ip = d.Value
+	f.Add("198.51.100.1, 10.0.0.1", "", "10.0.0.7:5555", "key", "6.6.6.6")
+	f.Add("", "for=\"[2001:db8::1]:443\"", "[2001:db8::1]:443", "", "junk")
+	f.Add("not an ip", "for=_x", "garbage", "k\x00ey", "")
+	f.Fuzz(func(t *testing.T, xff, fwd, remote, key, spoof string) {
+		e := Extractor{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, APIKeyHeader: "X-API-Key"}
+		ipOf := func(xff, fwd string) string {
+			r := httptest.NewRequest("GET", "/x", nil)
+			r.RemoteAddr = remote
+			if utf8.ValidString(xff) && xff != "" {
+				r.Header.Set("X-Forwarded-For", xff)
 			}
+			if utf8.ValidString(fwd) && fwd != "" {
+				r.Header.Set("Forwarded", fwd)
+			}
+			r.Header.Set("X-API-Key", key)
+			for _, d := range e.Descriptors(r, nil) {
+				if d.Key == DescIP {
+					return d.Value
+				}
+			}
+			t.Fatal("no ip descriptor")
+			return ""
 		}
+		ip := ipOf(xff, fwd)
 		peer := remote
 		if host, _, err := net.SplitHostPort(remote); err == nil {
 			peer = host
 		}
-		if ip != peer && (!trust || net.ParseIP(ip) == nil) {
-			t.Errorf("ip %q from xff %q remote %q trust %v: neither the peer nor a trusted forwarded address", ip, xff, remote, trust)
+		pa, err := netip.ParseAddr(peer)
+		if err != nil || !e.trusted(pa) {
+			if ip != peer {
+				t.Fatalf("untrusted peer %q: got ip %q", remote, ip)
+			}
+			return
+		}
+		if _, err := netip.ParseAddr(ip); err != nil {
+			t.Fatalf("ip %q from xff %q forwarded %q peer %q: not an address", ip, xff, fwd, remote)
+		}
+		// A client's own prefix (junk or addresses, joined with a comma)
+		// changes nothing.
+		if strings.ContainsAny(spoof, "\r\n") || !utf8.ValidString(spoof) {
+			return
+		}
+		if fwd != "" && utf8.ValidString(fwd) {
+			if got := ipOf(xff, "for="+spoof+", "+fwd); got != ip && !strings.Contains(fwd+spoof, "\"") {
+				t.Fatalf("a spoofed Forwarded prefix %q moved the ip from %q to %q (%q)", spoof, ip, got, fwd)
+			}
+			return
+		}
+		if xff != "" && utf8.ValidString(xff) {
+			if got := ipOf(spoof+", "+xff, fwd); got != ip {
+				t.Fatalf("a spoofed X-Forwarded-For prefix %q moved the ip from %q to %q (%q)", spoof, ip, got, xff)
+			}
 		}
 	})
 }

@@ -34,10 +34,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"net"
 	"net/http"
+	"net/netip"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/ration-dev/ration/lease/agent"
@@ -68,11 +67,14 @@ type Extractor struct {
 	// UserHeader, if set, names a header whose value becomes the user
 	// descriptor, for deployments where an authenticating proxy sets it.
 	UserHeader string
-	// TrustForwarded takes the client IP from the first address of
-	// X-Forwarded-For when present. Set it only when every request comes
-	// through proxies that overwrite that header: a client can write
-	// anything there and would otherwise pick its own rate-limit key.
-	TrustForwarded bool
+	// TrustedProxies are the networks of the proxies in front of the
+	// server (load balancers, CDNs' egress ranges). A request from one of
+	// them has its client IP taken from Forwarded (RFC 7239) or
+	// X-Forwarded-For: the rightmost address that is not a trusted proxy,
+	// since a client can write anything on the left and would otherwise
+	// pick its own rate-limit key. Empty: the peer address, forwarded
+	// headers ignored.
+	TrustedProxies []netip.Prefix
 	// Route, if set, gives the route descriptor instead of the default.
 	Route func(*http.Request) string
 	// Extra, if set, appends more descriptors (a tenant from a token, say).
@@ -106,22 +108,6 @@ func (e *Extractor) Descriptors(r *http.Request, dst []policy.Descriptor) []poli
 		dst = e.Extra(r, dst)
 	}
 	return dst
-}
-
-func (e *Extractor) clientIP(r *http.Request) string {
-	if e.TrustForwarded {
-		if xff := r.Header.Get("X-Forwarded-For"); xff != "" {
-			first, _, _ := strings.Cut(xff, ",")
-			if ip := strings.TrimSpace(first); net.ParseIP(ip) != nil {
-				return ip
-			}
-		}
-	}
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		return r.RemoteAddr
-	}
-	return host
 }
 
 // Config configures the middleware.

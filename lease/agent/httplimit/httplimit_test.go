@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"strconv"
 	"testing"
 	"time"
@@ -218,6 +219,8 @@ func TestFailClosedIs503(t *testing.T) {
 }
 
 func TestExtractor(t *testing.T) {
+	// The peer and the proxy before it are trusted.
+	proxies := []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24"), netip.MustParsePrefix("10.0.0.0/8")}
 	r := httptest.NewRequest("GET", "/v1/things/7", nil)
 	r.RemoteAddr = "192.0.2.7:5555"
 	r.Pattern = "GET /v1/things/{id}"
@@ -232,7 +235,7 @@ func TestExtractor(t *testing.T) {
 		{"zero value: pattern, method, peer address", Extractor{}, []policy.Descriptor{
 			{Key: "route", Value: "GET /v1/things/{id}"}, {Key: "method", Value: "GET"}, {Key: "ip", Value: "192.0.2.7"},
 		}},
-		{"forwarded address only when trusted, plus headers", Extractor{TrustForwarded: true, APIKeyHeader: "X-API-Key", UserHeader: "X-User"}, []policy.Descriptor{
+		{"forwarded address from a trusted peer, plus headers", Extractor{TrustedProxies: proxies, APIKeyHeader: "X-API-Key", UserHeader: "X-User"}, []policy.Descriptor{
 			{Key: "route", Value: "GET /v1/things/{id}"}, {Key: "method", Value: "GET"}, {Key: "ip", Value: "198.51.100.1"},
 			{Key: "api_key", Value: "secret"}, {Key: "user", Value: "ada"},
 		}},
@@ -252,7 +255,7 @@ func TestExtractor(t *testing.T) {
 	}
 	// A forwarded header that is not an address is ignored.
 	r.Header.Set("X-Forwarded-For", "nonsense")
-	e := Extractor{TrustForwarded: true}
+	e := Extractor{TrustedProxies: proxies}
 	if got := e.Descriptors(r, nil)[2].Value; got != "192.0.2.7" {
 		t.Errorf("ip with a bogus X-Forwarded-For got %q, want the peer address", got)
 	}
@@ -261,5 +264,42 @@ func TestExtractor(t *testing.T) {
 	}
 	if err := (Config{}).Validate(); err != ErrNoAgent {
 		t.Errorf("Validate without an agent got %v, want ErrNoAgent", err)
+	}
+}
+
+// TestClientIPBehindProxies: the client IP is the rightmost forwarded
+// address that is not a trusted proxy, so what a client writes on the left
+// changes nothing; an untrusted peer's headers are ignored.
+func TestClientIPBehindProxies(t *testing.T) {
+	e := Extractor{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("2001:db8:f::/48")}}
+	for _, tc := range []struct {
+		name, peer string
+		hdr        map[string][]string
+		want       string
+	}{
+		{"no proxy", "198.51.100.9:1", map[string][]string{"X-Forwarded-For": {"1.2.3.4"}}, "198.51.100.9"},
+		{"one proxy", "10.0.0.1:1", map[string][]string{"X-Forwarded-For": {"198.51.100.1"}}, "198.51.100.1"},
+		{"spoofed on the left", "10.0.0.1:1", map[string][]string{"X-Forwarded-For": {"6.6.6.6, 7.7.7.7, 198.51.100.1"}}, "198.51.100.1"},
+		{"two proxies", "10.0.0.1:1", map[string][]string{"X-Forwarded-For": {"6.6.6.6, 198.51.100.1, 10.1.1.1"}}, "198.51.100.1"},
+		{"header lines in order", "10.0.0.1:1", map[string][]string{"X-Forwarded-For": {"6.6.6.6", "198.51.100.1, 10.2.2.2"}}, "198.51.100.1"},
+		{"all proxies", "10.0.0.1:1", map[string][]string{"X-Forwarded-For": {"10.3.3.3, 10.2.2.2"}}, "10.3.3.3"},
+		{"garbage stops the walk", "10.0.0.1:1", map[string][]string{"X-Forwarded-For": {"198.51.100.1, junk, 10.2.2.2"}}, "10.2.2.2"},
+		{"no header", "10.0.0.1:1", nil, "10.0.0.1"},
+		{"Forwarded", "10.0.0.1:1", map[string][]string{"Forwarded": {`for=6.6.6.6, for="[2001:db8::7]:4711";proto=https, for=10.9.9.9`}}, "2001:db8::7"},
+		{"Forwarded before X-Forwarded-For", "10.0.0.1:1", map[string][]string{"Forwarded": {"for=198.51.100.2"}, "X-Forwarded-For": {"6.6.6.6"}}, "198.51.100.2"},
+		{"Forwarded obfuscated", "10.0.0.1:1", map[string][]string{"Forwarded": {"for=6.6.6.6, for=_hidden"}}, "10.0.0.1"},
+		{"IPv6 proxy", "[2001:db8:f::1]:443", map[string][]string{"X-Forwarded-For": {"198.51.100.3"}}, "198.51.100.3"},
+		{"IPv4-mapped proxy", "[::ffff:10.0.0.1]:443", map[string][]string{"X-Forwarded-For": {"198.51.100.4"}}, "198.51.100.4"},
+	} {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.RemoteAddr = tc.peer
+		for k, vs := range tc.hdr {
+			for _, v := range vs {
+				r.Header.Add(k, v)
+			}
+		}
+		if got := e.Descriptors(r, nil)[2].Value; got != tc.want {
+			t.Errorf("%s: got %q, want %q", tc.name, got, tc.want)
+		}
 	}
 }
