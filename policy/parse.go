@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"go.yaml.in/yaml/v3"
 
@@ -155,7 +156,7 @@ func (p *parser) rules(f yamlfield.Field) []*Rule {
 
 var ruleFields = []string{
 	"name", "match", "key", "algorithm", "limit", "period", "time_zone", "burst", "cost", "scope",
-	"on_error", "shadow", "partition_reclaim_after", "start_empty",
+	"on_error", "shadow", "partition_reclaim_after", "start_empty", "clients",
 }
 
 // rule decodes and validates one rule. It returns ok=false only when the
@@ -255,6 +256,9 @@ func (p *parser) ruleModes(fs yamlfield.Fields, path string, r *Rule) {
 	if f, ok := fs.Get("shadow"); ok {
 		r.Shadow, _ = p.Bool(f, path+".shadow")
 	}
+	if f, ok := fs.Get("clients"); ok {
+		r.Clients = p.clients(f, path+".clients")
+	}
 	if f, ok := fs.Get("start_empty"); ok {
 		r.StartEmpty, _ = p.Bool(f, path+".start_empty")
 		if r.StartEmpty && r.FixedWindow() {
@@ -338,6 +342,35 @@ func (p *parser) match(f yamlfield.Field, path string) []Descriptor {
 		}
 	}
 	slices.SortFunc(out, func(a, b Descriptor) int { return strings.Compare(a.Key, b.Key) })
+	return out
+}
+
+// clients decodes a rule's clients: identities (a client certificate's URI
+// SAN, DNS name or common name), each exact or a prefix ending in "*".
+func (p *parser) clients(f yamlfield.Field, path string) []string {
+	seq := f.Val
+	if seq.Kind != yaml.SequenceNode || len(seq.Content) == 0 {
+		p.Errorf(f.Key.Line, path, "must be a non-empty list of client identities (got %s)", yamlfield.Describe(seq))
+		return nil
+	}
+	if len(seq.Content) > MaxClients {
+		p.Errorf(f.Key.Line, path, "has %d identities; the limit is %d", len(seq.Content), MaxClients)
+		return nil
+	}
+	out := make([]string, 0, len(seq.Content))
+	for i, n := range seq.Content {
+		field := path + "[" + strconv.Itoa(i) + "]"
+		switch {
+		case n.Kind != yaml.ScalarNode || n.ShortTag() != "!!str":
+			p.Errorf(n.Line, field, "must be a client identity (got %s)", yamlfield.Describe(n))
+		case n.Value == "" || len(n.Value) > maxClientLen || strings.ContainsFunc(n.Value, unicode.IsSpace) || strings.Contains(strings.TrimSuffix(n.Value, "*"), "*"):
+			p.Errorf(n.Line, field, "must be an identity of 1 to %d characters without spaces, with at most a trailing * (got %q)", maxClientLen, n.Value)
+		case slices.Contains(out, n.Value):
+			p.Errorf(n.Line, field, "duplicate client %q", n.Value)
+		default:
+			out = append(out, n.Value)
+		}
+	}
 	return out
 }
 

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"strings"
 	"time"
 	"unicode/utf8"
 )
@@ -119,8 +120,36 @@ type Rule struct {
 	// price of a short under-admission. Only for token buckets: every window
 	// starts with its Limit.
 	StartEmpty bool
+	// Clients (yaml clients), when not empty, are the only callers
+	// regiond lets lease the rule's keys: identities from their client
+	// certificates (URI SAN, such as a SPIFFE ID, else DNS name, else
+	// common name), each exact or, ending in "*", a prefix. Empty: any
+	// caller the lease API accepts.
+	Clients []string
 	// Line is the line of the rule in its file, for messages.
 	Line int
+}
+
+// MaxClients bounds a rule's clients.
+const MaxClients = 256
+
+const maxClientLen = 512
+
+// Allows reports whether the caller identity may lease the rule's keys.
+func (r *Rule) Allows(identity string) bool {
+	if len(r.Clients) == 0 {
+		return true
+	}
+	for _, c := range r.Clients {
+		if p, ok := strings.CutSuffix(c, "*"); ok {
+			if strings.HasPrefix(identity, p) && identity != "" {
+				return true
+			}
+		} else if identity == c {
+			return true
+		}
+	}
+	return false
 }
 
 // Rate returns the rule's rate in tokens per second: Limit / Period. For a

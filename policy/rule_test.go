@@ -183,3 +183,57 @@ func TestRate(t *testing.T) {
 		}
 	}
 }
+
+func TestRuleClients(t *testing.T) {
+	set, err := Parse("c.yaml", []byte(`
+rules:
+  - name: payments
+    key: [tenant]
+    limit: 10
+    clients: ["spiffe://example.org/ns/payments/*", gateway.eu.internal]
+  - name: open
+    key: [tenant]
+    limit: 10
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pay, open := set.Rule("payments"), set.Rule("open")
+	for _, tc := range []struct {
+		id   string
+		want bool
+	}{
+		{"spiffe://example.org/ns/payments/sa/gw", true},
+		{"spiffe://example.org/ns/payments/", true},
+		{"spiffe://example.org/ns/billing/sa/gw", false},
+		{"gateway.eu.internal", true},
+		{"gateway.eu.internal.evil", false},
+		{"", false},
+	} {
+		if got := pay.Allows(tc.id); got != tc.want {
+			t.Errorf("payments allows %q: got %v, want %v", tc.id, got, tc.want)
+		}
+		if !open.Allows(tc.id) {
+			t.Errorf("a rule without clients refused %q", tc.id)
+		}
+	}
+	for _, doc := range []string{
+		"clients: []",
+		"clients: gateway",
+		"clients: [\"a b\"]",
+		"clients: [\"a*b\"]",
+		"clients: [x, x]",
+		"clients: [1]",
+	} {
+		_, err := Parse("c.yaml", []byte("rules:\n  - name: r\n    key: [t]\n    limit: 1\n    "+doc+"\n"))
+		if err == nil || !strings.Contains(err.Error(), "rules[0].clients") {
+			t.Errorf("%s: got %v, want an error at rules[0].clients", doc, err)
+		}
+	}
+	// The policy's version covers clients.
+	a, _ := Parse("a.yaml", []byte("rules:\n  - {name: r, key: [t], limit: 1, clients: [a]}\n"))
+	b, _ := Parse("b.yaml", []byte("rules:\n  - {name: r, key: [t], limit: 1, clients: [b]}\n"))
+	if a.Version() == b.Version() {
+		t.Error("two policies differing only in clients have the same version")
+	}
+}

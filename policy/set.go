@@ -229,6 +229,9 @@ func version(rules []*Rule) string {
 		b.WriteString(" on_error " + string(r.OnError))
 		b.WriteString(" shadow " + strconv.FormatBool(r.Shadow))
 		b.WriteString(" start_empty " + strconv.FormatBool(r.StartEmpty))
+		for _, c := range r.Clients {
+			b.WriteString(" client " + strconv.Quote(c))
+		}
 		if r.FixedWindow() {
 			b.WriteString(" algorithm " + string(r.Algorithm))
 			b.WriteString(" calendar " + strconv.Quote(string(r.Calendar)))

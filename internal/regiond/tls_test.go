@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
 
 	"github.com/ration-dev/ration/internal/tlsfiles"
 	"github.com/ration-dev/ration/internal/tlsfiles/tlstest"
@@ -24,6 +26,10 @@ rules:
     key: [tenant]
     limit: 1000
     period: 1s
+  - name: payments
+    key: [account]
+    limit: 1000
+    clients: ["spiffe://ration.test/payments/*"]
 `
 
 // tlsClient is a lease API client over TLS with files f.
@@ -95,6 +101,31 @@ func TestLeaseAPIMutualTLS(t *testing.T) {
 		t.Errorf("refused calls reached the store: %d grant items, %d before", now, granted)
 	}
 
+	// A rule whose clients do not name the caller refuses it, whole, with
+	// PermissionDenied, before the store; a caller it names leases.
+	pc, pk := ca.Issue(t, tlstest.Leaf{Name: "payments", URIs: []string{"spiffe://ration.test/payments/gw-1"}, Client: true})
+	payer := tlsfiles.Files{Cert: tlstest.Write(t, dir, "pay.pem", pc), Key: tlstest.Write(t, dir, "pay-key.pem", pk), CA: caPath, ServerName: "regiond.eu.test"}
+	items0, _ := d.Service().StoreItems()
+	_, err = tlsClient(t, d, good).Lease(ctx, &leasev1.LeaseRequest{Agent: &leasev1.Agent{Id: "gw"}, Items: []*leasev1.LeaseItem{
+		{Rule: "per-tenant", Key: "tenant=acme", Want: 1}, {Rule: "payments", Key: "account=7", Want: 1},
+	}})
+	if status.Code(err) != codes.PermissionDenied {
+		t.Errorf("the gateway leasing payments: got %v, want PermissionDenied", err)
+	}
+	_, err = tlsClient(t, d, good).Return(ctx, &leasev1.ReturnRequest{Agent: &leasev1.Agent{Id: "gw"}, Items: []*leasev1.ReturnItem{{Rule: "payments", Key: "account=7", Tokens: 100}}})
+	if status.Code(err) != codes.PermissionDenied {
+		t.Errorf("the gateway returning payments tokens: got %v, want PermissionDenied", err)
+	}
+	if now, _ := d.Service().StoreItems(); now != items0 {
+		t.Errorf("a refused call reached the store")
+	}
+	if resp, err := leaseOne(ctx, tlsClient(t, d, payer), "payments", "account=7", 5); err != nil || resp.Grants[0].GetGranted() != 5 {
+		t.Errorf("the payments client leasing payments: %v, %v", resp, err)
+	}
+	if n := refused(t, d, "lease", "payments", "spiffe://ration.test/gateway"); n != 1 {
+		t.Errorf("ration_lease_refused_total{rpc=lease,rule=payments,client=the gateway} = %v, want 1", n)
+	}
+
 	// An agent with the same files decides on leases.
 	a, err := agent.New(agent.Config{Target: d.LeaseAddr(), RegiondCA: caPath, TLSCert: good.Cert, TLSKey: good.Key, RegiondServerName: "regiond.eu.test", Logger: quietLogger()})
 	if err != nil {
@@ -159,4 +190,28 @@ func TestPlaintextRefusedBeyondLoopback(t *testing.T) {
 			t.Errorf("%+v: got %v, want ok %v", tc.cfg, err, tc.ok)
 		}
 	}
+}
+
+// refused returns the value of the refusal counter's series.
+func refused(t *testing.T, d *Daemon, rpc, rule, client string) float64 {
+	t.Helper()
+	mfs, err := d.cfg.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "ration_lease_refused_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["rpc"] == rpc && labels["rule"] == rule && labels["client"] == client {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
 }

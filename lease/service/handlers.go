@@ -166,6 +166,9 @@ func (s *Service) Lease(ctx context.Context, req *leasev1.LeaseRequest) (*leasev
 		s.metrics.invalidItem.Add(float64(len(items)))
 		return nil, err
 	}
+	if err := s.authorize(ctx, "lease", b.rules); err != nil {
+		return nil, err
+	}
 	s.agents.saw(req.GetAgent().GetId(), now)
 	if err := s.grantBatch(ctx, b, now); err != nil {
 		return nil, err
@@ -407,9 +410,13 @@ func (s *Service) Return(ctx context.Context, req *leasev1.ReturnRequest) (*leas
 			s.metrics.staleReturns.Add(float64(it.GetTokens()))
 			continue
 		}
+		b.rules = append(b.rules, r)
 		b.rets = append(b.rets, lease.ReturnRequest{Key: key, Tokens: it.GetTokens(), Limit: l})
 		total += it.GetTokens()
 		s.dry.forget(key)
+	}
+	if err := s.authorize(ctx, "return", b.rules); err != nil {
+		return nil, err
 	}
 	s.agents.saw(req.GetAgent().GetId(), now)
 	sctx, cancel := context.WithTimeout(ctx, s.cfg.StoreTimeout)

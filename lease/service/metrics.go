@@ -16,6 +16,7 @@ type metrics struct {
 	storeLatency   *prometheus.HistogramVec // store call latency by op
 	storeErrors    *prometheus.CounterVec   // store call failures by op
 	storeItems     *prometheus.CounterVec   // items sent to the store by op
+	refused        *prometheus.CounterVec   // calls refused by a rule's clients
 
 	grantItems, returnItems prometheus.Counter
 	dryAnswers              prometheus.Counter // lease items answered from the memory of dry keys
@@ -63,6 +64,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help:    "Latency of allocator store calls by op (grant, return).",
 			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25},
 		}, []string{"op"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ration_lease_refused_total",
+			Help: "Lease and return calls refused because their caller is not among a rule's clients, by rpc, rule and client identity (at most 64 identities; then other; none without a certificate).",
+		}, []string{"rpc", "rule", "client"}),
 		storeItems: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ration_store_items_total",
 			Help: "Items sent to the allocator store by op (grant, return): its operations, one per key.",
@@ -84,7 +89,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.items, m.tokensGranted, m.tokensReturned, m.staleReturns, m.storeLatency, m.storeErrors, m.storeItems} {
+	for _, c := range []prometheus.Collector{m.requests, m.items, m.tokensGranted, m.tokensReturned, m.staleReturns, m.storeLatency, m.storeErrors, m.storeItems, m.refused} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

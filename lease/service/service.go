@@ -175,10 +175,11 @@ func (c Config) validate() error {
 type Service struct {
 	leasev1.UnimplementedLeaseServiceServer
 
-	cfg     Config
-	metrics *metrics
-	agents  *agentSet
-	dry     *dryMemory
+	cfg      Config
+	metrics  *metrics
+	agents   *agentSet
+	dry      *dryMemory
+	refusals refusals
 	// joined, when set (by tests, before any call), is called when an ask
 	// waits for another call's answer.
 	joined func()
