@@ -29,6 +29,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/ration-dev/ration/internal/bearer"
 	"github.com/ration-dev/ration/internal/tlsfiles"
 	"github.com/ration-dev/ration/lease/agent"
 	"github.com/ration-dev/ration/lease/agent/envoyrls"
@@ -53,6 +54,7 @@ func run(ctx context.Context, args []string, stdout *os.File) error {
 	listenKey := fs.String("listen-tls-key", "", "key (PEM) of -listen-tls-cert")
 	listenCA := fs.String("listen-client-ca", "", "CA bundle (PEM) that Envoy's client certificate must chain to (mTLS on -listen)")
 	admin := fs.String("admin", "127.0.0.1:8082", "admin HTTP address (/healthz, /readyz, /metrics); - disables it")
+	adminToken := fs.String("admin-token-file", "", "file holding a bearer token (at least 16 bytes) that /metrics requires; /healthz and /readyz stay open")
 	domainKey := fs.String("domain-key", "domain", "descriptor key that carries Envoy's domain; - passes none")
 	leasePeriod := fs.Duration("lease-period", agent.DefaultLeasePeriod, "T_lease: leases cover this much of a key's recent spend")
 	rtTimeout := fs.Duration("round-trip-timeout", 5*time.Millisecond, "deadline of the synchronous round trip for a key with no lease yet; past it the rule's on_error decides")
@@ -124,7 +126,15 @@ func run(ctx context.Context, args []string, stdout *os.File) error {
 			}
 			fmt.Fprintln(w, "ready")
 		})
-		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+		var guard *bearer.Guard
+		if *adminToken != "" {
+			if guard, err = bearer.New(*adminToken); err != nil {
+				g.Stop()
+				alis.Close()
+				return fmt.Errorf("-admin-token-file: %w", err)
+			}
+		}
+		mux.Handle("GET /metrics", guard.Wrap(promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})))
 		hs = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		go func() {
 			if err := hs.Serve(alis); !errors.Is(err, http.ErrServerClosed) {

@@ -55,6 +55,7 @@ func run(args []string) error {
 	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "the lease API's server certificate chain (PEM; read again when it changes)")
 	fs.StringVar(&cfg.TLSKey, "tls-key", "", "the lease API's server key (PEM)")
 	fs.StringVar(&cfg.TLSClientCA, "tls-client-ca", "", "CA bundle (PEM) that client certificates must chain to: the lease API then requires one (mTLS)")
+	fs.StringVar(&cfg.AdminTokenFile, "admin-token-file", "", "file holding a bearer token (at least 16 bytes) that /metrics requires; /healthz and /readyz stay open")
 	fs.BoolVar(&cfg.Insecure, "insecure", false, "allow a plaintext lease API on an address that is not loopback")
 	fs.StringVar(&cfg.Admin, "admin", "127.0.0.1:7071", "admin HTTP address (/healthz, /readyz, /metrics); - disables it")
 	fs.StringVar(&cfg.RedisURL, "redis", "", "Redis URL (redis://host:port/db, rediss://…, or host:port,host:port for a cluster); empty uses the embedded memory store")

@@ -19,6 +19,8 @@ func (d *Daemon) adminHandler() http.Handler {
 		}
 		fmt.Fprintln(w, "ready")
 	})
-	mux.Handle("GET /metrics", promhttp.HandlerFor(d.cfg.Registry, promhttp.HandlerOpts{Registry: d.cfg.Registry}))
+	// Probes stay open; what reveals the region's state takes the admin
+	// token when there is one.
+	mux.Handle("GET /metrics", d.adminToken.Wrap(promhttp.HandlerFor(d.cfg.Registry, promhttp.HandlerOpts{Registry: d.cfg.Registry})))
 	return mux
 }

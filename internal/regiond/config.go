@@ -36,6 +36,10 @@ type Config struct {
 	// Insecure allows a plaintext lease API on a non-loopback address (a
 	// private network the deployment trusts, or a service mesh's own mTLS).
 	Insecure bool
+	// AdminTokenFile, when set, names a file holding a bearer token (at
+	// least 16 bytes; read again when it changes) that /metrics requires
+	// (Authorization: Bearer …); /healthz and /readyz stay open for probes.
+	AdminTokenFile string
 	// Admin is the HTTP address of /healthz, /readyz and /metrics (default
 	// "127.0.0.1:7071"; "-" disables it).
 	Admin string

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
 
+	"github.com/ration-dev/ration/internal/bearer"
 	"github.com/ration-dev/ration/internal/tlsfiles"
 	"github.com/ration-dev/ration/lease"
 	"github.com/ration-dev/ration/lease/service"
@@ -43,6 +44,8 @@ type Daemon struct {
 	initial int64 // this region's initial share of a global key
 	svc     *service.Service
 	watcher *policy.Watcher // nil with the embedded policy
+	// adminToken guards /metrics; nil without AdminTokenFile.
+	adminToken *bearer.Guard
 
 	// The cross-region exchange, when NATS is configured.
 	obs     observer
@@ -142,6 +145,12 @@ func New(cfg Config) (*Daemon, error) {
 	if err != nil {
 		d.closeDB()
 		return nil, fmt.Errorf("regiond: %w", err)
+	}
+	if cfg.AdminTokenFile != "" {
+		if d.adminToken, err = bearer.New(cfg.AdminTokenFile); err != nil {
+			d.closeDB()
+			return nil, fmt.Errorf("regiond: admin token: %w", err)
+		}
 	}
 	return d, nil
 }

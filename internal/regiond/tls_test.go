@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"net"
+	"net/http"
 	"testing"
 	"time"
 
@@ -214,4 +215,44 @@ func refused(t *testing.T, d *Daemon, rpc, rule, client string) float64 {
 		}
 	}
 	return 0
+}
+
+// TestAdminToken: with -admin-token-file, /metrics needs the bearer token;
+// the probes stay open.
+func TestAdminToken(t *testing.T) {
+	path := tlstest.Write(t, t.TempDir(), "token", []byte("an-admin-token-of-some-length\n"))
+	d := startDaemon(t, Config{AdminTokenFile: path})
+	base := "http://" + d.AdminAddr()
+	req := func(p, auth string) int {
+		r, err := http.NewRequest("GET", base+p, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if auth != "" {
+			r.Header.Set("Authorization", auth)
+		}
+		resp, err := http.DefaultClient.Do(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for _, tc := range []struct {
+		path, auth string
+		want       int
+	}{
+		{"/metrics", "", 401},
+		{"/metrics", "Bearer nope", 401},
+		{"/metrics", "Bearer an-admin-token-of-some-length", 200},
+		{"/healthz", "", 200},
+		{"/readyz", "", 200},
+	} {
+		if got := req(tc.path, tc.auth); got != tc.want {
+			t.Errorf("GET %s with %q: got %d, want %d", tc.path, tc.auth, got, tc.want)
+		}
+	}
+	if _, err := New(Config{AdminTokenFile: tlstest.Write(t, t.TempDir(), "short", []byte("short"))}); err == nil {
+		t.Error("a token of 5 bytes was accepted")
+	}
 }

@@ -52,8 +52,10 @@ locals {
       "-tls-cert=${local.tls_dir}/tls.crt",
       "-tls-key=${local.tls_dir}/tls.key",
       "-tls-client-ca=${local.tls_dir}/ca.crt",
-  ])
-  tls_dir = "/etc/ration/tls"
+    ],
+  var.admin_token_secret == null ? [] : ["-admin-token-file=${local.admin_token_dir}/token"])
+  tls_dir         = "/etc/ration/tls"
+  admin_token_dir = "/etc/ration/admin"
 }
 
 resource "kubernetes_config_map_v1" "policy" {
@@ -247,6 +249,14 @@ resource "kubernetes_deployment_v1" "regiond" {
               read_only  = true
             }
           }
+          dynamic "volume_mount" {
+            for_each = var.admin_token_secret == null ? [] : [1]
+            content {
+              name       = "admin-token"
+              mount_path = local.admin_token_dir
+              read_only  = true
+            }
+          }
         }
 
         volume {
@@ -259,6 +269,15 @@ resource "kubernetes_deployment_v1" "regiond" {
           for_each = var.lease_tls_secret == null ? [] : [var.lease_tls_secret]
           content {
             name = "lease-tls"
+            secret {
+              secret_name = volume.value
+            }
+          }
+        }
+        dynamic "volume" {
+          for_each = var.admin_token_secret == null ? [] : [var.admin_token_secret]
+          content {
+            name = "admin-token"
             secret {
               secret_name = volume.value
             }

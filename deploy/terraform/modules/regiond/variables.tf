@@ -186,6 +186,12 @@ variable "credentials_secret" {
   default     = null
 }
 
+variable "admin_token_secret" {
+  description = "Name of an existing Secret in the namespace with a key token (at least 16 bytes): /metrics then requires it as a bearer token (-admin-token-file; the scraper must send it), and a rotated Secret is in force without a restart. /healthz and /readyz stay open for the kubelet's probes. Null leaves /metrics open on the pod network."
+  type        = string
+  default     = null
+}
+
 variable "lease_tls_secret" {
   description = "Name of an existing Secret in the namespace with the lease API's server certificate and key (tls.crt, tls.key) and the CA that agents' client certificates must chain to (ca.crt), as cert-manager writes them: regiond then serves the lease API over mTLS (-tls-cert, -tls-key, -tls-client-ca) and reads the files again when the Secret is renewed. Null serves it in plain text on the pod network (-insecure), for a network that is private or encrypted by a mesh."
   type        = string
