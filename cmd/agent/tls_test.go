@@ -16,7 +16,6 @@ import (
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/ration-dev/ration/internal/regiond"
@@ -97,7 +96,7 @@ func TestAgentBinaryOverTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn, err := grpc.NewClient(m[1], grpc.WithTransportCredentials(credentials.NewTLS(tc)))
+	conn, err := grpc.NewClient(m[1], grpc.WithTransportCredentials(tc.Credentials()))
 	if err != nil {
 		t.Fatal(err)
 	}

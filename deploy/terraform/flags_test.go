@@ -28,7 +28,7 @@ var binaries = map[string]string{
 func TestFlags(t *testing.T) {
 	want := map[string][]string{
 		moduleDir: {"admin", "admin-token-file", "decide-after", "grace", "insecure", "listen", "lease-ttl", "log-level", "nats",
-			"policy", "redis", "region", "regions", "store-timeout", "sync-period", "tls-cert", "tls-client-ca", "tls-key"},
+			"policy", "redis", "redis-ca", "redis-cert", "redis-key", "region", "regions", "store-timeout", "sync-period", "tls-cert", "tls-client-ca", "tls-key"},
 		exampleDir: {"admin", "grace", "listen", "regiond"},
 	}
 	for _, dir := range []string{moduleDir, exampleDir} {

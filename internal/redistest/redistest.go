@@ -14,6 +14,7 @@ package redistest
 import (
 	"bufio"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"fmt"
 	"net"
@@ -72,6 +73,7 @@ type Server struct {
 	dir   string
 	port  int
 	extra []string // more redis-server arguments
+	tls   *TLS     // nil: plain TCP
 
 	cmd  *exec.Cmd
 	done chan struct{} // closed once cmd has exited and been reaped
@@ -88,6 +90,13 @@ func StartServer(t testing.TB) *Server {
 
 func startServer(t testing.TB, extra ...string) *Server {
 	t.Helper()
+	return startPending(t, extra).run()
+}
+
+// startPending finds redis-server (or skips, or fails under CI) and
+// returns a Server not started yet.
+func startPending(t testing.TB, extra []string) *Server {
+	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		msg := "redistest: redis-server not found in PATH and " + EnvURL + " is unset"
@@ -96,7 +105,13 @@ func startServer(t testing.TB, extra ...string) *Server {
 		}
 		t.Skipf("%s: skipping a test that needs a real Redis", msg)
 	}
-	s := &Server{t: t, bin: bin, dir: t.TempDir(), extra: extra}
+	return &Server{t: t, bin: bin, dir: t.TempDir(), extra: extra}
+}
+
+// run starts s, on a free port, and stops it when the test ends.
+func (s *Server) run() *Server {
+	t := s.t
+	t.Helper()
 	t.Cleanup(s.Stop)
 	// A port found free can be taken before redis binds it; try a few.
 	for attempt := 0; ; attempt++ {
@@ -111,11 +126,34 @@ func startServer(t testing.TB, extra ...string) *Server {
 	}
 }
 
+// TLS makes StartTLSServer's server speak TLS only, with these PEM files
+// (CA verifies client certificates, which it requires), and ping it with
+// Client, a client configuration its CA trusts.
+type TLS struct {
+	Cert, Key, CA string
+	Client        *tls.Config
+}
+
+// StartTLSServer is StartServer for a redis-server that serves TLS only
+// (--port 0 --tls-port), requiring client certificates; extra are more
+// redis-server arguments (an ACL user, say). URL is rediss://.
+func StartTLSServer(t testing.TB, tl TLS, extra ...string) *Server {
+	t.Helper()
+	s := startPending(t, extra)
+	s.tls = &tl
+	return s.run()
+}
+
 // Addr is the server's host:port.
 func (s *Server) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port)) }
 
-// URL is the server's redis:// URL.
-func (s *Server) URL() string { return "redis://" + s.Addr() }
+// URL is the server's redis:// URL (rediss:// over TLS).
+func (s *Server) URL() string {
+	if s.tls != nil {
+		return "rediss://" + s.Addr()
+	}
+	return "redis://" + s.Addr()
+}
 
 // Stop kills the server (SIGKILL: a crash, not a shutdown) and waits for
 // it to exit. Stopping a stopped server does nothing.
@@ -164,14 +202,18 @@ func (s *Server) start() error {
 	if err != nil {
 		return err
 	}
-	args := []string{
-		"--port", strconv.Itoa(s.port),
+	args := []string{"--port", strconv.Itoa(s.port)}
+	if s.tls != nil {
+		args = []string{"--port", "0", "--tls-port", strconv.Itoa(s.port),
+			"--tls-cert-file", s.tls.Cert, "--tls-key-file", s.tls.Key, "--tls-ca-cert-file", s.tls.CA, "--tls-auth-clients", "yes"}
+	}
+	args = append(args,
 		"--bind", "127.0.0.1",
 		"--save", "",
 		"--appendonly", "no",
 		"--dir", s.dir,
 		"--daemonize", "no",
-	}
+	)
 	cmd := exec.Command(s.bin, append(args, s.extra...)...)
 	// An *os.File needs no copying goroutine; the log is read on failure.
 	cmd.Stdout, cmd.Stderr = log, log
@@ -189,7 +231,7 @@ func (s *Server) start() error {
 
 	deadline := time.Now().Add(readyTimeout)
 	for {
-		if Ping(s.Addr()) == nil {
+		if s.ping() == nil {
 			return nil
 		}
 		select {
@@ -208,6 +250,20 @@ func (s *Server) start() error {
 	}
 }
 
+// ping is Ping, over TLS for a TLS server.
+func (s *Server) ping() error {
+	if s.tls == nil {
+		return Ping(s.Addr())
+	}
+	cfg := s.tls.Client.Clone()
+	cfg.ServerName = "127.0.0.1"
+	c, err := tls.DialWithDialer(&net.Dialer{Timeout: 100 * time.Millisecond}, "tcp", s.Addr(), cfg)
+	if err != nil {
+		return err
+	}
+	return ping(c)
+}
+
 // Ping sends one PING and expects +PONG, speaking RESP directly so that
 // readiness does not depend on a client library's retry behaviour.
 func Ping(addr string) error {
@@ -215,6 +271,10 @@ func Ping(addr string) error {
 	if err != nil {
 		return err
 	}
+	return ping(c)
+}
+
+func ping(c net.Conn) error {
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(200 * time.Millisecond))
 	if _, err := c.Write([]byte("PING\r\n")); err != nil {

@@ -47,6 +47,13 @@ type Config struct {
 	// store; otherwise redis://, rediss:// or a comma-separated list of
 	// Redis Cluster addresses.
 	RedisURL string
+	// RedisCA, RedisCert and RedisKey connect to Redis over TLS (whatever
+	// RedisURL's scheme): RedisCA verifies the server (default: the
+	// system's roots), RedisCert and RedisKey are a client certificate for
+	// a Redis with tls-auth-clients. PEM files, read again when they change.
+	// A Redis ACL user and password go in RedisURL
+	// (rediss://user:password@host:port/0).
+	RedisCA, RedisCert, RedisKey string
 	// PolicyFile is a YAML policy watched for changes; empty means the
 	// embedded example policy.
 	PolicyFile string
@@ -174,6 +181,12 @@ func (c Config) validate() error {
 	}
 	if c.DecideAfter < 0 || 2*c.DecideAfter >= c.SyncPeriod {
 		errs = append(errs, fmt.Errorf("decide-after %v is not in [0, sync period/2)", c.DecideAfter))
+	}
+	if (c.RedisCA != "" || c.RedisCert != "" || c.RedisKey != "") && c.RedisURL == "" {
+		errs = append(errs, errors.New("redis TLS files (-redis-ca, -redis-cert, -redis-key) without a Redis (-redis)"))
+	}
+	if (c.RedisCert == "") != (c.RedisKey == "") {
+		errs = append(errs, errors.New("redis TLS: give the client certificate and its key (-redis-cert, -redis-key), or neither"))
 	}
 	if err := c.checkTLS(); err != nil {
 		errs = append(errs, err)

@@ -114,7 +114,17 @@ func New(cfg Config) (*Daemon, error) {
 		d.store, d.shares = d.mem, d.mem
 		d.closeDB = func() error { return nil }
 	} else {
-		client, err := lease.NewRedisClient(cfg.RedisURL)
+		var tc *tlsfiles.ClientTLS
+		if cfg.RedisCA != "" || cfg.RedisCert != "" {
+			if tc, err = tlsfiles.Client(tlsfiles.Files{CA: cfg.RedisCA, Cert: cfg.RedisCert, Key: cfg.RedisKey, Logger: d.log}); err != nil {
+				return nil, fmt.Errorf("regiond: redis: %w", err)
+			}
+		}
+		var dial func(ctx context.Context, network, addr string) (net.Conn, error)
+		if tc != nil {
+			dial = tc.Dial
+		}
+		client, err := lease.NewRedisClientTLS(cfg.RedisURL, dial)
 		if err != nil {
 			return nil, fmt.Errorf("regiond: redis: %w", err)
 		}

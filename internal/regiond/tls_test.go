@@ -11,7 +11,6 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
 	"github.com/ration-dev/ration/internal/tlsfiles"
@@ -40,7 +39,7 @@ func tlsClient(t *testing.T, d *Daemon, f tlsfiles.Files) leasev1.LeaseServiceCl
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn, err := grpc.NewClient(d.LeaseAddr(), grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
+	conn, err := grpc.NewClient(d.LeaseAddr(), grpc.WithTransportCredentials(cfg.Credentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,10 +141,11 @@ func TestLeaseAPIMutualTLS(t *testing.T) {
 
 	// The server's certificate rotates on disk: new handshakes get it.
 	serial := func() string {
-		cfg, err := tlsfiles.Client(good)
+		ct, err := tlsfiles.Client(good)
 		if err != nil {
 			t.Fatal(err)
 		}
+		cfg := ct.For("")
 		cfg.NextProtos = []string{"h2"}
 		c, err := tls.DialWithDialer(&net.Dialer{Timeout: 2 * time.Second}, "tcp", d.LeaseAddr(), cfg)
 		if err != nil {

@@ -5,6 +5,9 @@
 package tlsfiles
 
 import (
+	"context"
+	"net"
+
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -13,6 +16,8 @@ import (
 	"os"
 	"sync"
 	"time"
+
+	"google.golang.org/grpc/credentials"
 )
 
 // ErrConfig is wrapped by the errors of Server and Client for files that
@@ -72,10 +77,18 @@ func Server(f Files) (*tls.Config, error) {
 	return c, nil
 }
 
-// Client returns the configuration of a TLS client that verifies the server
-// against CA (the system's roots without one) and, with Cert and Key,
-// presents a client certificate.
-func Client(f Files) (*tls.Config, error) {
+// ClientTLS is the client side of TLS files: per connection, a
+// configuration that verifies the server by the name it is dialled by
+// (For), which gRPC and Redis connections get from Credentials and Dial.
+type ClientTLS struct {
+	f Files
+	w *watcher
+}
+
+// Client reads the client side's files: the server is verified against CA
+// (the system's roots without one) and, with Cert and Key, a client
+// certificate is presented.
+func Client(f Files) (*ClientTLS, error) {
 	if (f.Cert == "") != (f.Key == "") {
 		return nil, fmt.Errorf("%w: a client certificate needs its key, and a key its certificate", ErrConfig)
 	}
@@ -83,22 +96,73 @@ func Client(f Files) (*tls.Config, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: f.ServerName}
-	if f.Cert != "" {
-		c.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+	return &ClientTLS{f: f, w: w}, nil
+}
+
+// For returns the configuration of one connection to host (a DNS name or
+// an IP address): the server's certificate must be valid for Files'
+// ServerName, or else for host. (crypto/tls sends no server name for an IP
+// address, so the name is fixed here rather than read back from the
+// handshake.)
+func (c *ClientTLS) For(host string) *tls.Config {
+	name := c.f.ServerName
+	if name == "" {
+		name = host
+	}
+	w := c.w
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: name}
+	if c.f.Cert != "" {
+		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
 			return w.current().cert, nil
 		}
 	}
-	if f.CA != "" {
+	if c.f.CA != "" {
 		// The roots may be rotated too, which tls.Config.RootCAs cannot
 		// follow: the chain is verified here, against the current bundle,
 		// exactly as crypto/tls would.
-		c.InsecureSkipVerify = true
-		c.VerifyConnection = func(cs tls.ConnectionState) error {
-			return verify(cs, w.current().pool, cs.ServerName, x509.ExtKeyUsageServerAuth)
+		cfg.InsecureSkipVerify = true
+		cfg.VerifyConnection = func(cs tls.ConnectionState) error {
+			if name == "" {
+				return errors.New("tlsfiles: no server name to verify the server's certificate against")
+			}
+			return verify(cs, w.current().pool, name, x509.ExtKeyUsageServerAuth)
 		}
 	}
-	return c, nil
+	return cfg
+}
+
+// Dial is a dialer of TLS connections with For's configuration, for
+// clients that take a dial function (go-redis's Options.Dialer).
+func (c *ClientTLS) Dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		host = addr
+	}
+	d := tls.Dialer{Config: c.For(host)}
+	return d.DialContext(ctx, network, addr)
+}
+
+// Credentials are gRPC transport credentials with For's configuration for
+// each connection, by the authority dialled.
+func (c *ClientTLS) Credentials() credentials.TransportCredentials {
+	return clientCreds{TransportCredentials: credentials.NewTLS(c.For("")), c: c}
+}
+
+type clientCreds struct {
+	credentials.TransportCredentials
+	c *ClientTLS
+}
+
+func (cc clientCreds) ClientHandshake(ctx context.Context, authority string, conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	host, _, err := net.SplitHostPort(authority)
+	if err != nil {
+		host = authority
+	}
+	return credentials.NewTLS(cc.c.For(host)).ClientHandshake(ctx, authority, conn)
+}
+
+func (cc clientCreds) Clone() credentials.TransportCredentials {
+	return clientCreds{TransportCredentials: cc.TransportCredentials.Clone(), c: cc.c}
 }
 
 // verify checks the peer's chain in cs against roots, for usage, and, when

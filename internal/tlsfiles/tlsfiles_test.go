@@ -89,7 +89,7 @@ func TestMutualTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := dial(addr, ccfg)
+	c, err := dial(addr, ccfg.For(""))
 	if err != nil {
 		t.Fatalf("a client with a valid certificate: %v", err)
 	}
@@ -113,7 +113,7 @@ func TestMutualTLS(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if c, err := dial(addr, cfg); err == nil {
+		if c, err := dial(addr, cfg.For("")); err == nil {
 			c.Close()
 			t.Errorf("%s: the connection was accepted", tc.name)
 		}
@@ -132,7 +132,7 @@ func TestMutualTLS(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if c, err := dial(addr, cfg); err == nil {
+		if c, err := dial(addr, cfg.For("")); err == nil {
 			c.Close()
 			t.Errorf("a client of %s / %s accepted the server", f.CA, f.ServerName)
 		}
@@ -155,7 +155,7 @@ func TestRotation(t *testing.T) {
 	}
 	serial := func() string {
 		t.Helper()
-		c, err := dial(addr, ccfg)
+		c, err := dial(addr, ccfg.For(""))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -178,7 +178,7 @@ func TestRotation(t *testing.T) {
 	cc, ck := ca2.Issue(t, tlstest.Leaf{Name: "agent", DNS: []string{"agent.eu"}, Client: true})
 	tlstest.Write(t, p.dir, "client-key.pem", ck)
 	tlstest.Write(t, p.dir, "client.pem", cc)
-	c, err := dial(addr, ccfg)
+	c, err := dial(addr, ccfg.For(""))
 	if err != nil {
 		t.Fatalf("after the CA's rotation: %v", err)
 	}
@@ -188,7 +188,7 @@ func TestRotation(t *testing.T) {
 	}
 	// A rotation caught half-written keeps the files in use.
 	tlstest.Write(t, p.dir, "server.pem", []byte("not a certificate"))
-	if _, err := dial(addr, ccfg); err != nil {
+	if _, err := dial(addr, ccfg.For("")); err != nil {
 		t.Fatalf("with a broken file on disk the server should keep its certificate: %v", err)
 	}
 	<-got

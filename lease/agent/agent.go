@@ -14,7 +14,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/ration-dev/ration/internal/tlsfiles"
@@ -106,7 +105,7 @@ func (a *Agent) dial() (grpc.ClientConnInterface, error) {
 		if err != nil {
 			return nil, fmt.Errorf("agent: %w", err)
 		}
-		creds = credentials.NewTLS(tc)
+		creds = tc.Credentials()
 	} else if !loopbackTarget(a.cfg.Target) && len(a.cfg.DialOptions) == 0 {
 		a.cfg.Logger.Warn("agent: dialling regiond in plain text over a network: set RegiondCA (and TLSCert, TLSKey for mTLS)", "target", a.cfg.Target)
 	}

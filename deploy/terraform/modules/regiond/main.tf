@@ -53,9 +53,15 @@ locals {
       "-tls-key=${local.tls_dir}/tls.key",
       "-tls-client-ca=${local.tls_dir}/ca.crt",
     ],
-  var.admin_token_secret == null ? [] : ["-admin-token-file=${local.admin_token_dir}/token"])
+    var.admin_token_secret == null ? [] : ["-admin-token-file=${local.admin_token_dir}/token"],
+    var.redis_tls_secret == null ? [] : [
+      "-redis-ca=${local.redis_tls_dir}/ca.crt",
+      "-redis-cert=${local.redis_tls_dir}/tls.crt",
+      "-redis-key=${local.redis_tls_dir}/tls.key",
+  ])
   tls_dir         = "/etc/ration/tls"
   admin_token_dir = "/etc/ration/admin"
+  redis_tls_dir   = "/etc/ration/redis-tls"
 }
 
 resource "kubernetes_config_map_v1" "policy" {
@@ -257,6 +263,14 @@ resource "kubernetes_deployment_v1" "regiond" {
               read_only  = true
             }
           }
+          dynamic "volume_mount" {
+            for_each = var.redis_tls_secret == null ? [] : [1]
+            content {
+              name       = "redis-tls"
+              mount_path = local.redis_tls_dir
+              read_only  = true
+            }
+          }
         }
 
         volume {
@@ -278,6 +292,15 @@ resource "kubernetes_deployment_v1" "regiond" {
           for_each = var.admin_token_secret == null ? [] : [var.admin_token_secret]
           content {
             name = "admin-token"
+            secret {
+              secret_name = volume.value
+            }
+          }
+        }
+        dynamic "volume" {
+          for_each = var.redis_tls_secret == null ? [] : [var.redis_tls_secret]
+          content {
+            name = "redis-tls"
             secret {
               secret_name = volume.value
             }

@@ -192,6 +192,12 @@ variable "admin_token_secret" {
   default     = null
 }
 
+variable "redis_tls_secret" {
+  description = "Name of an existing Secret in the namespace with the CA that verifies Redis (ca.crt) and a client certificate for it (tls.crt, tls.key): regiond then connects to Redis over TLS (-redis-ca, -redis-cert, -redis-key). Put the ACL user and password in redis_url (or credentials_secret)."
+  type        = string
+  default     = null
+}
+
 variable "lease_tls_secret" {
   description = "Name of an existing Secret in the namespace with the lease API's server certificate and key (tls.crt, tls.key) and the CA that agents' client certificates must chain to (ca.crt), as cert-manager writes them: regiond then serves the lease API over mTLS (-tls-cert, -tls-key, -tls-client-ca) and reads the files again when the Secret is renewed. Null serves it in plain text on the pod network (-insecure), for a network that is private or encrypted by a mesh."
   type        = string
