@@ -75,6 +75,15 @@ type Config struct {
 	// NATSEmbedded set there is no exchange: the region holds the whole of
 	// every global key (share 1), as a single-region deployment should.
 	NATSURL string
+	// NATSCA, NATSCert and NATSKey connect to NATS over TLS: NATSCA
+	// verifies the servers (default: the system's roots; read at start),
+	// NATSCert and NATSKey are a client certificate (read again when they
+	// change). PEM files.
+	NATSCA, NATSCert, NATSKey string
+	// NATSCreds is a .creds file (a user JWT and its nkey seed) for a NATS
+	// in operator mode; NATSNkey a file holding an nkey user's seed. At
+	// most one of them, and neither with a user and password in NATSURL.
+	NATSCreds, NATSNkey string
 	// NATSEmbedded runs nats-server in-process on NATSListen and exchanges
 	// over it; other regions' daemons connect to it (Daemon.NATSURL).
 	// Exclusive with NATSURL.
@@ -190,6 +199,12 @@ func (c Config) validate() error {
 	}
 	if err := c.checkTLS(); err != nil {
 		errs = append(errs, err)
+	}
+	if c.NATSCreds != "" && c.NATSNkey != "" {
+		errs = append(errs, errors.New("NATS: give a .creds file (-nats-creds) or an nkey seed (-nats-nkey), not both"))
+	}
+	if (c.NATSCert == "") != (c.NATSKey == "") {
+		errs = append(errs, errors.New("NATS TLS: give the client certificate and its key (-nats-cert, -nats-key), or neither"))
 	}
 	if c.NATSURL != "" && c.NATSEmbedded {
 		errs = append(errs, errors.New("NATS: use an external server (NATSURL) or the embedded one, not both"))

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ration-dev/ration/internal/tlsfiles"
 	"github.com/ration-dev/ration/lease"
 	"github.com/ration-dev/ration/lease/service"
 	"github.com/ration-dev/ration/policy"
@@ -122,6 +123,29 @@ func defaultReplica() string {
 	return host + "-" + hex.EncodeToString(b[:])
 }
 
+// natsAuth returns the NATS options of cfg's TLS files and credentials.
+func natsAuth(cfg *Config) ([]nats.Option, error) {
+	var opts []nats.Option
+	if cfg.NATSCA != "" || cfg.NATSCert != "" {
+		ct, err := tlsfiles.Client(tlsfiles.Files{CA: cfg.NATSCA, Cert: cfg.NATSCert, Key: cfg.NATSKey, Logger: cfg.Logger})
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, nats.Secure(ct.Static()))
+	}
+	switch {
+	case cfg.NATSCreds != "":
+		opts = append(opts, nats.UserCredentials(cfg.NATSCreds))
+	case cfg.NATSNkey != "":
+		o, err := nats.NkeyOptionFromSeed(cfg.NATSNkey)
+		if err != nil {
+			return nil, fmt.Errorf("nkey seed %s: %w", cfg.NATSNkey, err)
+		}
+		opts = append(opts, o)
+	}
+	return opts, nil
+}
+
 // startExchange starts the embedded NATS server if asked, connects and
 // starts the exchange. On error it undoes what it started.
 func (d *Daemon) startExchange() (err error) {
@@ -141,7 +165,11 @@ func (d *Daemon) startExchange() (err error) {
 	}()
 	log := d.log
 	m := d.natsMet
-	d.nc, err = nats.Connect(url,
+	auth, err := natsAuth(cfg)
+	if err != nil {
+		return fmt.Errorf("regiond: nats: %w", err)
+	}
+	d.nc, err = nats.Connect(url, append(auth,
 		nats.Name("regiond "+cfg.Region+"/"+cfg.Replica),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(cfg.NATSReconnectWait),
@@ -161,7 +189,7 @@ func (d *Daemon) startExchange() (err error) {
 			m.asyncErrors.Inc()
 			log.Warn("nats error", "err", err)
 		}),
-	)
+	)...)
 	if err != nil {
 		return fmt.Errorf("regiond: nats %s: %w", url, err)
 	}

@@ -131,6 +131,23 @@ func (c *ClientTLS) For(host string) *tls.Config {
 	return cfg
 }
 
+// Static returns a configuration for clients that set the server's name
+// themselves and verify the server with crypto/tls (NATS's client, which
+// dials several servers and upgrades to TLS after its protocol's first
+// line): the roots are the CA bundle as read now, so a rotated CA is used
+// after a restart only; the client certificate is read at each handshake,
+// as For's.
+func (c *ClientTLS) Static() *tls.Config {
+	w := c.w
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: c.f.ServerName, RootCAs: w.current().pool}
+	if c.f.Cert != "" {
+		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			return w.current().cert, nil
+		}
+	}
+	return cfg
+}
+
 // Dial is a dialer of TLS connections with For's configuration, for
 // clients that take a dial function (go-redis's Options.Dialer).
 func (c *ClientTLS) Dial(ctx context.Context, network, addr string) (net.Conn, error) {

@@ -14,6 +14,7 @@
 package embedded
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -24,6 +25,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nkeys"
 )
 
 // ErrInvalidConfig reports a Config, ClusterConfig or SuperclusterConfig
@@ -53,14 +55,21 @@ type Config struct {
 	// one account, so what one publishes the others can receive. Default
 	// none: every client is accepted with every permission.
 	Users []User
+	// TLS, if set, makes the server require TLS of its clients with this
+	// configuration (a certificate, and, to require client certificates,
+	// ClientAuth and how to verify them: tlsfiles.Server gives one).
+	TLS *tls.Config
 }
 
 // User is a client identity with the subjects it may use.
 type User struct {
 	// Name is the user name. Required, unique within a Config.
 	Name string
-	// Password is the user's password. Required.
+	// Password is the user's password; Nkey instead is the public key of
+	// an nkey user (a "U..." key), who proves it holds the seed. One of
+	// them is required.
 	Password string
+	Nkey     string
 	// Publish lists the subjects the user may publish to; NATS wildcards
 	// ('*' a token, '>' the rest) are allowed. nil allows every subject; an
 	// empty, non-nil list allows none. The server rejects a publish outside
@@ -181,8 +190,10 @@ func (c Config) validate() (string, int, error) {
 			return bad("user %d: name %q is empty or has white space", i, u.Name)
 		case names[u.Name]:
 			return bad("user %q listed twice", u.Name)
-		case u.Password == "":
-			return bad("user %q has no password", u.Name)
+		case (u.Password == "") == (u.Nkey == ""):
+			return bad("user %q needs a password or an nkey, not both", u.Name)
+		case u.Nkey != "" && !nkeys.IsValidPublicUserKey(u.Nkey):
+			return bad("user %q: nkey %q is not a user's public key", u.Name, u.Nkey)
 		}
 		names[u.Name] = true
 		for _, s := range slices.Concat(u.Publish, u.Subscribe) {
@@ -207,15 +218,16 @@ func (c Config) options(host string, port int) *server.Options {
 		NoLog:      true,
 		NoSigs:     true,
 	}
+	if c.TLS != nil {
+		opts.TLS, opts.TLSConfig, opts.TLSTimeout = true, c.TLS, 2
+	}
 	for _, u := range c.Users {
-		opts.Users = append(opts.Users, &server.User{
-			Username: u.Name,
-			Password: u.Password,
-			Permissions: &server.Permissions{
-				Publish:   allow(u.Publish),
-				Subscribe: allow(u.Subscribe),
-			},
-		})
+		perms := &server.Permissions{Publish: allow(u.Publish), Subscribe: allow(u.Subscribe)}
+		if u.Nkey != "" {
+			opts.Nkeys = append(opts.Nkeys, &server.NkeyUser{Nkey: u.Nkey, Permissions: perms})
+			continue
+		}
+		opts.Users = append(opts.Users, &server.User{Username: u.Name, Password: u.Password, Permissions: perms})
 	}
 	return opts
 }

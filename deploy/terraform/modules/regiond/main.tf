@@ -58,10 +58,26 @@ locals {
       "-redis-ca=${local.redis_tls_dir}/ca.crt",
       "-redis-cert=${local.redis_tls_dir}/tls.crt",
       "-redis-key=${local.redis_tls_dir}/tls.key",
-  ])
+    ],
+    var.nats_tls_secret == null ? [] : [
+      "-nats-ca=${local.nats_tls_dir}/ca.crt",
+      "-nats-cert=${local.nats_tls_dir}/tls.crt",
+      "-nats-key=${local.nats_tls_dir}/tls.key",
+    ],
+  var.nats_nkey_secret == null ? [] : ["-nats-nkey=${local.nats_nkey_dir}/seed"])
   tls_dir         = "/etc/ration/tls"
   admin_token_dir = "/etc/ration/admin"
   redis_tls_dir   = "/etc/ration/redis-tls"
+  nats_tls_dir    = "/etc/ration/nats-tls"
+  nats_nkey_dir   = "/etc/ration/nats-nkey"
+  # The Secrets mounted as files: name (a volume's), mount path, Secret.
+  secret_mounts = [for m in [
+    { name = "lease-tls", path = local.tls_dir, secret = var.lease_tls_secret },
+    { name = "admin-token", path = local.admin_token_dir, secret = var.admin_token_secret },
+    { name = "redis-tls", path = local.redis_tls_dir, secret = var.redis_tls_secret },
+    { name = "nats-tls", path = local.nats_tls_dir, secret = var.nats_tls_secret },
+    { name = "nats-nkey", path = local.nats_nkey_dir, secret = var.nats_nkey_secret },
+  ] : m if m.secret != null]
 }
 
 resource "kubernetes_config_map_v1" "policy" {
@@ -248,26 +264,10 @@ resource "kubernetes_deployment_v1" "regiond" {
             read_only  = true
           }
           dynamic "volume_mount" {
-            for_each = var.lease_tls_secret == null ? [] : [1]
+            for_each = local.secret_mounts
             content {
-              name       = "lease-tls"
-              mount_path = local.tls_dir
-              read_only  = true
-            }
-          }
-          dynamic "volume_mount" {
-            for_each = var.admin_token_secret == null ? [] : [1]
-            content {
-              name       = "admin-token"
-              mount_path = local.admin_token_dir
-              read_only  = true
-            }
-          }
-          dynamic "volume_mount" {
-            for_each = var.redis_tls_secret == null ? [] : [1]
-            content {
-              name       = "redis-tls"
-              mount_path = local.redis_tls_dir
+              name       = volume_mount.value.name
+              mount_path = volume_mount.value.path
               read_only  = true
             }
           }
@@ -280,29 +280,11 @@ resource "kubernetes_deployment_v1" "regiond" {
           }
         }
         dynamic "volume" {
-          for_each = var.lease_tls_secret == null ? [] : [var.lease_tls_secret]
+          for_each = local.secret_mounts
           content {
-            name = "lease-tls"
+            name = volume.value.name
             secret {
-              secret_name = volume.value
-            }
-          }
-        }
-        dynamic "volume" {
-          for_each = var.admin_token_secret == null ? [] : [var.admin_token_secret]
-          content {
-            name = "admin-token"
-            secret {
-              secret_name = volume.value
-            }
-          }
-        }
-        dynamic "volume" {
-          for_each = var.redis_tls_secret == null ? [] : [var.redis_tls_secret]
-          content {
-            name = "redis-tls"
-            secret {
-              secret_name = volume.value
+              secret_name = volume.value.secret
             }
           }
         }

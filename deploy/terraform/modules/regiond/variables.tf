@@ -198,6 +198,18 @@ variable "redis_tls_secret" {
   default     = null
 }
 
+variable "nats_tls_secret" {
+  description = "Name of an existing Secret in the namespace with the CA that verifies the NATS servers (ca.crt) and a client certificate (tls.crt, tls.key): regiond then connects to NATS over TLS (-nats-ca, -nats-cert, -nats-key)."
+  type        = string
+  default     = null
+}
+
+variable "nats_nkey_secret" {
+  description = "Name of an existing Secret in the namespace with key seed, the seed of the nkey user this region connects to NATS as (-nats-nkey); give that user publish on ration.sync.<region> and subscribe on ration.sync.> only."
+  type        = string
+  default     = null
+}
+
 variable "lease_tls_secret" {
   description = "Name of an existing Secret in the namespace with the lease API's server certificate and key (tls.crt, tls.key) and the CA that agents' client certificates must chain to (ca.crt), as cert-manager writes them: regiond then serves the lease API over mTLS (-tls-cert, -tls-key, -tls-client-ca) and reads the files again when the Secret is renewed. Null serves it in plain text on the pod network (-insecure), for a network that is private or encrypted by a mesh."
   type        = string
