@@ -41,7 +41,13 @@ func TestRedisOverTLSWithACLUser(t *testing.T) {
 	url := "rediss://ration:a-redis-password-for-ration@" + srv.Addr() + "/0"
 	d := startDaemon(t, Config{
 		PolicyYAML: []byte(tlsPolicy), RedisURL: url, RedisCA: cf.CA, RedisCert: cf.Cert, RedisKey: cf.Key,
-		NATSEmbedded: true, NATSListen: "127.0.0.1:0", SyncPeriod: 100 * time.Millisecond,
+		NATSEmbedded: true, NATSListen: "127.0.0.1:0",
+		// The exchange's store calls get half a period: room for a new TLS
+		// connection under the race detector.
+		SyncPeriod: 500 * time.Millisecond,
+		// A new TLS connection, its AUTH and the scripts' load take longer
+		// than the production 50ms under the race detector.
+		StoreTimeout: time.Second,
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
