@@ -43,6 +43,8 @@ type deployment struct {
 	proxies map[string]*proxy    // by region: its daemons' path to NATS
 	redis   map[string]string    // by region: its Redis URL
 	servers map[string]*redistest.Server
+	// secure, when set, is the TLS of every connection (tls_e2e_test.go).
+	secure *secureDeployment
 }
 
 func newDeployment(t *testing.T, regions ...string) *deployment {
@@ -78,12 +80,23 @@ func (dep *deployment) addWith(r, replica string, tweak func(*Config)) *Daemon {
 		DecideAfter:       syncPeriod / 10, // loopback: tallies arrive within milliseconds
 		StoreTimeout:      time.Second,     // a loaded CI machine must not fail writes
 	}
+	if dep.secure != nil {
+		dep.secure.configure(r, &cfg)
+	}
 	if tweak != nil {
 		tweak(&cfg)
 	}
 	d := startDaemon(dep.t, cfg)
 	dep.nodes[r] = append(dep.nodes[r], d)
 	return d
+}
+
+// client is a lease API client of d, over mTLS in a secure deployment.
+func (dep *deployment) client(d *Daemon) leasev1.LeaseServiceClient {
+	if dep.secure != nil {
+		return tlsClient(dep.t, d, dep.secure.agent)
+	}
+	return client(dep.t, d)
 }
 
 // shares reads every region's applied share of exKey from its store. It
@@ -162,7 +175,7 @@ func (dep *deployment) load(rates map[string]int64) *load {
 	for _, r := range dep.regions {
 		clients := map[*Daemon]leasev1.LeaseServiceClient{}
 		for _, d := range dep.nodes[r] {
-			clients[d] = client(dep.t, d)
+			clients[d] = dep.client(d)
 		}
 		l.wg.Add(1)
 		go func() {
