@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 
@@ -80,5 +81,63 @@ func TestNATSOverTLSWithNkeyUser(t *testing.T) {
 			nc.Close()
 			t.Errorf("%s: the connection was accepted", name)
 		}
+	}
+}
+
+// TestNATSCredsUser: regiond's exchange connects to a NATS in operator
+// mode with a .creds file (-nats-creds) of a user whose JWT allows
+// publishing its region's reports only, and publishes there without a
+// permission error; the same server refuses a client without credentials.
+func TestNATSCredsUser(t *testing.T) {
+	okp, _ := nkeys.CreateOperator()
+	opub, _ := okp.PublicKey()
+	oc := jwt.NewOperatorClaims(opub)
+	ojwt, err := oc.Encode(okp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	akp, _ := nkeys.CreateAccount()
+	apub, _ := akp.PublicKey()
+	ac := jwt.NewAccountClaims(apub)
+	ajwt, err := ac.Encode(okp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ukp, _ := nkeys.CreateUser()
+	upub, _ := ukp.PublicKey()
+	useed, _ := ukp.Seed()
+	uc := jwt.NewUserClaims(upub)
+	uc.Pub.Allow.Add("ration.sync.eu")
+	uc.Sub.Allow.Add("ration.sync.>")
+	ujwt, err := uc.Encode(akp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds, err := jwt.FormatUserConfig(ujwt, useed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns, err := embedded.Start(embedded.Config{Operator: &embedded.Operator{JWT: ojwt, Accounts: []string{ajwt}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	d := startDaemon(t, Config{
+		Region: "eu", Regions: []string{"eu"}, PolicyYAML: []byte(tlsPolicy), SyncPeriod: 100 * time.Millisecond,
+		NATSURL: ns.ClientURL(), NATSCreds: tlstest.Write(t, t.TempDir(), "eu.creds", creds),
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for metricSum(t, d, "ration_exchange_messages_received_total") < 3 {
+		if time.Now().After(deadline) {
+			t.Fatal("the exchange received none of its reports over NATS as a .creds user")
+		}
+		<-time.After(20 * time.Millisecond)
+	}
+	if n := metricSum(t, d, "ration_nats_async_errors_total"); n != 0 {
+		t.Errorf("%v NATS errors (a permission violation?)", n)
+	}
+	if nc, err := nats.Connect(ns.ClientURL(), nats.Timeout(2*time.Second)); err == nil {
+		nc.Close()
+		t.Error("a client without credentials was accepted")
 	}
 }

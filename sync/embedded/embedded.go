@@ -24,6 +24,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nkeys"
 )
@@ -55,10 +56,21 @@ type Config struct {
 	// one account, so what one publishes the others can receive. Default
 	// none: every client is accepted with every permission.
 	Users []User
+	// Operator, if set, runs the server in operator mode (decentralized JWT
+	// authentication, as nsc sets a deployment up): it trusts this
+	// operator and knows these accounts, so that clients connect with a
+	// .creds file of a user of one of them. Exclusive with Users.
+	Operator *Operator
 	// TLS, if set, makes the server require TLS of its clients with this
 	// configuration (a certificate, and, to require client certificates,
 	// ClientAuth and how to verify them: tlsfiles.Server gives one).
 	TLS *tls.Config
+}
+
+// Operator is an operator's JWT and the JWTs of the accounts it signed.
+type Operator struct {
+	JWT      string
+	Accounts []string
 }
 
 // User is a client identity with the subjects it may use.
@@ -108,6 +120,11 @@ func Start(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	opts := cfg.options(host, port)
+	if cfg.Operator != nil {
+		if err := cfg.operatorOptions(opts); err != nil {
+			return nil, err
+		}
+	}
 	return startServer(opts, cfg.ReadyTimeout)
 }
 
@@ -183,6 +200,9 @@ func (c Config) validate() (string, int, error) {
 	case c.ReadyTimeout < 0:
 		return bad("ReadyTimeout %v is negative", c.ReadyTimeout)
 	}
+	if c.Operator != nil && len(c.Users) > 0 {
+		return bad("Operator and Users are exclusive: in operator mode the accounts' JWTs hold the users")
+	}
 	names := make(map[string]bool, len(c.Users))
 	for i, u := range c.Users {
 		switch {
@@ -203,6 +223,27 @@ func (c Config) validate() (string, int, error) {
 		}
 	}
 	return host, port, nil
+}
+
+// operatorOptions sets opts to trust c.Operator and resolve its accounts
+// from memory.
+func (c Config) operatorOptions(opts *server.Options) error {
+	op, err := jwt.DecodeOperatorClaims(c.Operator.JWT)
+	if err != nil {
+		return fmt.Errorf("%w: operator JWT: %w", ErrInvalidConfig, err)
+	}
+	res := &server.MemAccResolver{}
+	for i, a := range c.Operator.Accounts {
+		ac, err := jwt.DecodeAccountClaims(a)
+		if err != nil {
+			return fmt.Errorf("%w: account JWT %d: %w", ErrInvalidConfig, i, err)
+		}
+		if err := res.Store(ac.Subject, a); err != nil {
+			return fmt.Errorf("%w: account JWT %d: %w", ErrInvalidConfig, i, err)
+		}
+	}
+	opts.TrustedOperators, opts.AccountResolver = []*jwt.OperatorClaims{op}, res
+	return nil
 }
 
 // options builds the server options of a validated Config; port 0 becomes
