@@ -70,38 +70,15 @@ func TestEnvoyRLSAgainstBinary(t *testing.T) {
 	}
 	defer stopRegion()
 
-	bin := filepath.Join(dir, "agent")
-	build := exec.Command("go", "build", "-o", bin, ".")
-	build.Stderr = os.Stderr
-	if err := build.Run(); err != nil {
-		t.Fatalf("go build: %v", err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, "-regiond", d.LeaseAddr(), "-listen", "127.0.0.1:0", "-admin", "127.0.0.1:0", "-log-level", "error",
+	cmd, addr := startAgentBinary(t, ctx, dir, "-regiond", d.LeaseAddr(), "-listen", "127.0.0.1:0", "-admin", "127.0.0.1:0", "-log-level", "error",
 		// A loaded CI machine running the race detector can take longer
 		// than the production default of 5ms for a cold key's round trip.
 		"-round-trip-timeout", "2s")
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
 	defer cmd.Process.Kill()
-	line, err := bufio.NewReader(out).ReadString('\n')
-	if err != nil {
-		t.Fatalf("reading the first line: %v", err)
-	}
-	m := regexp.MustCompile(`service on (\S+),`).FindStringSubmatch(line)
-	if m == nil {
-		t.Fatalf("got first line %q, want where it listens", line)
-	}
-	go io.Copy(io.Discard, out)
 
-	conn, err := grpc.NewClient(m[1], grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,4 +156,38 @@ func TestEnvoyRLSAgainstBinary(t *testing.T) {
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("after SIGTERM: %v, want exit status 0", err)
 	}
+}
+
+// startAgentBinary builds cmd/agent into dir and runs it with args until
+// ctx ends, returning the process and where its Envoy service listens (from
+// its first line of output; the rest is discarded).
+func startAgentBinary(t *testing.T, ctx context.Context, dir string, args ...string) (*exec.Cmd, string) {
+	t.Helper()
+	bin := filepath.Join(dir, "agent")
+	build := exec.Command("go", "build", "-o", bin, ".")
+	build.Stderr = os.Stderr
+	if err := build.Run(); err != nil {
+		t.Fatalf("go build: %v", err)
+	}
+	cmd := exec.CommandContext(ctx, bin, args...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		cmd.Process.Kill()
+		t.Fatalf("reading the first line: %v", err)
+	}
+	m := regexp.MustCompile(`service on (\S+),`).FindStringSubmatch(line)
+	if m == nil {
+		cmd.Process.Kill()
+		t.Fatalf("got first line %q, want where it listens", line)
+	}
+	go io.Copy(io.Discard, out)
+	return cmd, m[1]
 }

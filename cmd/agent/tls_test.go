@@ -1,15 +1,12 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"io"
 	"log/slog"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"regexp"
 	"testing"
 	"time"
 
@@ -61,42 +58,19 @@ func TestAgentBinaryOverTLS(t *testing.T) {
 		d.Shutdown(ctx)
 	}()
 
-	bin := filepath.Join(dir, "agent")
-	build := exec.Command("go", "build", "-o", bin, ".")
-	build.Stderr = os.Stderr
-	if err := build.Run(); err != nil {
-		t.Fatalf("go build: %v", err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, "-regiond", d.LeaseAddr(), "-listen", "127.0.0.1:0", "-admin", "-", "-log-level", "error",
+	cmd, addr := startAgentBinary(t, ctx, dir, "-regiond", d.LeaseAddr(), "-listen", "127.0.0.1:0", "-admin", "-", "-log-level", "error",
 		"-round-trip-timeout", "2s",
 		"-regiond-ca", caPath, "-tls-cert", ac, "-tls-key", ak, "-regiond-server-name", "regiond.test",
 		"-listen-tls-cert", ac, "-listen-tls-key", ak, "-listen-client-ca", caPath)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
 	defer func() { cmd.Process.Kill(); cmd.Wait() }()
-	line, err := bufio.NewReader(out).ReadString('\n')
-	if err != nil {
-		t.Fatalf("reading the first line: %v", err)
-	}
-	m := regexp.MustCompile(`service on (\S+),`).FindStringSubmatch(line)
-	if m == nil {
-		t.Fatalf("got first line %q, want where it listens", line)
-	}
-	go io.Copy(io.Discard, out)
 
 	tc, err := tlsfiles.Client(tlsfiles.Files{Cert: ec, Key: ek, CA: caPath})
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn, err := grpc.NewClient(m[1], grpc.WithTransportCredentials(tc.Credentials()))
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(tc.Credentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,7 +96,7 @@ func TestAgentBinaryOverTLS(t *testing.T) {
 		}
 		<-time.After(10 * time.Millisecond) // polling interval
 	}
-	plain, err := grpc.NewClient(m[1], grpc.WithTransportCredentials(insecure.NewCredentials()))
+	plain, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -97,23 +97,19 @@ func runLoad(t *testing.T, target string, spec loadSpec) loadResult {
 	return runLoadOn(t, target, spec, "tenant")
 }
 
-// runLoadOn is runLoad with the keys as values of descriptor name.
-func runLoadOn(t *testing.T, target string, spec loadSpec, name string) loadResult {
+// startAgents starts n agents of cfg, named prefix-<i>, waits until each
+// has the policy, and closes them when the test ends.
+func startAgents(t *testing.T, n int, prefix string, cfg Config) []*Agent {
 	t.Helper()
-	cfg := spec.cfg
-	cfg.Target = target
-	if cfg.Logger == nil {
-		cfg.Logger = quietLogger()
-	}
-	agents := make([]*Agent, spec.agents)
+	agents := make([]*Agent, n)
 	for i := range agents {
 		c := cfg
-		c.AgentID = fmt.Sprintf("load-%d", i)
+		c.AgentID = fmt.Sprintf("%s-%d", prefix, i)
 		a, err := New(c)
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer a.Close()
+		t.Cleanup(func() { a.Close() })
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		err = a.WaitPolicy(ctx)
 		cancel()
@@ -122,6 +118,18 @@ func runLoadOn(t *testing.T, target string, spec loadSpec, name string) loadResu
 		}
 		agents[i] = a
 	}
+	return agents
+}
+
+// runLoadOn is runLoad with the keys as values of descriptor name.
+func runLoadOn(t *testing.T, target string, spec loadSpec, name string) loadResult {
+	t.Helper()
+	cfg := spec.cfg
+	cfg.Target = target
+	if cfg.Logger == nil {
+		cfg.Logger = quietLogger()
+	}
+	agents := startAgents(t, spec.agents, "load", cfg)
 	res := loadResult{perKey: make([]*tally, len(spec.keys)), winAdmitted: make([]int64, len(spec.keys))}
 	for i := range res.perKey {
 		res.perKey[i] = new(tally)

@@ -61,23 +61,7 @@ func TestEndToEndLongTail(t *testing.T) {
 	keys = keyNames(t, keys...)
 	cfg := testConfig()
 	cfg.Target, cfg.Logger = d.LeaseAddr(), quietLogger()
-	agents := make([]*Agent, nAgents)
-	for i := range agents {
-		c := cfg
-		c.AgentID = fmt.Sprintf("tail-%d", i)
-		a, err := New(c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer a.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		err = a.WaitPolicy(ctx)
-		cancel()
-		if err != nil {
-			t.Fatal(err)
-		}
-		agents[i] = a
-	}
+	agents := startAgents(t, nAgents, "tail", cfg)
 
 	// Each agent's goroutine decides, every millisecond, the requests of
 	// that millisecond: hot keys uniformly at hotRate each, cold keys
