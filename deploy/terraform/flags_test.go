@@ -27,7 +27,7 @@ var binaries = map[string]string{
 // module passes regiond every flag its variables stand for.
 func TestFlags(t *testing.T) {
 	want := map[string][]string{
-		moduleDir: {"admin", "admin-token-file", "decide-after", "grace", "insecure", "listen", "lease-ttl", "log-level", "nats", "nats-ca", "nats-cert", "nats-key", "nats-nkey",
+		moduleDir: {"admin", "admin-token-file", "decide-after", "grace", "insecure", "listen", "lease-ttl", "log-level", "nats", "nats-ca", "nats-cert", "nats-creds", "nats-key", "nats-nkey",
 			"policy", "redis", "redis-ca", "redis-cert", "redis-key", "region", "regions", "store-timeout", "sync-period", "tls-cert", "tls-client-ca", "tls-key"},
 		exampleDir: {"admin", "grace", "listen", "regiond"},
 	}

@@ -64,12 +64,14 @@ locals {
       "-nats-cert=${local.nats_tls_dir}/tls.crt",
       "-nats-key=${local.nats_tls_dir}/tls.key",
     ],
-  var.nats_nkey_secret == null ? [] : ["-nats-nkey=${local.nats_nkey_dir}/seed"])
+    var.nats_nkey_secret == null ? [] : ["-nats-nkey=${local.nats_nkey_dir}/seed"],
+  var.nats_creds_secret == null ? [] : ["-nats-creds=${local.nats_creds_dir}/creds"])
   tls_dir         = "/etc/ration/tls"
   admin_token_dir = "/etc/ration/admin"
   redis_tls_dir   = "/etc/ration/redis-tls"
   nats_tls_dir    = "/etc/ration/nats-tls"
   nats_nkey_dir   = "/etc/ration/nats-nkey"
+  nats_creds_dir  = "/etc/ration/nats-creds"
   # The Secrets mounted as files: name (a volume's), mount path, Secret.
   secret_mounts = [for m in [
     { name = "lease-tls", path = local.tls_dir, secret = var.lease_tls_secret },
@@ -77,6 +79,7 @@ locals {
     { name = "redis-tls", path = local.redis_tls_dir, secret = var.redis_tls_secret },
     { name = "nats-tls", path = local.nats_tls_dir, secret = var.nats_tls_secret },
     { name = "nats-nkey", path = local.nats_nkey_dir, secret = var.nats_nkey_secret },
+    { name = "nats-creds", path = local.nats_creds_dir, secret = var.nats_creds_secret },
   ] : m if m.secret != null]
 }
 
@@ -293,6 +296,10 @@ resource "kubernetes_deployment_v1" "regiond" {
   }
 
   lifecycle {
+    precondition {
+      condition     = var.nats_nkey_secret == null || var.nats_creds_secret == null
+      error_message = "give nats_nkey_secret or nats_creds_secret, not both: regiond refuses both."
+    }
     precondition {
       condition     = length(local.name) <= 63
       error_message = "the name regiond-<region> is longer than 63 characters; set var.name."

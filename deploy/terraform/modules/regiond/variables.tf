@@ -210,6 +210,17 @@ variable "nats_nkey_secret" {
   default     = null
 }
 
+variable "nats_creds_secret" {
+  description = "Name of an existing Secret in the namespace with key creds, the .creds file (user JWT and nkey seed) this region connects to a NATS in operator mode with (-nats-creds); exclusive with nats_nkey_secret."
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.nats_creds_secret == null || var.nats_creds_secret != ""
+    error_message = "nats_creds_secret must name a Secret, or be null."
+  }
+}
+
 variable "lease_tls_secret" {
   description = "Name of an existing Secret in the namespace with the lease API's server certificate and key (tls.crt, tls.key) and the CA that agents' client certificates must chain to (ca.crt), as cert-manager writes them: regiond then serves the lease API over mTLS (-tls-cert, -tls-key, -tls-client-ca) and reads the files again when the Secret is renewed. Null serves it in plain text on the pod network (-insecure), for a network that is private or encrypted by a mesh."
   type        = string
