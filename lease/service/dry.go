@@ -92,7 +92,10 @@ func (m *dryMemory) claim(key string, now int64, ch chan struct{}) (d dryKey, dr
 	if ch == nil {
 		return dryKey{}, false, nil
 	}
-	if f := sh.flight[key]; f != nil {
+	switch f := sh.flight[key]; {
+	case f == ch: // the same key twice in one call: both go with it
+		return dryKey{}, false, nil
+	case f != nil:
 		return dryKey{}, false, f
 	}
 	sh.flight[key] = ch

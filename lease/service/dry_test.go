@@ -231,3 +231,19 @@ func TestConcurrentAsksJoin(t *testing.T) {
 		t.Fatalf("the store was asked %d items, want 1: the second ask did not join the first", n)
 	}
 }
+
+// TestSameKeyTwiceInOneCall: a call asking for one key twice sends both
+// asks and does not wait for itself.
+func TestSameKeyTwiceInOneCall(t *testing.T) {
+	f := start(t, Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	it := &leasev1.LeaseItem{Rule: "per-tenant", Key: "tenant=twice", Want: 150}
+	resp, err := f.client.Lease(ctx, &leasev1.LeaseRequest{Agent: agent("a1"), Items: []*leasev1.LeaseItem{it, it}})
+	if err != nil {
+		t.Fatalf("a call with one key twice: %v", err)
+	}
+	if a, b := resp.Grants[0].GetGranted(), resp.Grants[1].GetGranted(); a != 150 || b != 50 {
+		t.Fatalf("got %d and %d, want 150 and the bucket's other 50", a, b)
+	}
+}
