@@ -1,6 +1,7 @@
 package regiond
 
 import (
+	"context"
 	"net"
 	"strings"
 	"testing"
@@ -11,6 +12,8 @@ import (
 	"github.com/ration-dev/ration/internal/redistest"
 	"github.com/ration-dev/ration/internal/tlsfiles"
 	"github.com/ration-dev/ration/internal/tlsfiles/tlstest"
+	"github.com/ration-dev/ration/lease/agent"
+	"github.com/ration-dev/ration/policy"
 	"github.com/ration-dev/ration/sync/embedded"
 )
 
@@ -95,7 +98,8 @@ func (s *secureDeployment) configure(r string, cfg *Config) {
 // TestThreeRegionsOverTLS is the exchange end to end with TLS on every
 // connection: agents call the lease API with client certificates, each
 // regiond talks to its TLS-only Redis as an ACL user and to NATS over TLS
-// as its region's nkey user. Demand moves from us to eu and eu's share
+// as its region's nkey user, and the agent library decides over mTLS in
+// every region. Demand moves from us to eu and eu's share
 // follows; the shares never sum above 1; no NATS permission error.
 func TestThreeRegionsOverTLS(t *testing.T) {
 	regions := []string{"ap", "eu", "us"}
@@ -114,6 +118,23 @@ func TestThreeRegionsOverTLS(t *testing.T) {
 		return within5(sh, targets(regions, phase2), regions...)
 	})
 	t.Logf("over TLS everywhere, the shares reached the new targets in %v: %v", took, sh)
+	// The agent library, too, decides in every region over mTLS.
+	for _, r := range regions {
+		a, err := agent.New(agent.Config{Target: dep.nodes[r][0].LeaseAddr(), RegiondCA: dep.secure.ca, TLSCert: dep.secure.agent.Cert,
+			TLSKey: dep.secure.agent.Key, RegiondServerName: "127.0.0.1", Logger: quietLogger(), RoundTripTimeout: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if err := a.WaitPolicy(ctx); err != nil {
+			t.Fatalf("%s: agent over mTLS: %v", r, err)
+		}
+		if dec := a.Allow(ctx, []policy.Descriptor{{Key: "tenant", Value: "globex-" + r}}, 1); !dec.Allowed || dec.Path != agent.PathLease {
+			t.Errorf("%s: agent over mTLS decided %+v, want a leased admission", r, dec)
+		}
+		cancel()
+		a.Close()
+	}
 	for _, r := range regions {
 		d := dep.nodes[r][0]
 		if n := metricSum(t, d, "ration_nats_async_errors_total"); n != 0 {
