@@ -71,55 +71,58 @@ func (m *dryMemory) shard(key string) *dryShard {
 
 // claim decides an ask of key at now: dry, with what is remembered; or
 // another call is asking the store for key, and wait is closed once its
-// answer is noted; or the ask goes to the store, and, with ch not nil, key
-// is in flight with ch until land. A nil memory sends every ask.
+// answer is noted; or the ask goes to the store (a probe when it is the one
+// let through as trust passed), and, with ch not nil, key is in flight with
+// ch until land. A nil memory sends every ask.
 //
 // Dry means trusted dry, or, within a step after trust, while the one ask
 // let through then (the probe) is on its way to the store: a bucket that
 // held less than a cost when trust passed holds less than two a step later,
 // and the probe asks for at least one, so the store would deny the others
 // too.
-func (m *dryMemory) claim(key string, now int64, ch chan struct{}) (d dryKey, dry bool, wait chan struct{}) {
+func (m *dryMemory) claim(key string, now int64, ch chan struct{}) (d dryKey, dry bool, wait chan struct{}, probe bool) {
 	if m == nil {
-		return dryKey{}, false, nil
+		return dryKey{}, false, nil, false
 	}
 	sh := m.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if d, dry := sh.dryLocked(key, now); dry {
-		return d, true, nil
+	d, dry, probe = sh.dryLocked(key, now)
+	if dry {
+		return d, true, nil, false
 	}
 	if ch == nil {
-		return dryKey{}, false, nil
+		return dryKey{}, false, nil, probe
 	}
 	switch f := sh.flight[key]; {
 	case f == ch: // the same key twice in one call: both go with it
-		return dryKey{}, false, nil
+		return dryKey{}, false, nil, probe
 	case f != nil:
-		return dryKey{}, false, f
+		return dryKey{}, false, f, false
 	}
 	sh.flight[key] = ch
-	return dryKey{}, false, nil
+	return dryKey{}, false, nil, probe
 }
 
-// dryLocked is claim's memory: whether key is dry at now (sh.mu held).
-func (sh *dryShard) dryLocked(key string, now int64) (dryKey, bool) {
+// dryLocked is claim's memory: whether key is dry at now, and whether this
+// ask is the probe let through once trust passed (sh.mu held).
+func (sh *dryShard) dryLocked(key string, now int64) (dryKey, bool, bool) {
 	d, ok := sh.cur[key]
 	if !ok {
 		d, ok = sh.old[key]
 	}
 	switch {
 	case !ok:
-		return dryKey{}, false
+		return dryKey{}, false, false
 	case now < d.trust:
-		return d, true
+		return d, true, false
 	case now >= d.trust+d.step:
 		delete(sh.cur, key)
 		delete(sh.old, key)
-		return dryKey{}, false
+		return dryKey{}, false, false
 	case d.probing:
 		d.until = d.trust + d.step
-		return d, true
+		return d, true, false
 	}
 	d.probing = true
 	if _, inCur := sh.cur[key]; inCur {
@@ -127,7 +130,7 @@ func (sh *dryShard) dryLocked(key string, now int64) (dryKey, bool) {
 	} else {
 		sh.old[key] = d
 	}
-	return dryKey{}, false
+	return dryKey{}, false, true
 }
 
 // land ends key's flight with ch, once its answer is noted.

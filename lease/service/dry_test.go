@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/ration-dev/ration/lease"
 	leasev1 "github.com/ration-dev/ration/lease/v1"
 )
@@ -42,6 +44,10 @@ func TestDryKeyAnsweredWithoutStore(t *testing.T) {
 	f.clock.Advance(10 * time.Millisecond) // one token at 100/s
 	if g := f.lease(t, item(5)).Grants[0]; g.GetGranted() != 1 {
 		t.Fatalf("after the refill got %d, want 1", g.GetGranted())
+	}
+	var m dto.Metric
+	if err := f.svc.metrics.dryProbes.Write(&m); err != nil || m.GetCounter().GetValue() != 1 {
+		t.Errorf("ration_store_items_total{op=probe} = %v (%v), want 1: the ask after the refill probes", m.GetCounter().GetValue(), err)
 	}
 	if grants, _ := f.svc.StoreItems(); grants != 2 {
 		t.Fatalf("the store saw %d grant items, want 2", grants)

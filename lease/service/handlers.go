@@ -229,7 +229,10 @@ func (s *Service) grantBatch(ctx context.Context, b *batch, now time.Time) error
 // reports whether it is left to send.
 func (s *Service) fromMemory(b *batch, i int, now time.Time, ch chan struct{}) bool {
 	at := now.UnixNano()
-	d, dry, wait := s.dry.claim(b.keys[i], at, ch)
+	d, dry, wait, probe := s.dry.claim(b.keys[i], at, ch)
+	if probe {
+		s.metrics.dryProbes.Inc()
+	}
 	switch {
 	case dry:
 		b.out[i] = lease.Grant{RetryAfter: time.Duration(d.until - at), Rate: d.rate, Capacity: d.capacity}

@@ -20,6 +20,7 @@ type metrics struct {
 
 	grantItems, returnItems prometheus.Counter
 	dryAnswers              prometheus.Counter // lease items answered from the memory of dry keys
+	dryProbes               prometheus.Counter // grant items that probe a dry key once its memory expired
 
 	lease, ret  rpcMetrics
 	granted     prometheus.Counter // items by outcome
@@ -70,7 +71,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"rpc", "rule", "client"}),
 		storeItems: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ration_store_items_total",
-			Help: "Items sent to the allocator store by op (grant, return): its operations, one per key.",
+			Help: "Items sent to the allocator store by op (grant, return, and probe: the grants among them that probe a key remembered dry once the memory is no longer trusted): its operations, one per key.",
 		}, []string{"op"}),
 		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ration_store_errors_total",
@@ -86,6 +87,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m.dryAnswers = m.items.WithLabelValues("dry")
 	m.grantItems = m.storeItems.WithLabelValues("grant")
 	m.returnItems = m.storeItems.WithLabelValues("return")
+	m.dryProbes = m.storeItems.WithLabelValues("probe")
 	if reg == nil {
 		return m, nil
 	}

@@ -29,6 +29,7 @@ func (fx effects) WriteShares(ctx context.Context, cs []region.ShareChange) []re
 		lctx, cancel := x.holdCtx(ctx, x.cfg.StoreTimeout)
 		err := x.cfg.Store.SetShares(lctx, ups, res)
 		cancel()
+		x.met.shareWrites.WithLabelValues("set").Add(float64(len(batch)))
 		if err != nil {
 			x.met.storeErrors.WithLabelValues("set_shares").Inc()
 			x.cfg.Logger.Warn("exchange: writing shares", "keys", len(batch), "err", err)
@@ -70,6 +71,7 @@ func (fx effects) DeleteShares(ctx context.Context, keys []string) {
 		lctx, cancel := x.holdCtx(ctx, x.cfg.StoreTimeout)
 		err := x.cfg.Store.DeleteShares(lctx, batch)
 		cancel()
+		x.met.shareWrites.WithLabelValues("delete").Add(float64(len(batch)))
 		if err != nil {
 			// The store keeps the share we held, which is ours: safe, and
 			// the key's next generation rewrites it before any gift.

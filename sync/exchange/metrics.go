@@ -23,6 +23,7 @@ type metrics struct {
 	publishedBytes prometheus.Counter
 	publishErrors  prometheus.Counter
 	storeErrors    *prometheus.CounterVec
+	shareWrites    *prometheus.CounterVec // keys written to the store, by op
 	stateBytes     prometheus.Gauge
 	stateWritten   prometheus.Counter
 	resyncs        prometheus.Counter
@@ -77,6 +78,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "ration_exchange_publish_errors_total",
 			Help: "Reports that could not be encoded or published.",
 		}),
+		shareWrites: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ration_exchange_share_writes_total",
+			Help: "Keys whose share the exchange wrote to the store (set) or removed when they retired (delete): store operations, one per key.",
+		}, []string{"op"}),
 		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ration_exchange_store_errors_total",
 			Help: "Failed store calls of the exchange, by operation.",
@@ -112,7 +117,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.share, m.moved, m.reportAge, m.dropped, m.epochs, m.leader,
-		m.epochSeconds, m.received, m.published, m.publishedBytes, m.publishErrors, m.storeErrors, m.stateBytes, m.stateWritten, m.resyncs, m.tokensReleased, m.keys} {
+		m.epochSeconds, m.received, m.published, m.publishedBytes, m.publishErrors, m.storeErrors, m.shareWrites, m.stateBytes, m.stateWritten, m.resyncs, m.tokensReleased, m.keys} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
