@@ -8,18 +8,21 @@ import (
 	"github.com/ration-dev/ration/lease"
 )
 
-// A dry key is one whose regional bucket holds no whole token: the store
-// grants nothing until it refills. Every agent that sees such a key asks
-// again once its deny cache runs out, a herd of store operations for each
-// token the bucket refills. The service remembers, per store key, until when
-// the bucket cannot grant (from the store's answer: the retry hint of a
-// denial, or the refill time of the fraction a grant left) and answers
+// A dry key is one whose regional bucket holds less than a request's cost:
+// the store grants nothing until it refills. Every agent that sees such a
+// key asks again once its deny cache runs out, a herd of store operations
+// for each cost the bucket refills. The service remembers, per store key,
+// until when the bucket cannot grant (from the store's answer: the retry
+// hint of a denial, or the refill time of what a grant left) and answers
 // asks before then itself. The memory only ever denies: a bucket that
 // refills sooner than remembered (a share raised, tokens given with share
 // or returned) costs the wait, never an admission, and those events forget
 // the key where this service sees them (Forget, Return). It is bounded in
 // time (Config.DryFor, and the sync period for global keys) and in keys
-// (Config.DryKeys: the oldest half is dropped when full).
+// (Config.DryKeys: the oldest half is dropped when full). Once it is no
+// longer trusted one ask probes the store while the others wait a refill's
+// time, and concurrent asks for a key that one call is asking the store for
+// wait for that answer (claim): a herd costs one store operation.
 
 // dryShards spreads the memory over locks: every Lease call looks its keys up.
 const dryShards = 64

@@ -83,7 +83,7 @@ type Config struct {
 	// at each epoch. See dry.go.
 	DryFor time.Duration
 	// DryKeys bounds the dry keys remembered (default 1,048,576; negative
-	// remembers none): about 100 bytes each.
+	// remembers none): about 120 bytes each.
 	DryKeys int
 	// StoreTimeout bounds each store call; when it passes the call fails with
 	// codes.Unavailable (default DefaultStoreTimeout).
