@@ -87,9 +87,10 @@ func New(cfg Config) (*Agent, error) {
 	run, stop := context.WithCancel(context.Background())
 	calls, abort := context.WithCancel(context.Background())
 	a.stop, a.abort = stop, abort
-	a.wg.Add(2)
+	a.wg.Add(3)
 	go a.refreshLoop(run, calls)
 	go a.watchPolicy(run)
+	go a.watchDry(run)
 	return a, nil
 }
 

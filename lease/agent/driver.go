@@ -112,6 +112,13 @@ func (d *Driver) SetPolicy(set *policy.Set) { d.c.setPolicy(set) }
 // Stats returns the agent's counters.
 func (d *Driver) Stats() Stats { return d.c.stats() }
 
+// Dry applies at now a region's notice that key of rule cannot be granted
+// for retry (lease/v1's WatchDry): a key the Driver holds denies locally
+// until then. It reports whether the key was held.
+func (d *Driver) Dry(now time.Duration, rule, key string, retry time.Duration) bool {
+	return d.c.noteDry(rule, key, retry, int64(now))
+}
+
 // Decide decides a request described by ds at now, as Allow does. It
 // returns the Decision and true, or false when the request waits for a
 // round trip: its Decision then comes from Resolved, with tag.

@@ -8,6 +8,8 @@ import (
 
 	leasev1 "github.com/ration-dev/ration/lease/v1"
 	"github.com/ration-dev/ration/policy"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // watchPolicy keeps the agent's policy in step with the region's: it
@@ -69,5 +71,69 @@ func (a *Agent) followPolicy(run context.Context) (got bool) {
 		a.c.setPolicy(set)
 		a.cfg.Logger.Info("policy applied", "version", set.Version(), "region", snap.GetRegion(), "rules", len(set.Rules()))
 		a.readyOnce.Do(func() { close(a.ready) })
+	}
+}
+
+// watchDry follows the region's WatchDry stream, reconnecting with a capped
+// backoff, and makes each key a notice names deny locally until its bucket
+// can grant (noteDry). A region too old to stream notices answers
+// Unimplemented: the agent then stops asking.
+func (a *Agent) watchDry(run context.Context) {
+	defer a.wg.Done()
+	const minBackoff, maxBackoff = 10 * time.Millisecond, 2 * time.Second
+	backoff := minBackoff
+	t := time.NewTimer(0)
+	defer t.Stop()
+	<-t.C
+	for {
+		stream, err := a.client.WatchDry(run, &leasev1.WatchDryRequest{Agent: a.c.agent()})
+		for err == nil {
+			var n *leasev1.DryNotice
+			if n, err = stream.Recv(); err == nil {
+				backoff = minBackoff
+				now := a.now()
+				for _, k := range n.GetKeys() {
+					a.c.noteDry(k.GetRule(), k.GetKey(), k.GetRetryAfter().AsDuration(), now)
+				}
+			}
+		}
+		if run.Err() != nil || status.Code(err) == codes.Unimplemented {
+			return
+		}
+		t.Reset(backoff)
+		select {
+		case <-run.Done():
+			return
+		case <-t.C:
+		}
+		backoff = min(2*backoff, maxBackoff)
+	}
+}
+
+// noteDry applies the region's notice that key of rule cannot be granted
+// for retry: a key this agent holds denies locally until then (a fixed
+// window's entry never past its window), as if its own ask had been
+// denied; a key it does not hold is not created. Live leased tokens are
+// still spent first. It reports whether the key was held.
+func (c *core) noteDry(rule, key string, retry time.Duration, now int64) bool {
+	if retry <= 0 || len(rule)+1+len(key) > 1<<12 {
+		return false
+	}
+	var buf [256]byte
+	id := append(append(append(buf[:0], rule...), 0), key...)
+	k := c.keys.get(id)
+	if k == nil || k.isEvicted() {
+		return false
+	}
+	du := now + int64(retry)
+	if r := c.policy().Rule(rule); r != nil && r.FixedWindow() {
+		_, end := c.windowAt(r, c.windowOf(r), now)
+		du = min(du, end)
+	}
+	for {
+		old := k.denyUntil.Load()
+		if old >= du || k.denyUntil.CompareAndSwap(old, du) {
+			return true
+		}
 	}
 }

@@ -156,9 +156,9 @@ func (m *dryMemory) land(key string, ch chan struct{}) {
 // an ask in that moment is denied (the token waits in the bucket for the
 // next), where one counted from the sending would reach the store early
 // and be denied there, an operation for nothing.
-func (m *dryMemory) note(key string, g *lease.Grant, l lease.Limit, at int64, limit time.Duration) {
+func (m *dryMemory) note(key string, g *lease.Grant, l lease.Limit, at int64, limit time.Duration) (until int64, dry bool) {
 	if m == nil {
-		return
+		return 0, false
 	}
 	var wait time.Duration
 	switch {
@@ -174,7 +174,7 @@ func (m *dryMemory) note(key string, g *lease.Grant, l lease.Limit, at int64, li
 	wait -= time.Microsecond
 	if wait <= 0 || limit <= 0 {
 		m.forget(key)
-		return
+		return 0, false
 	}
 	sh := m.shard(key)
 	sh.mu.Lock()
@@ -188,6 +188,7 @@ func (m *dryMemory) note(key string, g *lease.Grant, l lease.Limit, at int64, li
 		step = min(time.Duration(float64(l.Cost)/g.Rate*1e9), limit)
 	}
 	sh.cur[key] = dryKey{until: at + int64(wait), trust: at + int64(min(wait, limit)), step: int64(step), rate: g.Rate, capacity: g.Capacity}
+	return at + int64(wait), true
 }
 
 // forget drops what is remembered of key.

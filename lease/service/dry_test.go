@@ -253,3 +253,47 @@ func TestSameKeyTwiceInOneCall(t *testing.T) {
 		t.Fatalf("got %d and %d, want 150 and the bucket's other 50", a, b)
 	}
 }
+
+// TestWatchDry: a WatchDry stream hears of a key the store reports dry,
+// with the time until its bucket can grant.
+func TestWatchDry(t *testing.T) {
+	f := start(t, Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	stream, err := f.client.WatchDry(ctx, &leasev1.WatchDryRequest{Agent: agent("a1")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The stream is subscribed once the server has it; ask until a notice
+	// comes (each drain of the 200-token bucket is a new dry answer).
+	got := make(chan *leasev1.DryNotice, 1)
+	go func() {
+		n, err := stream.Recv()
+		if err != nil {
+			t.Error(err)
+			close(got)
+			return
+		}
+		got <- n
+	}()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		f.lease(t, &leasev1.LeaseItem{Rule: "per-tenant", Key: "tenant=acme", Want: 200})
+		select {
+		case n := <-got:
+			if n == nil {
+				return
+			}
+			k := n.GetKeys()[0]
+			if ra := k.GetRetryAfter().AsDuration(); k.GetRule() != "per-tenant" || k.GetKey() != "tenant=acme" || ra <= 0 || ra > 10*time.Millisecond {
+				t.Fatalf("notice %v, want per-tenant tenant=acme within (0, 10ms]", n)
+			}
+			return
+		case <-tick.C:
+			f.clock.Advance(10 * time.Millisecond) // a new token, a new drain
+		case <-ctx.Done():
+			t.Fatal("no notice within 5s")
+		}
+	}
+}

@@ -269,7 +269,9 @@ func (s *Service) sendGrants(ctx context.Context, b *batch, ch chan struct{}) er
 	for j, i := range b.sendIdx {
 		if err == nil {
 			b.out[i] = out[j]
-			s.dry.note(b.keys[i], &out[j], b.grants[i].Limit, done, s.dryFor(b.rules[i]))
+			if until, dry := s.dry.note(b.keys[i], &out[j], b.grants[i].Limit, done, s.dryFor(b.rules[i])); dry {
+				s.announce(b.rules[i], b.keys[i], until)
+			}
 		}
 		s.dry.land(b.keys[i], ch)
 	}

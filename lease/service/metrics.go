@@ -21,6 +21,7 @@ type metrics struct {
 	grantItems, returnItems prometheus.Counter
 	dryAnswers              prometheus.Counter // lease items answered from the memory of dry keys
 	dryProbes               prometheus.Counter // grant items that probe a dry key once its memory expired
+	dryDropped              prometheus.Counter // dry-key notices a subscriber fell too far behind for
 
 	lease, ret  rpcMetrics
 	granted     prometheus.Counter // items by outcome
@@ -69,6 +70,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "ration_lease_refused_total",
 			Help: "Lease and return calls refused because their caller is not among a rule's clients, by rpc, rule and client identity (at most 64 identities; then other; none without a certificate).",
 		}, []string{"rpc", "rule", "client"}),
+		dryDropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ration_lease_dry_notices_dropped_total",
+			Help: "Dry-key notices not sent to an agent's WatchDry stream because it fell behind (each costs that agent an ask at most).",
+		}),
 		storeItems: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ration_store_items_total",
 			Help: "Items sent to the allocator store by op (grant, return, and probe: the grants among them that probe a key remembered dry once the memory is no longer trusted): its operations, one per key.",
@@ -91,7 +96,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.items, m.tokensGranted, m.tokensReturned, m.staleReturns, m.storeLatency, m.storeErrors, m.storeItems, m.refused} {
+	for _, c := range []prometheus.Collector{m.requests, m.items, m.tokensGranted, m.tokensReturned, m.staleReturns, m.storeLatency, m.storeErrors, m.storeItems, m.refused, m.dryDropped} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -179,6 +179,7 @@ type Service struct {
 	metrics  *metrics
 	agents   *agentSet
 	dry      *dryMemory
+	dryHub   dryHub
 	refusals refusals
 	// joined, when set (by tests, before any call), is called when an ask
 	// waits for another call's answer.

@@ -643,6 +643,156 @@ func (x *PolicySnapshot) GetRegion() string {
 	return ""
 }
 
+type WatchDryRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Agent         *Agent                 `protobuf:"bytes,1,opt,name=agent,proto3" json:"agent,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchDryRequest) Reset() {
+	*x = WatchDryRequest{}
+	mi := &file_lease_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchDryRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchDryRequest) ProtoMessage() {}
+
+func (x *WatchDryRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_lease_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchDryRequest.ProtoReflect.Descriptor instead.
+func (*WatchDryRequest) Descriptor() ([]byte, []int) {
+	return file_lease_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *WatchDryRequest) GetAgent() *Agent {
+	if x != nil {
+		return x.Agent
+	}
+	return nil
+}
+
+type DryNotice struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Keys          []*DryKey              `protobuf:"bytes,1,rep,name=keys,proto3" json:"keys,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DryNotice) Reset() {
+	*x = DryNotice{}
+	mi := &file_lease_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DryNotice) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DryNotice) ProtoMessage() {}
+
+func (x *DryNotice) ProtoReflect() protoreflect.Message {
+	mi := &file_lease_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DryNotice.ProtoReflect.Descriptor instead.
+func (*DryNotice) Descriptor() ([]byte, []int) {
+	return file_lease_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *DryNotice) GetKeys() []*DryKey {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+// DryKey is one key whose bucket cannot grant a request's cost for
+// retry_after from when the region sent the notice.
+type DryKey struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rule          string                 `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
+	Key           string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	RetryAfter    *durationpb.Duration   `protobuf:"bytes,3,opt,name=retry_after,json=retryAfter,proto3" json:"retry_after,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DryKey) Reset() {
+	*x = DryKey{}
+	mi := &file_lease_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DryKey) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DryKey) ProtoMessage() {}
+
+func (x *DryKey) ProtoReflect() protoreflect.Message {
+	mi := &file_lease_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DryKey.ProtoReflect.Descriptor instead.
+func (*DryKey) Descriptor() ([]byte, []int) {
+	return file_lease_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *DryKey) GetRule() string {
+	if x != nil {
+		return x.Rule
+	}
+	return ""
+}
+
+func (x *DryKey) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *DryKey) GetRetryAfter() *durationpb.Duration {
+	if x != nil {
+		return x.RetryAfter
+	}
+	return nil
+}
+
 var File_lease_proto protoreflect.FileDescriptor
 
 const file_lease_proto_rawDesc = "" +
@@ -688,11 +838,21 @@ const file_lease_proto_rawDesc = "" +
 	"\x0ePolicySnapshot\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x12\n" +
 	"\x04yaml\x18\x02 \x01(\fR\x04yaml\x12\x16\n" +
-	"\x06region\x18\x03 \x01(\tR\x06region2\xf8\x01\n" +
+	"\x06region\x18\x03 \x01(\tR\x06region\"?\n" +
+	"\x0fWatchDryRequest\x12,\n" +
+	"\x05agent\x18\x01 \x01(\v2\x16.ration.lease.v1.AgentR\x05agent\"8\n" +
+	"\tDryNotice\x12+\n" +
+	"\x04keys\x18\x01 \x03(\v2\x17.ration.lease.v1.DryKeyR\x04keys\"j\n" +
+	"\x06DryKey\x12\x12\n" +
+	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12:\n" +
+	"\vretry_after\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\n" +
+	"retryAfter2\xc4\x02\n" +
 	"\fLeaseService\x12F\n" +
 	"\x05Lease\x12\x1d.ration.lease.v1.LeaseRequest\x1a\x1e.ration.lease.v1.LeaseResponse\x12I\n" +
 	"\x06Return\x12\x1e.ration.lease.v1.ReturnRequest\x1a\x1f.ration.lease.v1.ReturnResponse\x12U\n" +
-	"\vWatchPolicy\x12#.ration.lease.v1.WatchPolicyRequest\x1a\x1f.ration.lease.v1.PolicySnapshot0\x01B/Z-github.com/ration-dev/ration/lease/v1;leasev1b\x06proto3"
+	"\vWatchPolicy\x12#.ration.lease.v1.WatchPolicyRequest\x1a\x1f.ration.lease.v1.PolicySnapshot0\x01\x12J\n" +
+	"\bWatchDry\x12 .ration.lease.v1.WatchDryRequest\x1a\x1a.ration.lease.v1.DryNotice0\x01B/Z-github.com/ration-dev/ration/lease/v1;leasev1b\x06proto3"
 
 var (
 	file_lease_proto_rawDescOnce sync.Once
@@ -706,7 +866,7 @@ func file_lease_proto_rawDescGZIP() []byte {
 	return file_lease_proto_rawDescData
 }
 
-var file_lease_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_lease_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_lease_proto_goTypes = []any{
 	(*Agent)(nil),               // 0: ration.lease.v1.Agent
 	(*LeaseRequest)(nil),        // 1: ration.lease.v1.LeaseRequest
@@ -718,29 +878,37 @@ var file_lease_proto_goTypes = []any{
 	(*ReturnResponse)(nil),      // 7: ration.lease.v1.ReturnResponse
 	(*WatchPolicyRequest)(nil),  // 8: ration.lease.v1.WatchPolicyRequest
 	(*PolicySnapshot)(nil),      // 9: ration.lease.v1.PolicySnapshot
-	(*durationpb.Duration)(nil), // 10: google.protobuf.Duration
+	(*WatchDryRequest)(nil),     // 10: ration.lease.v1.WatchDryRequest
+	(*DryNotice)(nil),           // 11: ration.lease.v1.DryNotice
+	(*DryKey)(nil),              // 12: ration.lease.v1.DryKey
+	(*durationpb.Duration)(nil), // 13: google.protobuf.Duration
 }
 var file_lease_proto_depIdxs = []int32{
 	0,  // 0: ration.lease.v1.LeaseRequest.agent:type_name -> ration.lease.v1.Agent
 	2,  // 1: ration.lease.v1.LeaseRequest.items:type_name -> ration.lease.v1.LeaseItem
 	4,  // 2: ration.lease.v1.LeaseResponse.grants:type_name -> ration.lease.v1.LeaseGrant
-	10, // 3: ration.lease.v1.LeaseGrant.ttl:type_name -> google.protobuf.Duration
-	10, // 4: ration.lease.v1.LeaseGrant.retry_after:type_name -> google.protobuf.Duration
-	10, // 5: ration.lease.v1.LeaseGrant.period:type_name -> google.protobuf.Duration
+	13, // 3: ration.lease.v1.LeaseGrant.ttl:type_name -> google.protobuf.Duration
+	13, // 4: ration.lease.v1.LeaseGrant.retry_after:type_name -> google.protobuf.Duration
+	13, // 5: ration.lease.v1.LeaseGrant.period:type_name -> google.protobuf.Duration
 	0,  // 6: ration.lease.v1.ReturnRequest.agent:type_name -> ration.lease.v1.Agent
 	6,  // 7: ration.lease.v1.ReturnRequest.items:type_name -> ration.lease.v1.ReturnItem
 	0,  // 8: ration.lease.v1.WatchPolicyRequest.agent:type_name -> ration.lease.v1.Agent
-	1,  // 9: ration.lease.v1.LeaseService.Lease:input_type -> ration.lease.v1.LeaseRequest
-	5,  // 10: ration.lease.v1.LeaseService.Return:input_type -> ration.lease.v1.ReturnRequest
-	8,  // 11: ration.lease.v1.LeaseService.WatchPolicy:input_type -> ration.lease.v1.WatchPolicyRequest
-	3,  // 12: ration.lease.v1.LeaseService.Lease:output_type -> ration.lease.v1.LeaseResponse
-	7,  // 13: ration.lease.v1.LeaseService.Return:output_type -> ration.lease.v1.ReturnResponse
-	9,  // 14: ration.lease.v1.LeaseService.WatchPolicy:output_type -> ration.lease.v1.PolicySnapshot
-	12, // [12:15] is the sub-list for method output_type
-	9,  // [9:12] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	0,  // 9: ration.lease.v1.WatchDryRequest.agent:type_name -> ration.lease.v1.Agent
+	12, // 10: ration.lease.v1.DryNotice.keys:type_name -> ration.lease.v1.DryKey
+	13, // 11: ration.lease.v1.DryKey.retry_after:type_name -> google.protobuf.Duration
+	1,  // 12: ration.lease.v1.LeaseService.Lease:input_type -> ration.lease.v1.LeaseRequest
+	5,  // 13: ration.lease.v1.LeaseService.Return:input_type -> ration.lease.v1.ReturnRequest
+	8,  // 14: ration.lease.v1.LeaseService.WatchPolicy:input_type -> ration.lease.v1.WatchPolicyRequest
+	10, // 15: ration.lease.v1.LeaseService.WatchDry:input_type -> ration.lease.v1.WatchDryRequest
+	3,  // 16: ration.lease.v1.LeaseService.Lease:output_type -> ration.lease.v1.LeaseResponse
+	7,  // 17: ration.lease.v1.LeaseService.Return:output_type -> ration.lease.v1.ReturnResponse
+	9,  // 18: ration.lease.v1.LeaseService.WatchPolicy:output_type -> ration.lease.v1.PolicySnapshot
+	11, // 19: ration.lease.v1.LeaseService.WatchDry:output_type -> ration.lease.v1.DryNotice
+	16, // [16:20] is the sub-list for method output_type
+	12, // [12:16] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_lease_proto_init() }
@@ -754,7 +922,7 @@ func file_lease_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_lease_proto_rawDesc), len(file_lease_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   10,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

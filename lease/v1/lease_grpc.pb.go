@@ -30,6 +30,7 @@ const (
 	LeaseService_Lease_FullMethodName       = "/ration.lease.v1.LeaseService/Lease"
 	LeaseService_Return_FullMethodName      = "/ration.lease.v1.LeaseService/Return"
 	LeaseService_WatchPolicy_FullMethodName = "/ration.lease.v1.LeaseService/WatchPolicy"
+	LeaseService_WatchDry_FullMethodName    = "/ration.lease.v1.LeaseService/WatchDry"
 )
 
 // LeaseServiceClient is the client API for LeaseService service.
@@ -44,6 +45,12 @@ type LeaseServiceClient interface {
 	// WatchPolicy sends the current policy at once and then every change.
 	// Agents never read policy files themselves.
 	WatchPolicy(ctx context.Context, in *WatchPolicyRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[PolicySnapshot], error)
+	// WatchDry streams keys whose regional bucket cannot grant for a while,
+	// as the region learns of them from its store: an agent holding such a
+	// key denies it locally until then instead of asking (each agent asking
+	// again for every token a dry bucket refills is what it saves). A notice
+	// only ever denies; an agent may ignore it.
+	WatchDry(ctx context.Context, in *WatchDryRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[DryNotice], error)
 }
 
 type leaseServiceClient struct {
@@ -93,6 +100,25 @@ func (c *leaseServiceClient) WatchPolicy(ctx context.Context, in *WatchPolicyReq
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type LeaseService_WatchPolicyClient = grpc.ServerStreamingClient[PolicySnapshot]
 
+func (c *leaseServiceClient) WatchDry(ctx context.Context, in *WatchDryRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[DryNotice], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &LeaseService_ServiceDesc.Streams[1], LeaseService_WatchDry_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchDryRequest, DryNotice]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type LeaseService_WatchDryClient = grpc.ServerStreamingClient[DryNotice]
+
 // LeaseServiceServer is the server API for LeaseService service.
 // All implementations must embed UnimplementedLeaseServiceServer
 // for forward compatibility.
@@ -105,6 +131,12 @@ type LeaseServiceServer interface {
 	// WatchPolicy sends the current policy at once and then every change.
 	// Agents never read policy files themselves.
 	WatchPolicy(*WatchPolicyRequest, grpc.ServerStreamingServer[PolicySnapshot]) error
+	// WatchDry streams keys whose regional bucket cannot grant for a while,
+	// as the region learns of them from its store: an agent holding such a
+	// key denies it locally until then instead of asking (each agent asking
+	// again for every token a dry bucket refills is what it saves). A notice
+	// only ever denies; an agent may ignore it.
+	WatchDry(*WatchDryRequest, grpc.ServerStreamingServer[DryNotice]) error
 	mustEmbedUnimplementedLeaseServiceServer()
 }
 
@@ -123,6 +155,9 @@ func (UnimplementedLeaseServiceServer) Return(context.Context, *ReturnRequest) (
 }
 func (UnimplementedLeaseServiceServer) WatchPolicy(*WatchPolicyRequest, grpc.ServerStreamingServer[PolicySnapshot]) error {
 	return status.Errorf(codes.Unimplemented, "method WatchPolicy not implemented")
+}
+func (UnimplementedLeaseServiceServer) WatchDry(*WatchDryRequest, grpc.ServerStreamingServer[DryNotice]) error {
+	return status.Errorf(codes.Unimplemented, "method WatchDry not implemented")
 }
 func (UnimplementedLeaseServiceServer) mustEmbedUnimplementedLeaseServiceServer() {}
 func (UnimplementedLeaseServiceServer) testEmbeddedByValue()                      {}
@@ -192,6 +227,17 @@ func _LeaseService_WatchPolicy_Handler(srv interface{}, stream grpc.ServerStream
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type LeaseService_WatchPolicyServer = grpc.ServerStreamingServer[PolicySnapshot]
 
+func _LeaseService_WatchDry_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchDryRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(LeaseServiceServer).WatchDry(m, &grpc.GenericServerStream[WatchDryRequest, DryNotice]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type LeaseService_WatchDryServer = grpc.ServerStreamingServer[DryNotice]
+
 // LeaseService_ServiceDesc is the grpc.ServiceDesc for LeaseService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -212,6 +258,11 @@ var LeaseService_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "WatchPolicy",
 			Handler:       _LeaseService_WatchPolicy_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "WatchDry",
+			Handler:       _LeaseService_WatchDry_Handler,
 			ServerStreams: true,
 		},
 	},

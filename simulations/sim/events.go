@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/ration-dev/ration/lease/agent"
+	"github.com/ration-dev/ration/lease/service"
 	leasev1 "github.com/ration-dev/ration/lease/v1"
 	"github.com/ration-dev/ration/region"
 )
@@ -19,6 +20,7 @@ const (
 	evFault                   // a fault starts
 	evHeal                    // a partition ends, or crashed agents come back
 	evClone                   // the store state a failover will fall back to
+	evDry                     // a regiond's notice of a dry key reaches an agent (WatchDry)
 )
 
 // event is one scheduled happening. Ties in time are broken by seq, the
@@ -38,6 +40,7 @@ type event struct {
 	from   int
 	report *region.Report
 	fault  int
+	dry    *service.DryKey // evDry
 }
 
 // eventQueue is a binary min-heap of events by (at, seq).

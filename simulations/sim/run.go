@@ -150,6 +150,12 @@ func (w *world) handle(e *event) {
 		w.heal(e.fault, e.at)
 	case evClone:
 		w.rs[e.region].snap = w.rs[e.region].store.Clone()
+	case evDry:
+		if a := e.ag; a.alive && a.r.unreachable == 0 {
+			if retry := a.r.svc.DryRetry(*e.dry); retry > 0 {
+				a.d.Dry(dur(e.at), e.dry.Rule.Name, e.dry.Key, retry)
+			}
+		}
 	}
 }
 
@@ -277,6 +283,27 @@ func (w *world) send(a *agentSim, c *agent.Call, t int64) {
 	w.ev.push(event{at: exec, kind: evExec, ag: a, call: c, replyAt: reply})
 }
 
+// announceDry carries the region's dry-key notices of the call just run
+// (its WatchDry stream) to each of its live agents, half a round trip away.
+func (w *world) announceDry(r *regiond, t int64) {
+	for {
+		select {
+		case d := <-r.dry:
+			if w.noDry {
+				continue
+			}
+			at := t + int64(w.sc.Network.AgentRTT)/2
+			for _, a := range r.agents {
+				if a.alive {
+					w.ev.push(event{at: at, kind: evDry, ag: a, dry: &d})
+				}
+			}
+		default:
+			return
+		}
+	}
+}
+
 // exec runs a call on its region's lease service, with the store acting
 // at the current time.
 func (w *world) exec(e *event) {
@@ -284,6 +311,7 @@ func (w *world) exec(e *event) {
 	out := event{at: e.replyAt, kind: evDone, ag: e.ag, call: e.call}
 	if e.call.Lease != nil {
 		out.resp, out.err = r.svc.Lease(w.ctx, e.call.Lease)
+		w.announceDry(r, e.at)
 	} else {
 		_, out.err = r.svc.Return(w.ctx, e.call.Return)
 	}

@@ -70,7 +70,8 @@ type regiond struct {
 	rcfg      region.Config
 	agents    []*agentSim // alive
 	serial    int
-	snap      *lease.MemoryStore // the state a failover falls back to
+	snap      *lease.MemoryStore    // the state a failover falls back to
+	dry       <-chan service.DryKey // the service's dry-key notices (WatchDry)
 }
 
 // agentSim is one agent of a region.
@@ -93,6 +94,10 @@ func (o observer) Observe(key string, _ *policy.Rule, demand, granted int64) {
 
 // world is one run.
 type world struct {
+	// noDry drops the regionds' dry-key notices (tests of the worst case:
+	// agents that do not hear them, an older agent or a broken stream).
+	noDry bool
+
 	sc    *Scenario
 	alg   Algorithm
 	base  time.Time
@@ -197,6 +202,7 @@ func newWorld(sc *Scenario, alg Algorithm) (*world, error) {
 		if r.svc, err = service.New(cfg); err != nil {
 			return nil, fmt.Errorf("sim: region %s: %w", name, err)
 		}
+		r.dry, _ = r.svc.SubscribeDry() // for the whole run
 		w.rs = append(w.rs, r)
 	}
 	if alg == Ideal {
