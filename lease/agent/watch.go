@@ -20,16 +20,24 @@ import (
 // previous policy stays in force.
 func (a *Agent) watchPolicy(run context.Context) {
 	defer a.wg.Done()
+	follow(run, func() (bool, bool) { return a.followPolicy(run), false })
+}
+
+// follow runs one stream with stream until run is done or stream says to
+// stop, again after a capped exponential backoff whenever it ends; a stream
+// that delivered something resets the backoff.
+func follow(run context.Context, stream func() (got, stop bool)) {
 	const minBackoff, maxBackoff = 10 * time.Millisecond, 2 * time.Second
 	backoff := minBackoff
 	t := time.NewTimer(0)
 	defer t.Stop()
 	<-t.C
 	for {
-		if got := a.followPolicy(run); got {
+		got, stop := stream()
+		if got {
 			backoff = minBackoff
 		}
-		if run.Err() != nil {
+		if stop || run.Err() != nil {
 			return
 		}
 		t.Reset(backoff)
@@ -80,34 +88,20 @@ func (a *Agent) followPolicy(run context.Context) (got bool) {
 // Unimplemented: the agent then stops asking.
 func (a *Agent) watchDry(run context.Context) {
 	defer a.wg.Done()
-	const minBackoff, maxBackoff = 10 * time.Millisecond, 2 * time.Second
-	backoff := minBackoff
-	t := time.NewTimer(0)
-	defer t.Stop()
-	<-t.C
-	for {
+	follow(run, func() (got, stop bool) {
 		stream, err := a.client.WatchDry(run, &leasev1.WatchDryRequest{Agent: a.c.agent()})
 		for err == nil {
 			var n *leasev1.DryNotice
 			if n, err = stream.Recv(); err == nil {
-				backoff = minBackoff
+				got = true
 				now := a.now()
 				for _, k := range n.GetKeys() {
 					a.c.noteDry(k.GetRule(), k.GetKey(), k.GetRetryAfter().AsDuration(), now)
 				}
 			}
 		}
-		if run.Err() != nil || status.Code(err) == codes.Unimplemented {
-			return
-		}
-		t.Reset(backoff)
-		select {
-		case <-run.Done():
-			return
-		case <-t.C:
-		}
-		backoff = min(2*backoff, maxBackoff)
-	}
+		return got, status.Code(err) == codes.Unimplemented
+	})
 }
 
 // noteDry applies the region's notice that key of rule cannot be granted
