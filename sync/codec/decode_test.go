@@ -2,6 +2,7 @@ package codec
 
 import (
 	"bytes"
+	"errors"
 	"math/rand/v2"
 	"reflect"
 	"testing"
@@ -70,12 +71,17 @@ func TestCodecMatchesGenerated(t *testing.T) {
 			id = 0
 		}
 		ours, err := EncodeReport(&want, id, max)
+		gen, genErr := encodeReportGenerated(&want, id, max)
+		if errors.Is(err, ErrTooLarge) && errors.Is(genErr, ErrTooLarge) {
+			// A random entry larger than a random small message: both
+			// refuse it alike (a run drew one now and then, and failed).
+			continue
+		}
 		if err != nil {
 			t.Fatalf("report %d: EncodeReport: %v", i, err)
 		}
-		gen, err := encodeReportGenerated(&want, id, max)
-		if err != nil {
-			t.Fatalf("report %d: the generated encoder: %v", i, err)
+		if genErr != nil {
+			t.Fatalf("report %d: the generated encoder: %v", i, genErr)
 		}
 		if len(ours) != len(gen) {
 			t.Fatalf("report %d: got %d messages, want %d", i, len(ours), len(gen))
