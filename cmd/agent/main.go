@@ -42,12 +42,6 @@ func main() {
 	}
 }
 
-// loopback reports whether a listener's address is a loopback one.
-func loopback(a net.Addr) bool {
-	ta, ok := a.(*net.TCPAddr)
-	return ok && ta.IP.IsLoopback()
-}
-
 func run(ctx context.Context, args []string, stdout *os.File) error {
 	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
 	regiond := fs.String("regiond", "127.0.0.1:7070", "the region's lease API address")
@@ -109,7 +103,7 @@ func run(ctx context.Context, args []string, stdout *os.File) error {
 	if err != nil {
 		return err
 	}
-	if len(serverOpts) == 0 && !loopback(lis.Addr()) {
+	if len(serverOpts) == 0 && !tlsfiles.Loopback(lis.Addr().String()) {
 		log.Warn("the Envoy rate limit service is plaintext on a non-loopback address: give -listen-tls-cert and -listen-tls-key (and -listen-client-ca), or listen on loopback beside Envoy", "listen", lis.Addr().String())
 	}
 	g := grpc.NewServer(serverOpts...)

@@ -8,12 +8,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ration-dev/ration/internal/tlsfiles"
 	"github.com/ration-dev/ration/lease/service"
 	"github.com/ration-dev/ration/region"
 )
@@ -235,23 +235,10 @@ func (c Config) checkTLS() error {
 		return errors.New("TLS: give the lease API's certificate and its key (-tls-cert, -tls-key), or neither")
 	case c.TLSClientCA != "" && c.TLSCert == "":
 		return errors.New("TLS: a client CA (-tls-client-ca) needs the server's own certificate (-tls-cert, -tls-key)")
-	case c.TLSCert == "" && !c.Insecure && !loopback(c.Listen):
+	case c.TLSCert == "" && !c.Insecure && !tlsfiles.Loopback(c.Listen):
 		return fmt.Errorf("TLS: the lease API would listen in plaintext on %s, which is not a loopback address: give -tls-cert and -tls-key (and -tls-client-ca to require client certificates), or -insecure to allow plaintext", c.Listen)
 	}
 	return nil
-}
-
-// loopback reports whether addr (host:port) listens on loopback only.
-func loopback(addr string) bool {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return false
-	}
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
 
 func validRegion(r string) bool {

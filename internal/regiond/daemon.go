@@ -200,7 +200,7 @@ func (d *Daemon) Start(ctx context.Context) error {
 			return fmt.Errorf("regiond: lease API: %w", err)
 		}
 		opts = append(opts, grpc.Creds(credentials.NewTLS(tc)))
-	} else if !loopback(d.cfg.Listen) {
+	} else if !tlsfiles.Loopback(d.cfg.Listen) {
 		d.log.Warn("the lease API is plaintext on a non-loopback address (-insecure): anyone who reaches it can lease any quota", "listen", d.cfg.Listen)
 	}
 	d.grpc = grpc.NewServer(opts...)

@@ -83,8 +83,9 @@ func TestRedisOverTLSWithACLUser(t *testing.T) {
 	}
 }
 
-// metricSum is the sum of a counter's series in d's registry.
-func metricSum(t *testing.T, d *Daemon, name string) float64 {
+// metricSum is the sum of a counter's series in d's registry, of those
+// with the label values in pairs (name, value, ...) when given.
+func metricSum(t *testing.T, d *Daemon, name string, pairs ...string) float64 {
 	t.Helper()
 	mfs, err := d.cfg.Registry.Gather()
 	if err != nil {
@@ -92,10 +93,21 @@ func metricSum(t *testing.T, d *Daemon, name string) float64 {
 	}
 	var sum float64
 	for _, mf := range mfs {
-		if mf.GetName() == name {
-			for _, m := range mf.GetMetric() {
-				sum += m.GetCounter().GetValue()
+		if mf.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
 			}
+			for i := 0; i+1 < len(pairs); i += 2 {
+				if labels[pairs[i]] != pairs[i+1] {
+					continue series
+				}
+			}
+			sum += m.GetCounter().GetValue()
 		}
 	}
 	return sum

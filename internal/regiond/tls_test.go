@@ -196,25 +196,7 @@ func TestPlaintextRefusedBeyondLoopback(t *testing.T) {
 // refused returns the value of the refusal counter's series.
 func refused(t *testing.T, d *Daemon, rpc, rule, client string) float64 {
 	t.Helper()
-	mfs, err := d.cfg.Registry.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "ration_lease_refused_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			labels := map[string]string{}
-			for _, l := range m.GetLabel() {
-				labels[l.GetName()] = l.GetValue()
-			}
-			if labels["rpc"] == rpc && labels["rule"] == rule && labels["client"] == client {
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	return 0
+	return metricSum(t, d, "ration_lease_refused_total", "rpc", rpc, "rule", rule, "client", client)
 }
 
 // TestAdminToken: with -admin-token-file, /metrics needs the bearer token;

@@ -7,6 +7,7 @@ package tlsfiles
 import (
 	"context"
 	"net"
+	"strings"
 
 	"crypto/tls"
 	"crypto/x509"
@@ -109,23 +110,31 @@ func (c *ClientTLS) For(host string) *tls.Config {
 	if name == "" {
 		name = host
 	}
-	w := c.w
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: name}
-	if c.f.Cert != "" {
-		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
-			return w.current().cert, nil
-		}
-	}
+	cfg := c.base(name)
 	if c.f.CA != "" {
 		// The roots may be rotated too, which tls.Config.RootCAs cannot
 		// follow: the chain is verified here, against the current bundle,
 		// exactly as crypto/tls would.
+		w := c.w
 		cfg.InsecureSkipVerify = true
 		cfg.VerifyConnection = func(cs tls.ConnectionState) error {
 			if name == "" {
 				return errors.New("tlsfiles: no server name to verify the server's certificate against")
 			}
 			return verify(cs, w.current().pool, name, x509.ExtKeyUsageServerAuth)
+		}
+	}
+	return cfg
+}
+
+// base is a client configuration for server name: TLS 1.2 at least, and
+// the client certificate as read at each handshake.
+func (c *ClientTLS) base(name string) *tls.Config {
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: name}
+	if c.f.Cert != "" {
+		w := c.w
+		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			return w.current().cert, nil
 		}
 	}
 	return cfg
@@ -138,13 +147,8 @@ func (c *ClientTLS) For(host string) *tls.Config {
 // after a restart only; the client certificate is read at each handshake,
 // as For's.
 func (c *ClientTLS) Static() *tls.Config {
-	w := c.w
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: c.f.ServerName, RootCAs: w.current().pool}
-	if c.f.Cert != "" {
-		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
-			return w.current().cert, nil
-		}
-	}
+	cfg := c.base(c.f.ServerName)
+	cfg.RootCAs = c.w.current().pool
 	return cfg
 }
 
@@ -199,6 +203,24 @@ func verify(cs tls.ConnectionState, roots *x509.CertPool, name string, usage x50
 		KeyUsages:     []x509.ExtKeyUsage{usage},
 	})
 	return err
+}
+
+// Loopback reports whether addr, a host:port (or a gRPC target such as
+// dns:///host:port), names a loopback address only: where plain text
+// needs no TLS.
+func Loopback(addr string) bool {
+	if i := strings.LastIndex(addr, "/"); i >= 0 {
+		addr = addr[i+1:]
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		host = addr
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // Identity is the name a verified peer certificate gives its holder: its

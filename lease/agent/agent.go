@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"runtime"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -107,7 +105,7 @@ func (a *Agent) dial() (grpc.ClientConnInterface, error) {
 			return nil, fmt.Errorf("agent: %w", err)
 		}
 		creds = tc.Credentials()
-	} else if !loopbackTarget(a.cfg.Target) && len(a.cfg.DialOptions) == 0 {
+	} else if !tlsfiles.Loopback(a.cfg.Target) && len(a.cfg.DialOptions) == 0 {
 		a.cfg.Logger.Warn("agent: dialling regiond in plain text over a network: set RegiondCA (and TLSCert, TLSKey for mTLS)", "target", a.cfg.Target)
 	}
 	opts := append([]grpc.DialOption{
@@ -123,23 +121,6 @@ func (a *Agent) dial() (grpc.ClientConnInterface, error) {
 	}
 	a.conn = cc
 	return cc, nil
-}
-
-// loopbackTarget reports whether a gRPC target names a loopback address
-// (host:port, with or without a passthrough or dns scheme).
-func loopbackTarget(target string) bool {
-	if i := strings.LastIndex(target, "/"); i >= 0 {
-		target = target[i+1:]
-	}
-	host, _, err := net.SplitHostPort(target)
-	if err != nil {
-		host = target
-	}
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
 
 // newScratch makes a decision's scratch for the pool, tied to the next
