@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"strconv"
@@ -129,6 +130,11 @@ func TestDryMemoryDeniesOnlyWhatTheStoreWould(t *testing.T) {
 		p := picks[rng.IntN(len(picks))]
 		sk := p.rule + "/" + p.key
 		op, n, ppm := rng.IntN(20), 1+rng.Int64N(30), 100_000+rng.Int64N(900_000)
+		// What each store's bucket holds before the step: the two agree
+		// but for float rounding, since they refill the same bucket at
+		// different instants (the one without the memory is asked more).
+		lim := svcs[0].limitFor(sk, pol.Rule(p.rule), clk.Now())
+		held := [2]float64{stores[0].PeekAt(clk.Now(), sk, lim).Tokens, stores[1].PeekAt(clk.Now(), sk, lim).Tokens}
 		var got [2]string
 		for i, s := range svcs {
 			switch {
@@ -153,7 +159,13 @@ func TestDryMemoryDeniesOnlyWhatTheStoreWould(t *testing.T) {
 			}
 		}
 		if got[0] != got[1] {
-			t.Fatalf("seed %d step %d (%s): with the memory %s, without %s", seed, step, sk, got[0], got[1])
+			if math.Abs(held[0]-held[1]) < 1e-6 && math.Floor(held[0]) != math.Floor(held[1]) {
+				// A rounding tie at a whole token: the stores part by a
+				// token from here, so the comparison ends.
+				t.Logf("seed %d step %d (%s): the stores held %v and %v tokens, a rounding tie; compared %d steps", seed, step, sk, held[0], held[1], step)
+				break
+			}
+			t.Fatalf("seed %d step %d (%s): with the memory %s, without %s (the stores held %v and %v tokens)", seed, step, sk, got[0], got[1], held[0], held[1])
 		}
 	}
 	with, _ := svcs[0].StoreItems()
