@@ -1,6 +1,8 @@
 package policy
 
 import (
+	"fmt"
+	"hash/fnv"
 	"strings"
 
 	"github.com/ration-dev/ration/region"
@@ -42,5 +44,42 @@ func (r *Rule) KeyPolicy() region.KeyPolicy {
 	if r == nil {
 		return region.KeyPolicy{}
 	}
-	return region.KeyPolicy{Rate: r.Rate(), ReclaimAfter: r.PartitionReclaimAfter, Cost: float64(r.Cost), Burst: float64(r.Burst)}
+	return region.KeyPolicy{Rule: r.Name, Rate: r.Rate(), ReclaimAfter: r.PartitionReclaimAfter, Cost: float64(r.Cost), Burst: float64(r.Burst)}
+}
+
+// Fingerprint hashes what the rule admits: its algorithm, limit, period,
+// calendar, time zone, burst and cost. Two regions that enforce one global
+// rule with different fingerprints disagree on its quota, and the exchange
+// holds its keys until they agree (docs/DESIGN.md, "Regions agree before
+// they exchange"). Match, key, scope and failure mode are left out: they
+// change which requests count, not the quota the regions share.
+func (r *Rule) Fingerprint() uint64 {
+	h := fnv.New64a()
+	fmt.Fprintf(h, "v1 %q %d %d %q %d %d", r.Algorithm == AlgorithmFixedWindow, r.Limit, int64(r.Period), r.Calendar, r.Burst, r.Cost)
+	if r.FixedWindow() {
+		fmt.Fprintf(h, " %q", r.location().String())
+	}
+	return h.Sum64()
+}
+
+// Def is the rule's definition as the exchange compares it across regions.
+func (r *Rule) Def() region.RuleDef {
+	return region.RuleDef{Name: r.Name, Fingerprint: r.Fingerprint(), FixedWindow: r.FixedWindow(),
+		Limit: r.Limit, Period: r.Period, Burst: r.Burst, Cost: r.Cost}
+}
+
+// Defs returns the definitions of the set's global rules, in the set's
+// order: what a region's reports carry. Computed once per set.
+func (s *Set) Defs() []region.RuleDef {
+	if s == nil {
+		return nil
+	}
+	s.defsOnce.Do(func() {
+		for _, r := range s.rules {
+			if r.Scope == ScopeGlobal || r.Scope == "" {
+				s.defs = append(s.defs, r.Def())
+			}
+		}
+	})
+	return s.defs
 }

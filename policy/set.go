@@ -6,6 +6,9 @@ import (
 	"math/bits"
 	"strconv"
 	"strings"
+	"sync"
+
+	"github.com/ration-dev/ration/region"
 )
 
 // Set is a validated, immutable rule set, made by Parse. It is safe for
@@ -17,6 +20,9 @@ type Set struct {
 	index   map[string]*keyIndex
 	version string
 	source  []byte
+
+	defsOnce sync.Once
+	defs     []region.RuleDef
 }
 
 // keyIndex holds the rules anchored on one descriptor name. Every rule is

@@ -52,6 +52,9 @@ var (
 // every epoch, so a policy change takes effect at the next epoch; shares
 // are fractions, so a change of L or b never invalidates them.
 type KeyPolicy struct {
+	// Rule names the key's rule (RuleDef.Name); "" for a key whose rule is
+	// unknown, which is never held for a disagreement.
+	Rule string
 	// Rate is the key's global rate L in tokens per second. Demand is
 	// converted to a need in ppm as demand per second / Rate. A Rate that
 	// is not positive (an unknown rule) makes needs relative: each region's
