@@ -181,6 +181,13 @@ type Config struct {
 	// be deterministic for the simulator, and must not call into the State.
 	// Default: Rate 0 (relative needs) and no reclaim for every key.
 	Policy func(key string) KeyPolicy
+	// Rules returns the policy this replica enforces, by a name for logs
+	// (a revision or version), and its global rules' definitions, which
+	// every report carries: a rule that a peer defines otherwise is held
+	// (Disagreements). Called at every report and Epoch; it must be
+	// deterministic for the simulator. Default: none (no rule is ever
+	// held, and reports say nothing of the policy).
+	Rules func() (policy string, defs []RuleDef)
 }
 
 // withDefaults returns a copy of c with every zero optional field set to its

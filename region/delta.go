@@ -1,6 +1,9 @@
 package region
 
-import "math"
+import (
+	"math"
+	"slices"
+)
 
 // This file holds what makes reports deltas (docs/DESIGN.md, "Reports are
 // deltas"): which keys a report lists, and what a receiver learns of the keys
@@ -126,6 +129,11 @@ func (s *State) restartStreams() {
 // the refresh buckets it covers.
 func (s *State) header(exchange bool) Report {
 	r := Report{Region: s.cfg.Self, Replica: s.cfg.Replica, Epoch: s.epoch, SentAt: s.now, Exchange: exchange}
+	if s.cfg.Rules != nil {
+		var defs []RuleDef
+		r.Policy, defs = s.cfg.Rules()
+		r.Rules = slices.Clone(defs)
+	}
 	if s.cfg.Refresh < 0 {
 		return r
 	}

@@ -44,6 +44,11 @@ func (s *State) epochKey(now time.Time, ks *keyState, p *Plan) bool {
 	}
 
 	sh := s.own(ks)
+	if s.held(pol) {
+		// Regions disagree on the rule: fail-static until they agree.
+		s.planStep(ks, sh, nil, nil, p)
+		return true
+	}
 	idle := now.Sub(ks.lastDemand) >= s.cfg.IdleAfter
 	targets := s.targets(now, ks, pol, sh, idle)
 	gifts := s.giftsFor(ks, sh, targets, idle)

@@ -150,6 +150,10 @@ func (n *Node) Resting() (resting, keys int) { return n.st.Resting() }
 // changed.
 func (n *Node) PolicyChanged() { n.st.PolicyChanged() }
 
+// Disagreements is State.Disagreements: the rules held because a replica
+// heard defines them otherwise, as of the latest Tally or Epoch.
+func (n *Node) Disagreements() ([]Disagreement, uint64) { return n.st.Disagreements() }
+
 // Hold takes what the replica learnt of its region's holder election at the
 // start of an epoch: a replica that no longer holds it (or took it afresh
 // after it lapsed) drops its state, and one that now holds it takes over

@@ -97,6 +97,7 @@ func (s *State) Epoch(now time.Time) Plan {
 		}
 	}
 	s.pruneReplicas(now)
+	s.agree(now)
 	s.seq++
 	s.committed = false
 	p := Plan{Epoch: s.epoch, seq: s.seq}

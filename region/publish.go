@@ -148,6 +148,7 @@ func reported(ks *keyState) bool {
 func (s *State) Tally(now time.Time) Report {
 	s.advance(now)
 	s.tallied = true
+	s.agree(now) // a replica that does not run the exchange enforces it too
 	r := s.header(false)
 	r.Regions = slices.Clone(s.cfg.Regions)
 	for i := 0; i < len(s.keys); {

@@ -121,6 +121,7 @@ func (s *State) findKeys(r *Report, in *inbound) error {
 func (s *State) noteReport(now time.Time, r *Report, k, slot int, exchange bool) {
 	rep := &s.replicas[slot]
 	rep.lastEpoch, rep.lastHeard = max(rep.lastEpoch, r.Epoch), now
+	rep.noteRules(r)
 	rep.since = max(rep.since, streamSince(r))
 	if r.Exchange {
 		rep.lastExch = r.Epoch

@@ -55,6 +55,13 @@ type Report struct {
 	// ResendRequest.String: the senders named list again what changed
 	// since.
 	Resend []string
+	// Policy names the policy the sender enforces (its revision or
+	// version, for logs), and Rules are its global rules' definitions
+	// (Config.Rules): a receiver holds the keys of a rule it defines
+	// otherwise (Disagreements). Policy "" (a sender that predates them)
+	// says nothing of its rules.
+	Policy string
+	Rules  []RuleDef
 	// Keys are the sender's active keys; in a delta report, those that
 	// changed and those refreshed. An entry with no exchange state and no
 	// tallies says the key has none there (any more).
@@ -178,6 +185,9 @@ func checkShape(r *Report) (int, error) {
 		if _, err := ParseResendRequest(q); err != nil {
 			return -1, badReport(r, "%v", err)
 		}
+	}
+	if err := checkRules(r); err != nil {
+		return -1, err
 	}
 	if r.Exchange && self < 0 {
 		return -1, badReport(r, "sender region %q not in its own Regions", r.Region)

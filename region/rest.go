@@ -56,6 +56,7 @@ func (s *State) calm(now time.Time) (uint64, bool) {
 	}
 	h.add(s.genFloor)
 	h.add(s.policyGen)
+	h.add(s.disagreeGen)
 	return h.v, true
 }
 

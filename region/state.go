@@ -64,6 +64,13 @@ type State struct {
 
 	saved saveState // what of the state is persisted (saved.go)
 
+	// Rule definitions (rules.go): ours as of the latest Epoch, the rules
+	// a replica heard defines otherwise, and a counter of their changes.
+	ownPolicy   string
+	ownRules    map[string]RuleDef
+	disagree    map[string]*Disagreement
+	disagreeGen uint64
+
 	// scratch space for Epoch and Receive
 	tg       targeter
 	recvKS   []*keyState
@@ -224,6 +231,9 @@ type replica struct {
 	// ask for again (0: none).
 	streamTally, streamExch streamPos
 	want                    [2]uint64
+	// policy and rules are its latest report's Policy and Rules (rules.go).
+	policy string
+	rules  []RuleDef
 }
 
 // New returns the exchange state of region cfg.Self with no active key. The

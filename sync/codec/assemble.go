@@ -171,7 +171,8 @@ func (pd *pending) admit(pk pendingKey, p *Part) error {
 	if p.Count != pd.count || p.KeysTotal != pd.total || p.Header.Epoch != h.Epoch ||
 		p.Header.Exchange != h.Exchange || !p.Header.SentAt.Equal(h.SentAt) || !slices.Equal(p.Header.Regions, h.Regions) ||
 		p.Header.Refresh != h.Refresh || p.Header.RefreshFrom != h.RefreshFrom || p.Header.RefreshCount != h.RefreshCount || p.Header.Since != h.Since ||
-		p.Header.Prev != h.Prev || p.Header.Resent != h.Resent || !slices.Equal(p.Header.Resend, h.Resend) {
+		p.Header.Prev != h.Prev || p.Header.Resent != h.Resent || !slices.Equal(p.Header.Resend, h.Resend) ||
+		p.Header.Policy != h.Policy || !slices.Equal(p.Header.Rules, h.Rules) {
 		return drop(ReasonInconsistent, "part %d of report %x from %s/%s contradicts its other parts", p.Index, p.ID, sk.region, sk.replica)
 	}
 	if pd.have[p.Index] {

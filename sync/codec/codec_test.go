@@ -41,6 +41,13 @@ func randomReport(rng *rand.Rand, regions []string, n int, exchange bool) region
 			r.Resend = append(r.Resend, region.ResendRequest{Region: regions[0], Replica: "replica-0/x", Exchange: j%2 == 0, From: 1 + rng.Uint64N(1<<40)}.String())
 		}
 	}
+	if rng.IntN(2) == 0 {
+		r.Policy = fmt.Sprintf("rev-%d", rng.IntN(100))
+		for j := rng.IntN(4); j > 0; j-- {
+			r.Rules = append(r.Rules, region.RuleDef{Name: fmt.Sprintf("rule-%d", j), Fingerprint: rng.Uint64(), FixedWindow: rng.IntN(2) == 0,
+				Limit: rng.Int64N(1 << 40), Period: time.Duration(rng.Int64N(1 << 45)), Burst: rng.Int64N(1 << 40), Cost: rng.Int64N(100)})
+		}
+	}
 	row := func() []int64 {
 		if rng.IntN(3) == 0 {
 			return nil

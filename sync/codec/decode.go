@@ -93,6 +93,12 @@ func (s *partShape) check() error {
 		return bad("%d resend requests, more than %d", s.resend, maxResend)
 	case s.longestResend > maxResendBytes(lim):
 		return bad("resend request of %d bytes", s.longestResend)
+	case len(s.policy) > lim.MaxNameBytes:
+		return bad("policy name of %d bytes", len(s.policy))
+	case s.rules > maxRules:
+		return bad("%d rule definitions, more than %d", s.rules, maxRules)
+	case s.longestRule > lim.MaxNameBytes:
+		return bad("rule name of %d bytes", s.longestRule)
 	}
 	return s.badKey
 }
@@ -108,6 +114,7 @@ func (s *partShape) header(p *Part) {
 		Exchange: s.exchange,
 		Refresh:  s.refresh, RefreshFrom: s.refreshFrom, RefreshCount: s.refreshCount, Since: s.since,
 		Prev: s.prev, Resent: s.resent,
+		Policy: string(s.policy),
 	}
 	p.ID, p.Index, p.Count, p.KeysTotal = s.id, int(s.part), int(s.parts), int(s.keysTotal)
 	if s.regions > 0 {
@@ -115,6 +122,9 @@ func (s *partShape) header(p *Part) {
 	}
 	if s.resend > 0 {
 		p.Header.Resend = make([]string, 0, s.resend)
+	}
+	if s.rules > 0 {
+		p.Header.Rules = make([]region.RuleDef, 0, s.rules)
 	}
 	if s.keys > 0 {
 		p.Keys = make([]region.KeyReport, s.keys)

@@ -2,6 +2,7 @@ package codec
 
 import (
 	"fmt"
+	"time"
 
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
@@ -30,6 +31,8 @@ func encodeReportGenerated(r *region.Report, id uint64, maxBytes int) ([][]byte,
 		Prev:           r.Prev,
 		Resent:         r.Resent,
 		Resend:         r.Resend,
+		Policy:         r.Policy,
+		Rules:          rulesToPB(r.Rules),
 		ReportId:       id,
 		Part:           ^uint32(0), // the largest varints, for sizing
 		Parts:          ^uint32(0),
@@ -132,6 +135,8 @@ func decodePartGenerated(msg []byte, lim Limits) (*Part, error) {
 			Refresh:  pb.Refresh, RefreshFrom: pb.RefreshFrom, RefreshCount: pb.RefreshCount, Since: pb.Since,
 			Prev: pb.Prev, Resent: pb.Resent, Resend: pb.Resend,
 			Regions: pb.Regions,
+			Policy:  pb.Policy,
+			Rules:   rulesFromPB(pb.Rules),
 		},
 		ID:        pb.ReportId,
 		Index:     int(pb.Part),
@@ -178,6 +183,17 @@ func checkPB(pb *syncv1.Part, lim Limits) error {
 	for _, r := range pb.Resend {
 		if len(r) > maxResendBytes(lim) {
 			return bad("resend request of %d bytes", len(r))
+		}
+	}
+	if len(pb.Policy) > lim.MaxNameBytes {
+		return bad("policy name of %d bytes", len(pb.Policy))
+	}
+	if len(pb.Rules) > maxRules {
+		return bad("%d rule definitions, more than %d", len(pb.Rules), maxRules)
+	}
+	for _, d := range pb.Rules {
+		if len(d.Name) > lim.MaxNameBytes {
+			return bad("rule name of %d bytes", len(d.Name))
 		}
 	}
 	for i, k := range pb.Keys {
@@ -260,4 +276,22 @@ func encodeSnapshotGenerated(s *region.Snapshot) ([]byte, error) {
 		return nil, fmt.Errorf("codec: encoding snapshot: %w", err)
 	}
 	return appendEnvelope(make([]byte, 0, len(body)+envelopeOverhead), body), nil
+}
+
+func rulesToPB(defs []region.RuleDef) []*syncv1.RuleDef {
+	var out []*syncv1.RuleDef
+	for _, d := range defs {
+		out = append(out, &syncv1.RuleDef{Name: d.Name, Fingerprint: d.Fingerprint, FixedWindow: d.FixedWindow,
+			Limit: d.Limit, PeriodNs: int64(d.Period), Burst: d.Burst, Cost: d.Cost})
+	}
+	return out
+}
+
+func rulesFromPB(defs []*syncv1.RuleDef) []region.RuleDef {
+	var out []region.RuleDef
+	for _, d := range defs {
+		out = append(out, region.RuleDef{Name: d.Name, Fingerprint: d.Fingerprint, FixedWindow: d.FixedWindow,
+			Limit: d.Limit, Period: time.Duration(d.PeriodNs), Burst: d.Burst, Cost: d.Cost})
+	}
+	return out
 }

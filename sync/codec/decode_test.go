@@ -238,6 +238,9 @@ func (s scrambler) unknown() field {
 	case 0:
 		return field{protowire.AppendFixed32(s.tag(num, protowire.Fixed32Type), s.rng.Uint32())}
 	case 1:
+		if num == fRuleFingerprint {
+			num += 100 // RuleDef's fingerprint is a fixed64 of that number: not unknown
+		}
 		return field{protowire.AppendFixed64(s.tag(num, protowire.Fixed64Type), s.rng.Uint64())}
 	case 2:
 		g := s.tag(num, protowire.StartGroupType)
@@ -275,6 +278,18 @@ func (s scrambler) key(k *syncv1.Key) []byte {
 	return s.merge(append(fs, exits))
 }
 
+func (s scrambler) rule(d *syncv1.RuleDef) []byte {
+	var fp field
+	if d.Fingerprint != 0 || s.rng.IntN(4) == 0 {
+		fp = field{protowire.AppendFixed64(s.tag(fRuleFingerprint, protowire.Fixed64Type), d.Fingerprint)}
+	}
+	return s.merge([]field{
+		s.str(fRuleName, d.Name, true), fp, s.scalar(fRuleFixedWindow, b2u(d.FixedWindow)),
+		s.scalar(fRuleLimit, uint64(d.Limit)), s.scalar(fRulePeriod, uint64(d.PeriodNs)),
+		s.scalar(fRuleBurst, uint64(d.Burst)), s.scalar(fRuleCost, uint64(d.Cost)),
+	})
+}
+
 func (s scrambler) part(p *syncv1.Part) []byte {
 	fs := []field{
 		s.str(fPartRegion, p.Region, true), s.str(fPartReplica, p.Replica, true),
@@ -296,7 +311,12 @@ func (s scrambler) part(p *syncv1.Part) []byte {
 	for _, k := range p.Keys {
 		keys = append(keys, s.bytes(fPartKeys, s.key(k)))
 	}
-	return s.merge(append(fs, regions, keys))
+	fs = append(fs, s.str(fPartPolicy, p.Policy, true))
+	var rules field
+	for _, d := range p.Rules {
+		rules = append(rules, s.bytes(fPartRules, s.rule(d)))
+	}
+	return s.merge(append(fs, regions, keys, rules))
 }
 
 func b2u(b bool) uint64 {

@@ -133,6 +133,13 @@ func checkUTF8(r *region.Report) error {
 		return bad("region", r.Region)
 	case !utf8.ValidString(r.Replica):
 		return bad("replica", r.Replica)
+	case !utf8.ValidString(r.Policy):
+		return bad("policy", r.Policy)
+	}
+	for i := range r.Rules {
+		if !utf8.ValidString(r.Rules[i].Name) {
+			return bad("rule", r.Rules[i].Name)
+		}
 	}
 	for _, s := range r.Regions {
 		if !utf8.ValidString(s) {
@@ -164,6 +171,7 @@ func headerSize(r *region.Report, id uint64, part, parts, keys uint32) int {
 	for _, s := range r.Resend {
 		n += 2 + protowire.SizeBytes(len(s)) // field 18: a two-byte tag
 	}
+	n += rulesSize(r)
 	return n + varintSize(uint64(part)) + varintSize(uint64(parts)) + varintSize(uint64(keys))
 }
 
@@ -201,7 +209,7 @@ func appendTrailer(b []byte, r *region.Report) []byte {
 		b = protowire.AppendTag(b, fPartResend, protowire.BytesType)
 		b = protowire.AppendString(b, s)
 	}
-	return b
+	return appendRules(b, r)
 }
 
 // keySize is the size of k's Key message. Every field number is below 16,

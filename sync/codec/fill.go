@@ -253,6 +253,17 @@ func fillPart(body []byte, s *partShape, p *Part) error {
 			if r, n = protowire.ConsumeBytes(b); n >= 0 {
 				p.Header.Resend = append(p.Header.Resend, string(r))
 			}
+		case num == fPartRules && typ == protowire.BytesType:
+			var m []byte
+			if m, n = protowire.ConsumeBytes(b); n >= 0 {
+				var d region.RuleDef
+				name, ok := decodeRule(m, &d)
+				if !ok {
+					return corruptPart()
+				}
+				d.Name = string(name)
+				p.Header.Rules = append(p.Header.Rules, d)
+			}
 		case num == fPartKeys && typ == protowire.BytesType:
 			var m []byte
 			if m, n = protowire.ConsumeBytes(b); n >= 0 {

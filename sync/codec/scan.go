@@ -1,6 +1,10 @@
 package codec
 
-import "google.golang.org/protobuf/encoding/protowire"
+import (
+	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/ration-dev/ration/region"
+)
 
 // The first pass of the Part decoder: it checks the wire format exactly as
 // proto.Unmarshal does and counts what the part holds, without allocating.
@@ -156,6 +160,9 @@ type partShape struct {
 	prev, resent    uint64
 	resend          int
 	longestResend   int
+	policy          []byte
+	rules           int
+	longestRule     int
 	keys            int
 	ints, uints     int
 	exits           int
@@ -199,6 +206,19 @@ func (s *partShape) scan(b []byte) bool {
 			r, n = consumeString(b)
 			s.resend++
 			s.longestResend = max(s.longestResend, len(r))
+		case num == fPartPolicy && typ == protowire.BytesType:
+			s.policy, n = consumeString(b)
+		case num == fPartRules && typ == protowire.BytesType:
+			var m []byte
+			if m, n = protowire.ConsumeBytes(b); n >= 0 {
+				var d region.RuleDef
+				name, ok := decodeRule(m, &d)
+				if !ok {
+					return false
+				}
+				s.rules++
+				s.longestRule = max(s.longestRule, len(name))
+			}
 		case typ == protowire.VarintType && (num >= fPartEpoch && num <= fPartKeysTotal && num != fPartRegions && num != fPartReportID || num >= fPartRefresh && num <= fPartResent):
 			if v, n = protowire.ConsumeVarint(b); n >= 0 {
 				s.varint(num, v)

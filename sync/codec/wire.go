@@ -29,6 +29,8 @@ const (
 	fPartPrev      = 16
 	fPartResent    = 17
 	fPartResend    = 18
+	fPartPolicy    = 19
+	fPartRules     = 20
 
 	fKeyKey        = 1
 	fKeyGeneration = 2

@@ -111,6 +111,16 @@ type Config struct {
 	// Policy returns the policy in force: each key's rule gives the rate,
 	// burst, cost and partition_reclaim_after the exchange needs. Required.
 	Policy func() *policy.Set
+	// PolicyName, if set, names the policy in force for reports and logs
+	// (regiond gives its revision in the policy store); default its
+	// Version. Called once per report.
+	PolicyName func() string
+	// OnDisagree, if set, is called from the loop whenever the global
+	// rules that a peer defines otherwise change, with all of them (none
+	// once every replica heard agrees): regiond enforces the stricter
+	// definition of each (policy.Set.Agreed) while its keys are held.
+	// It must not block.
+	OnDisagree func([]region.Disagreement)
 	// WriteBatch is the most share writes sent in one store call. Default
 	// 500.
 	WriteBatch int

@@ -73,6 +73,7 @@ func (x *Exchanger) endEpoch(now time.Time, role string) {
 		x.met.keys.WithLabelValues("resting").Set(float64(resting))
 	}
 	x.updateTopKeys()
+	x.noteDisagreements()
 	x.epochs.Add(1)
 }
 

@@ -42,6 +42,9 @@ type Exchanger struct {
 	written   map[string]int64
 	top       topKeys
 	heard     map[string]time.Time // per region: last complete report
+	// Rules held for a disagreement (agree.go).
+	disagreeGen uint64
+	disagreeing map[string]bool
 
 	leader atomic.Bool
 	epochs atomic.Uint64
@@ -87,6 +90,7 @@ func New(cfg Config) (*Exchanger, error) {
 		Period:  cfg.Period,
 		Refresh: cfg.Refresh,
 		Policy:  func(key string) region.KeyPolicy { return x.pol.RuleOf(key).KeyPolicy() },
+		Rules:   x.rules,
 	}
 	if cfg.Tune != nil {
 		cfg.Tune(&rcfg)

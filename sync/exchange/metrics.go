@@ -29,6 +29,8 @@ type metrics struct {
 	resyncs        prometheus.Counter
 	tokensReleased prometheus.Counter
 	keys           *prometheus.GaugeVec
+	disagree       *prometheus.GaugeVec
+	disagreements  prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -107,6 +109,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Global keys the exchange holds (held) and, of those, the keys the latest epoch skipped at rest (resting); only on the replica running the exchange.",
 		}, []string{"state"}),
 	}
+	m.disagree, m.disagreements = disagreeMetrics()
 	for _, r := range codec.Reasons {
 		m.dropped.WithLabelValues(string(r))
 	}
@@ -117,7 +120,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.share, m.moved, m.reportAge, m.dropped, m.epochs, m.leader,
-		m.epochSeconds, m.received, m.published, m.publishedBytes, m.publishErrors, m.storeErrors, m.shareWrites, m.stateBytes, m.stateWritten, m.resyncs, m.tokensReleased, m.keys} {
+		m.epochSeconds, m.received, m.published, m.publishedBytes, m.publishErrors, m.storeErrors, m.shareWrites, m.stateBytes, m.stateWritten, m.resyncs, m.tokensReleased, m.keys, m.disagree, m.disagreements} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

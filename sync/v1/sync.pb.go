@@ -99,7 +99,7 @@ func (x *Envelope) GetBody() []byte {
 }
 
 // Part is one part of one replica's report for one epoch (region.Report).
-// Fields 1 to 10 and 12 to 18 are the header, equal in every part of a
+// Fields 1 to 10 and 12 to 20 are the header, equal in every part of a
 // report.
 type Part struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -138,9 +138,15 @@ type Part struct {
 	// of its kind; resent, when nonzero, the epoch since which it lists every
 	// change again; resend the streams whose reports the sender missed
 	// ("kind/epoch/region/replica", region.ResendRequest).
-	Prev          uint64   `protobuf:"varint,16,opt,name=prev,proto3" json:"prev,omitempty"`
-	Resent        uint64   `protobuf:"varint,17,opt,name=resent,proto3" json:"resent,omitempty"`
-	Resend        []string `protobuf:"bytes,18,rep,name=resend,proto3" json:"resend,omitempty"`
+	Prev   uint64   `protobuf:"varint,16,opt,name=prev,proto3" json:"prev,omitempty"`
+	Resent uint64   `protobuf:"varint,17,opt,name=resent,proto3" json:"resent,omitempty"`
+	Resend []string `protobuf:"bytes,18,rep,name=resend,proto3" json:"resend,omitempty"`
+	// policy names the policy the sender enforces (its revision or version);
+	// rules are its global rules' definitions (region.RuleDef), which
+	// receivers compare with their own before they move share of a rule's
+	// keys. An empty policy says nothing of the rules (an older sender).
+	Policy        string     `protobuf:"bytes,19,opt,name=policy,proto3" json:"policy,omitempty"`
+	Rules         []*RuleDef `protobuf:"bytes,20,rep,name=rules,proto3" json:"rules,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -301,6 +307,113 @@ func (x *Part) GetResend() []string {
 	return nil
 }
 
+func (x *Part) GetPolicy() string {
+	if x != nil {
+		return x.Policy
+	}
+	return ""
+}
+
+func (x *Part) GetRules() []*RuleDef {
+	if x != nil {
+		return x.Rules
+	}
+	return nil
+}
+
+// RuleDef is one global rule's definition (region.RuleDef).
+type RuleDef struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Fingerprint   uint64                 `protobuf:"fixed64,2,opt,name=fingerprint,proto3" json:"fingerprint,omitempty"`
+	FixedWindow   bool                   `protobuf:"varint,3,opt,name=fixed_window,json=fixedWindow,proto3" json:"fixed_window,omitempty"`
+	Limit         int64                  `protobuf:"varint,4,opt,name=limit,proto3" json:"limit,omitempty"`
+	PeriodNs      int64                  `protobuf:"varint,5,opt,name=period_ns,json=periodNs,proto3" json:"period_ns,omitempty"`
+	Burst         int64                  `protobuf:"varint,6,opt,name=burst,proto3" json:"burst,omitempty"`
+	Cost          int64                  `protobuf:"varint,7,opt,name=cost,proto3" json:"cost,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RuleDef) Reset() {
+	*x = RuleDef{}
+	mi := &file_sync_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RuleDef) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RuleDef) ProtoMessage() {}
+
+func (x *RuleDef) ProtoReflect() protoreflect.Message {
+	mi := &file_sync_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RuleDef.ProtoReflect.Descriptor instead.
+func (*RuleDef) Descriptor() ([]byte, []int) {
+	return file_sync_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *RuleDef) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *RuleDef) GetFingerprint() uint64 {
+	if x != nil {
+		return x.Fingerprint
+	}
+	return 0
+}
+
+func (x *RuleDef) GetFixedWindow() bool {
+	if x != nil {
+		return x.FixedWindow
+	}
+	return false
+}
+
+func (x *RuleDef) GetLimit() int64 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *RuleDef) GetPeriodNs() int64 {
+	if x != nil {
+		return x.PeriodNs
+	}
+	return 0
+}
+
+func (x *RuleDef) GetBurst() int64 {
+	if x != nil {
+		return x.Burst
+	}
+	return 0
+}
+
+func (x *RuleDef) GetCost() int64 {
+	if x != nil {
+		return x.Cost
+	}
+	return 0
+}
+
 // Key is one active global key in a report (region.KeyReport). Rows are
 // indexed like Part.regions, in parts per million.
 type Key struct {
@@ -341,7 +454,7 @@ type Key struct {
 
 func (x *Key) Reset() {
 	*x = Key{}
-	mi := &file_sync_proto_msgTypes[2]
+	mi := &file_sync_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -353,7 +466,7 @@ func (x *Key) String() string {
 func (*Key) ProtoMessage() {}
 
 func (x *Key) ProtoReflect() protoreflect.Message {
-	mi := &file_sync_proto_msgTypes[2]
+	mi := &file_sync_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -366,7 +479,7 @@ func (x *Key) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Key.ProtoReflect.Descriptor instead.
 func (*Key) Descriptor() ([]byte, []int) {
-	return file_sync_proto_rawDescGZIP(), []int{2}
+	return file_sync_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Key) GetKey() string {
@@ -481,7 +594,7 @@ type Exit struct {
 
 func (x *Exit) Reset() {
 	*x = Exit{}
-	mi := &file_sync_proto_msgTypes[3]
+	mi := &file_sync_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -493,7 +606,7 @@ func (x *Exit) String() string {
 func (*Exit) ProtoMessage() {}
 
 func (x *Exit) ProtoReflect() protoreflect.Message {
-	mi := &file_sync_proto_msgTypes[3]
+	mi := &file_sync_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -506,7 +619,7 @@ func (x *Exit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Exit.ProtoReflect.Descriptor instead.
 func (*Exit) Descriptor() ([]byte, []int) {
-	return file_sync_proto_rawDescGZIP(), []int{3}
+	return file_sync_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Exit) GetGeneration() uint64 {
@@ -562,7 +675,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_sync_proto_msgTypes[4]
+	mi := &file_sync_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -574,7 +687,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_sync_proto_msgTypes[4]
+	mi := &file_sync_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -587,7 +700,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_sync_proto_rawDescGZIP(), []int{4}
+	return file_sync_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Snapshot) GetRegion() string {
@@ -670,7 +783,7 @@ type KeySnapshot struct {
 
 func (x *KeySnapshot) Reset() {
 	*x = KeySnapshot{}
-	mi := &file_sync_proto_msgTypes[5]
+	mi := &file_sync_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -682,7 +795,7 @@ func (x *KeySnapshot) String() string {
 func (*KeySnapshot) ProtoMessage() {}
 
 func (x *KeySnapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_sync_proto_msgTypes[5]
+	mi := &file_sync_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -695,7 +808,7 @@ func (x *KeySnapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeySnapshot.ProtoReflect.Descriptor instead.
 func (*KeySnapshot) Descriptor() ([]byte, []int) {
-	return file_sync_proto_rawDescGZIP(), []int{5}
+	return file_sync_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *KeySnapshot) GetKey() string {
@@ -846,7 +959,7 @@ type ExitSnapshot struct {
 
 func (x *ExitSnapshot) Reset() {
 	*x = ExitSnapshot{}
-	mi := &file_sync_proto_msgTypes[6]
+	mi := &file_sync_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -858,7 +971,7 @@ func (x *ExitSnapshot) String() string {
 func (*ExitSnapshot) ProtoMessage() {}
 
 func (x *ExitSnapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_sync_proto_msgTypes[6]
+	mi := &file_sync_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -871,7 +984,7 @@ func (x *ExitSnapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExitSnapshot.ProtoReflect.Descriptor instead.
 func (*ExitSnapshot) Descriptor() ([]byte, []int) {
-	return file_sync_proto_rawDescGZIP(), []int{6}
+	return file_sync_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ExitSnapshot) GetExit() *Exit {
@@ -918,7 +1031,7 @@ const file_sync_proto_rawDesc = "" +
 	"\bEnvelope\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x16\n" +
 	"\x06crc32c\x18\x02 \x01(\aR\x06crc32c\x12\x12\n" +
-	"\x04body\x18\x03 \x01(\fR\x04body\"\xfa\x03\n" +
+	"\x04body\x18\x03 \x01(\fR\x04body\"\xc1\x04\n" +
 	"\x04Part\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x18\n" +
 	"\areplica\x18\x02 \x01(\tR\areplica\x12\x14\n" +
@@ -939,7 +1052,17 @@ const file_sync_proto_rawDesc = "" +
 	"\x05since\x18\x0f \x01(\x04R\x05since\x12\x12\n" +
 	"\x04prev\x18\x10 \x01(\x04R\x04prev\x12\x16\n" +
 	"\x06resent\x18\x11 \x01(\x04R\x06resent\x12\x16\n" +
-	"\x06resend\x18\x12 \x03(\tR\x06resend\"\xf0\x02\n" +
+	"\x06resend\x18\x12 \x03(\tR\x06resend\x12\x16\n" +
+	"\x06policy\x18\x13 \x01(\tR\x06policy\x12-\n" +
+	"\x05rules\x18\x14 \x03(\v2\x17.ration.sync.v1.RuleDefR\x05rules\"\xbf\x01\n" +
+	"\aRuleDef\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12 \n" +
+	"\vfingerprint\x18\x02 \x01(\x06R\vfingerprint\x12!\n" +
+	"\ffixed_window\x18\x03 \x01(\bR\vfixedWindow\x12\x14\n" +
+	"\x05limit\x18\x04 \x01(\x03R\x05limit\x12\x1b\n" +
+	"\tperiod_ns\x18\x05 \x01(\x03R\bperiodNs\x12\x14\n" +
+	"\x05burst\x18\x06 \x01(\x03R\x05burst\x12\x12\n" +
+	"\x04cost\x18\a \x01(\x03R\x04cost\"\xf0\x02\n" +
 	"\x03Key\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1e\n" +
 	"\n" +
@@ -1017,27 +1140,29 @@ func file_sync_proto_rawDescGZIP() []byte {
 	return file_sync_proto_rawDescData
 }
 
-var file_sync_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_sync_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_sync_proto_goTypes = []any{
 	(*Envelope)(nil),     // 0: ration.sync.v1.Envelope
 	(*Part)(nil),         // 1: ration.sync.v1.Part
-	(*Key)(nil),          // 2: ration.sync.v1.Key
-	(*Exit)(nil),         // 3: ration.sync.v1.Exit
-	(*Snapshot)(nil),     // 4: ration.sync.v1.Snapshot
-	(*KeySnapshot)(nil),  // 5: ration.sync.v1.KeySnapshot
-	(*ExitSnapshot)(nil), // 6: ration.sync.v1.ExitSnapshot
+	(*RuleDef)(nil),      // 2: ration.sync.v1.RuleDef
+	(*Key)(nil),          // 3: ration.sync.v1.Key
+	(*Exit)(nil),         // 4: ration.sync.v1.Exit
+	(*Snapshot)(nil),     // 5: ration.sync.v1.Snapshot
+	(*KeySnapshot)(nil),  // 6: ration.sync.v1.KeySnapshot
+	(*ExitSnapshot)(nil), // 7: ration.sync.v1.ExitSnapshot
 }
 var file_sync_proto_depIdxs = []int32{
-	2, // 0: ration.sync.v1.Part.keys:type_name -> ration.sync.v1.Key
-	3, // 1: ration.sync.v1.Key.exits:type_name -> ration.sync.v1.Exit
-	5, // 2: ration.sync.v1.Snapshot.keys:type_name -> ration.sync.v1.KeySnapshot
-	6, // 3: ration.sync.v1.KeySnapshot.exits:type_name -> ration.sync.v1.ExitSnapshot
-	3, // 4: ration.sync.v1.ExitSnapshot.exit:type_name -> ration.sync.v1.Exit
-	5, // [5:5] is the sub-list for method output_type
-	5, // [5:5] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	3, // 0: ration.sync.v1.Part.keys:type_name -> ration.sync.v1.Key
+	2, // 1: ration.sync.v1.Part.rules:type_name -> ration.sync.v1.RuleDef
+	4, // 2: ration.sync.v1.Key.exits:type_name -> ration.sync.v1.Exit
+	6, // 3: ration.sync.v1.Snapshot.keys:type_name -> ration.sync.v1.KeySnapshot
+	7, // 4: ration.sync.v1.KeySnapshot.exits:type_name -> ration.sync.v1.ExitSnapshot
+	4, // 5: ration.sync.v1.ExitSnapshot.exit:type_name -> ration.sync.v1.Exit
+	6, // [6:6] is the sub-list for method output_type
+	6, // [6:6] is the sub-list for method input_type
+	6, // [6:6] is the sub-list for extension type_name
+	6, // [6:6] is the sub-list for extension extendee
+	0, // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_sync_proto_init() }
@@ -1051,7 +1176,7 @@ func file_sync_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sync_proto_rawDesc), len(file_sync_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   7,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
