@@ -47,6 +47,14 @@ func FuzzParse(f *testing.F) {
 		if again.Version() != s.Version() {
 			t.Fatalf("re-parsing Source: got Version %s, want %s", again.Version(), s.Version())
 		}
+		// Format writes the rules as a document that means the same.
+		formatted, err := Parse("formatted.yaml", Format(s.Rules()))
+		if err != nil {
+			t.Fatalf("parsing Format's document: %v\n%s", err, Format(s.Rules()))
+		}
+		if formatted.Version() != s.Version() {
+			t.Fatalf("parsing Format's document: got Version %s, want %s\n%s", formatted.Version(), s.Version(), Format(s.Rules()))
+		}
 		for _, r := range s.Rules() {
 			checkValid(t, r)
 			// A request with exactly the rule's descriptors matches it.

@@ -55,7 +55,7 @@ func (r *Rule) KeyPolicy() region.KeyPolicy {
 // change which requests count, not the quota the regions share.
 func (r *Rule) Fingerprint() uint64 {
 	h := fnv.New64a()
-	fmt.Fprintf(h, "v1 %q %d %d %q %d %d", r.Algorithm == AlgorithmFixedWindow, r.Limit, int64(r.Period), r.Calendar, r.Burst, r.Cost)
+	fmt.Fprintf(h, "v1 %t %d %d %q %d %d", r.FixedWindow(), r.Limit, int64(r.Period), r.Calendar, r.Burst, r.Cost)
 	if r.FixedWindow() {
 		fmt.Fprintf(h, " %q", r.location().String())
 	}

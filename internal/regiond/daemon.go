@@ -43,6 +43,7 @@ type Daemon struct {
 	closeDB func() error
 	initial int64 // this region's initial share of a global key
 	svc     *service.Service
+	pol     *enforcer
 	watcher *policy.Watcher // nil with the embedded policy
 	// adminToken guards /metrics; nil without AdminTokenFile.
 	adminToken *bearer.Guard
@@ -156,6 +157,13 @@ func New(cfg Config) (*Daemon, error) {
 		d.closeDB()
 		return nil, fmt.Errorf("regiond: %w", err)
 	}
+	pm, err := newPolicyMetrics(cfg.Registry)
+	if err != nil {
+		d.closeDB()
+		return nil, fmt.Errorf("regiond: metrics: %w", err)
+	}
+	d.pol = &enforcer{svc: d.svc, log: d.log, met: pm}
+	d.pol.setBase(pol, pol.Version())
 	if cfg.AdminTokenFile != "" {
 		if d.adminToken, err = bearer.New(cfg.AdminTokenFile); err != nil {
 			d.closeDB()
@@ -256,7 +264,7 @@ func (d *Daemon) applyPolicy(ctx context.Context) {
 	cur, changed, cancel := d.watcher.Subscribe()
 	defer cancel()
 	for {
-		d.svc.SetPolicy(cur)
+		d.pol.setBase(cur, cur.Version())
 		select {
 		case <-ctx.Done():
 			return

@@ -210,7 +210,9 @@ func (d *Daemon) startExchange() (err error) {
 		Conn:        d.nc,
 		Store:       forgetting{d.shares, d.svc},
 		Coordinator: coord,
-		Policy:      d.svc.Policy,
+		Policy:      d.pol.Base, // what this region loaded; the service enforces it made stricter
+		PolicyName:  d.pol.Name,
+		OnDisagree:  d.pol.disagree,
 		Tune:        cfg.ExchangeTune,
 		Registerer:  cfg.Registry,
 		Logger:      d.log,

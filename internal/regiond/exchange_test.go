@@ -5,6 +5,7 @@ import (
 	"maps"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -163,14 +164,17 @@ type load struct {
 	mu     sync.Mutex
 	rates  map[string]int64
 	target map[string]*Daemon
-	stop   chan struct{}
+	// granted counts, per region, the tokens its leases were granted.
+	granted map[string]*atomic.Int64
+	stop    chan struct{}
 	wg     sync.WaitGroup
 }
 
 func (dep *deployment) load(rates map[string]int64) *load {
-	l := &load{rates: rates, target: map[string]*Daemon{}, stop: make(chan struct{})}
+	l := &load{rates: rates, target: map[string]*Daemon{}, granted: map[string]*atomic.Int64{}, stop: make(chan struct{})}
 	for _, r := range dep.regions {
 		l.target[r] = dep.nodes[r][0]
+		l.granted[r] = new(atomic.Int64)
 	}
 	for _, r := range dep.regions {
 		clients := map[*Daemon]leasev1.LeaseServiceClient{}
@@ -200,13 +204,17 @@ func (dep *deployment) load(rates map[string]int64) *load {
 					}
 					owed -= float64(n)
 					ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-					_, err := clients[d].Lease(ctx, &leasev1.LeaseRequest{
+					resp, err := clients[d].Lease(ctx, &leasev1.LeaseRequest{
 						Agent: &leasev1.Agent{Id: "load-" + r},
 						Items: []*leasev1.LeaseItem{{Rule: "per-tenant", Key: "tenant=acme", Want: n, Demand: n}},
 					})
 					cancel()
 					if err != nil {
 						owed += float64(n) // not reported: report it next time
+						continue
+					}
+					for _, g := range resp.GetGrants() {
+						l.granted[r].Add(g.GetGranted())
 					}
 				}
 			}

@@ -107,7 +107,7 @@ func metricSum(t *testing.T, d *Daemon, name string, pairs ...string) float64 {
 					continue series
 				}
 			}
-			sum += m.GetCounter().GetValue()
+			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
 		}
 	}
 	return sum

@@ -362,6 +362,11 @@ func (s *Service) grants(resp *leasev1.LeaseResponse, b *batch, items []*leasev1
 		if s.cfg.Observer != nil && r.Scope != policy.ScopeRegion {
 			s.cfg.Observer.Observe(b.keys[i], r, items[i].GetDemand(), lg.Granted)
 		}
+		if r.IsStaged() {
+			if d := items[i].GetDemand() - items[i].GetAdmitted(); d > 0 {
+				s.metrics.stagedDenied.WithLabelValues(r.Name).Add(float64(d))
+			}
+		}
 	}
 	s.metrics.tokensGranted.Add(float64(granted))
 }

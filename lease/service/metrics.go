@@ -22,6 +22,7 @@ type metrics struct {
 	dryAnswers              prometheus.Counter // lease items answered from the memory of dry keys
 	dryProbes               prometheus.Counter // grant items that probe a dry key once its memory expired
 	dryDropped              prometheus.Counter // dry-key notices a subscriber fell too far behind for
+	stagedDenied            *prometheus.CounterVec // tokens staged rules would have denied, by rule
 
 	lease, ret  rpcMetrics
 	granted     prometheus.Counter // items by outcome
@@ -70,6 +71,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "ration_lease_refused_total",
 			Help: "Lease and return calls refused because their caller is not among a rule's clients, by rpc, rule and client identity (at most 64 identities; then other; none without a certificate).",
 		}, []string{"rpc", "rule", "client"}),
+		stagedDenied: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ration_policy_staged_denied_tokens_total",
+			Help: "Tokens that the rules of a staged revision (ration policy push --shadow) would have denied, as agents report their demand, by staged rule.",
+		}, []string{"rule"}),
 		dryDropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ration_lease_dry_notices_dropped_total",
 			Help: "Dry-key notices not sent to an agent's WatchDry stream because it fell behind (each costs that agent an ask at most).",
@@ -96,7 +101,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.items, m.tokensGranted, m.tokensReturned, m.staleReturns, m.storeLatency, m.storeErrors, m.storeItems, m.refused, m.dryDropped} {
+	for _, c := range []prometheus.Collector{m.requests, m.items, m.tokensGranted, m.tokensReturned, m.staleReturns, m.storeLatency, m.storeErrors, m.storeItems, m.refused, m.dryDropped, m.stagedDenied} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -97,6 +97,7 @@ func (w *world) epoch(r *regiond, t int64) {
 		return // the regiond is down: no exchange
 	}
 	r.node.Tally(w.ctx, w.base.Add(dur(t+r.skew)))
+	w.enforce(r)
 	w.ev.push(event{at: t + int64(w.sc.SyncPeriod)/4, kind: evDecide, region: r.idx})
 }
 
@@ -107,6 +108,32 @@ func (w *world) decide(r *regiond, t int64) {
 	}
 	if d := r.node.Decide(w.ctx, w.base.Add(dur(t+r.skew))); d.Err != nil {
 		w.fail(fmt.Errorf("sim: region %s: %w", r.name, d.Err))
+	}
+	w.enforce(r)
+}
+
+// enforce gives region r's service and agents its policy with the rules
+// its exchange disagrees on made stricter, when they changed: what
+// regiond does on exchange.Config.OnDisagree (agents hear it at once here,
+// over the policy stream there, within milliseconds).
+func (w *world) enforce(r *regiond) {
+	ds, gen := r.node.Disagreements()
+	if gen == r.agreeGen && r.enforced != nil {
+		return
+	}
+	r.agreeGen = gen
+	set, _, err := r.base.Agreed(ds)
+	if err != nil {
+		w.fail(fmt.Errorf("sim: region %s: %w", r.name, err))
+		return
+	}
+	if set == r.enforced {
+		return
+	}
+	r.enforced = set
+	r.svc.SetPolicy(set)
+	for _, a := range r.agents {
+		a.d.SetPolicy(set)
 	}
 }
 

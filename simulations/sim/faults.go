@@ -5,6 +5,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/ration-dev/ration/policy"
 	"github.com/ration-dev/ration/region"
 )
 
@@ -39,6 +40,10 @@ func (w *world) fault(i int, t int64) {
 		r.unreachable++
 		w.fallbackStart(i, r, t)
 		w.ev.push(event{at: t + int64(f.For), kind: evHeal, fault: i})
+	case "policy_mismatch":
+		r.base = w.mismatched[i]
+		w.policyChanged(r)
+		w.ev.push(event{at: t + int64(f.For), kind: evHeal, fault: i})
 	case "restart":
 		// The regiond process dies: its agents cannot reach it, and its
 		// exchange stops (no epochs, no reports in or out).
@@ -63,6 +68,9 @@ func (w *world) heal(i int, t int64) {
 	case "unreachable":
 		r.unreachable--
 		w.healTerms(i)
+	case "policy_mismatch":
+		r.base = w.set
+		w.policyChanged(r)
 	case "restart":
 		r.unreachable--
 		r.down--
@@ -182,4 +190,46 @@ func (w *world) restart(r *regiond) {
 	if err := w.newNode(r); err != nil {
 		w.fail(fmt.Errorf("sim: restarting: %w", err))
 	}
+	r.enforced = nil // the new process has heard no peer: it enforces its own policy
+	w.enforce(r)
+}
+
+// policyChanged is region r loading another policy (r.base).
+func (w *world) policyChanged(r *regiond) {
+	if w.alg != Escrow {
+		return
+	}
+	r.node.PolicyChanged()
+	r.enforced = nil
+	w.enforce(r)
+}
+
+// mismatch builds, for each policy_mismatch fault, the scenario's policy
+// with every rule's limit and burst multiplied by the fault's factor.
+func (w *world) mismatch() error {
+	for i, f := range w.sc.Faults {
+		if f.Kind != "policy_mismatch" {
+			continue
+		}
+		var rules []*policy.Rule
+		for _, r := range w.set.Rules() {
+			c := *r
+			c.Limit = max(1, int64(math.Round(float64(r.Limit)*f.Factor)))
+			c.Burst = max(c.Cost, int64(math.Round(float64(r.Burst)*f.Factor)))
+			if c.FixedWindow() {
+				c.Burst = c.Limit
+			}
+			c.Cost = min(c.Cost, c.Burst)
+			rules = append(rules, &c)
+		}
+		set, err := policy.Derive(fmt.Sprintf("%s (policy_mismatch ×%g)", w.sc.Name, f.Factor), rules)
+		if err != nil {
+			return fmt.Errorf("sim: faults[%d]: %w", i, err)
+		}
+		if w.mismatched == nil {
+			w.mismatched = map[int]*policy.Set{}
+		}
+		w.mismatched[i] = set
+	}
+	return nil
 }

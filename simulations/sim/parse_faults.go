@@ -26,8 +26,8 @@ func (p *parser) faults(v *yaml.Node, sc *Scenario) []Fault {
 
 var (
 	faultFields = []string{"at", "partition", "for", "redis_failover", "lost_writes", "crash_agents", "add_agents",
-		"region", "unreachable", "restart"}
-	faultKinds = []string{"partition", "redis_failover", "crash_agents", "add_agents", "unreachable", "restart"}
+		"region", "unreachable", "restart", "policy_mismatch", "limit_factor"}
+	faultKinds = []string{"partition", "redis_failover", "crash_agents", "add_agents", "unreachable", "restart", "policy_mismatch"}
 	// faultOptions are the fields other than at and the kind's own that
 	// each kind takes.
 	faultOptions = map[string][]string{
@@ -37,6 +37,10 @@ var (
 		"add_agents":     {"region"},
 		"unreachable":    {"for"},
 		"restart":        {"for"},
+		// The region's policy gives every rule limit_factor × its limit
+		// and burst (default 10) for a while: a policy that reached one
+		// region and not the others.
+		"policy_mismatch": {"for", "limit_factor"},
 	}
 )
 
@@ -62,7 +66,7 @@ func (p *parser) fault(n *yaml.Node, path string, sc *Scenario) (Fault, bool) {
 		p.Errorf(n.Line, path, "needs exactly one of %s", strings.Join(faultKinds, ", "))
 		return Fault{}, false
 	}
-	for _, name := range []string{"for", "lost_writes", "region"} {
+	for _, name := range []string{"for", "lost_writes", "region", "limit_factor"} {
 		if o, ok := fs.Get(name); ok && !slices.Contains(faultOptions[f.Kind], name) {
 			p.Errorf(o.Key.Line, path+"."+name, "does not apply to %s", f.Kind)
 		}
@@ -96,8 +100,19 @@ func (p *parser) faultRegion(fs fields, path string, sc *Scenario, f *Fault) {
 func (p *parser) faultValues(fs fields, path string, f *Fault) {
 	if v, ok := fs.Get("for"); ok {
 		f.For, _ = p.duration(v, path+".for")
-	} else if f.Kind == "partition" || f.Kind == "unreachable" || f.Kind == "restart" {
+	} else if f.Kind == "partition" || f.Kind == "unreachable" || f.Kind == "restart" || f.Kind == "policy_mismatch" {
 		p.Errorf(fs.line, path+".for", "is required for %s", f.Kind)
+	}
+	if f.Kind == "policy_mismatch" {
+		f.Factor = 10
+	}
+	if v, ok := fs.Get("limit_factor"); ok {
+		if x, ok := p.Number(v, path+".limit_factor"); ok {
+			if x <= 0 || x > 1000 || x == 1 {
+				p.Errorf(v.Key.Line, path+".limit_factor", "must be in (0, 1000] and not 1")
+			}
+			f.Factor = x
+		}
 	}
 	if v, ok := fs.Get("lost_writes"); ok {
 		f.LostWrites, _ = p.duration(v, path+".lost_writes")

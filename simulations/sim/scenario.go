@@ -154,7 +154,8 @@ type Fault struct {
 	// Kind is "partition", "redis_failover", "crash_agents", "add_agents",
 	// "unreachable" (the region's agents cannot reach their regiond) or
 	// "restart" (the regiond is down for For and comes back with the
-	// exchange state it last persisted).
+	// exchange state it last persisted) or "policy_mismatch" (the region's
+	// policy defines every rule with Factor × its limit and burst for For).
 	Kind   string
 	Region string
 	// For: how long a partition, an unreachable regiond or a restart lasts; for
@@ -166,6 +167,8 @@ type Fault struct {
 	Fraction float64
 	// Agents added (a cold-start scale-up).
 	Agents int
+	// Factor of a policy mismatch.
+	Factor float64
 	Line   int
 }
 

@@ -72,6 +72,13 @@ type regiond struct {
 	serial    int
 	snap      *lease.MemoryStore    // the state a failover falls back to
 	dry       <-chan service.DryKey // the service's dry-key notices (WatchDry)
+	// base is the policy the region loaded (the scenario's, or another
+	// during a policy mismatch); enforced what its service and agents
+	// enforce: base with the rules it disagrees on made stricter
+	// (policy.Set.Agreed), as regiond does. agreeGen is the node's
+	// Disagreements counter that enforced follows.
+	base, enforced *policy.Set
+	agreeGen       uint64
 }
 
 // agentSim is one agent of a region.
@@ -133,6 +140,8 @@ type world struct {
 	reclaimOpen map[int]bool
 	// windowKeys are the fixed-window keys (store key → index).
 	windowKeys map[string]int
+	// mismatched are the policies of policy_mismatch faults (by index).
+	mismatched map[int]*policy.Set
 
 	natsMsgs, natsBytes, shareWrites, idealOps int64
 	recvStale, recvErrors                      int64
@@ -163,6 +172,9 @@ func newWorld(sc *Scenario, alg Algorithm) (*world, error) {
 	if err := w.buildPolicy(); err != nil {
 		return nil, err
 	}
+	if err := w.mismatch(); err != nil {
+		return nil, err
+	}
 	for _, f := range sc.Faults {
 		w.restarts = w.restarts || f.Kind == "restart"
 	}
@@ -171,8 +183,10 @@ func newWorld(sc *Scenario, alg Algorithm) (*world, error) {
 	w.counts = make([]int, len(sc.Regions))
 	w.agCfg = agent.Config{LeasePeriod: sc.LeasePeriod, LeaseTTL: sc.LeaseTTL, Logger: slog.New(slog.DiscardHandler)}
 	for i, name := range sc.Regions {
-		r := &regiond{idx: i, name: name, rcfg: region.Config{Self: name, Regions: sc.Regions, Period: sc.SyncPeriod,
-			Policy: func(key string) region.KeyPolicy { return w.set.RuleOf(key).KeyPolicy() }}}
+		r := &regiond{idx: i, name: name, base: w.set, enforced: w.set}
+		r.rcfg = region.Config{Self: name, Regions: sc.Regions, Period: sc.SyncPeriod,
+			Policy: func(key string) region.KeyPolicy { return r.base.RuleOf(key).KeyPolicy() },
+			Rules:  func() (string, []region.RuleDef) { return r.base.Version(), r.base.Defs() }}
 		if err := w.newNode(r); err != nil {
 			return nil, err
 		}
@@ -346,7 +360,7 @@ func (w *world) addAgent(r *regiond) error {
 	if err != nil {
 		return fmt.Errorf("sim: agent %s: %w", cfg.AgentID, err)
 	}
-	d.SetPolicy(w.set)
+	d.SetPolicy(r.enforced)
 	w.tick = int64(d.Tick()) // the same for every agent: one config
 	a := &agentSim{d: d, r: r, alive: true}
 	a.nextTick = int64(d.NextTick())
