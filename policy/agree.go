@@ -3,7 +3,9 @@ package policy
 import (
 	"fmt"
 	"math"
+	"math/bits"
 	"strings"
+	"time"
 
 	"github.com/ration-dev/ration/region"
 )
@@ -50,26 +52,43 @@ func (s *Set) Stricter(theirs map[string][]region.RuleDef) (set *Set, changed []
 func stricter(r *Rule, defs []region.RuleDef) *Rule {
 	c := *r
 	for _, d := range defs {
-		if d.Period > 0 {
-			scaled := math.Floor(float64(d.Limit) * float64(r.Period) / float64(d.Period))
-			if scaled < float64(c.Limit) {
-				c.Limit = max(1, int64(scaled))
-			}
+		if l, ok := scaleLimit(d.Limit, d.Period, r.Period); ok && l < c.Limit {
+			c.Limit = max(1, l)
 		}
 		if d.Burst > 0 {
 			c.Burst = min(c.Burst, d.Burst)
 		}
 		c.Cost = max(c.Cost, d.Cost)
 	}
-	// A request must fit the bucket (a window): the larger cost wins, and
-	// the capacity grows to hold one request.
+	// A request must fit the bucket (a window), and a larger cost must not
+	// make the rule looser: it is capped where it would raise the capacity
+	// above ours.
 	if c.FixedWindow() {
-		c.Limit = max(c.Limit, c.Cost)
+		c.Cost = min(c.Cost, c.Limit)
 		c.Burst = c.Limit // a window's capacity is its limit
 	} else {
+		c.Cost = min(c.Cost, max(c.Limit, r.Cost))
 		c.Burst = max(c.Burst, c.Cost)
 	}
 	return &c
+}
+
+// scaleLimit is limit tokens per from expressed per to, rounded down,
+// exactly (limits reach 2⁵³); ok is false for a period that is not
+// positive or a result beyond int64.
+func scaleLimit(limit int64, from, to time.Duration) (int64, bool) {
+	if from <= 0 || to <= 0 || limit <= 0 {
+		return 0, false
+	}
+	hi, lo := bits.Mul64(uint64(limit), uint64(to))
+	if hi >= uint64(from) {
+		return 0, false
+	}
+	q, _ := bits.Div64(hi, lo, uint64(from))
+	if q > math.MaxInt64 {
+		return 0, false
+	}
+	return int64(q), true
 }
 
 // Agreed returns the set to enforce while regions disagree on some of its

@@ -13,6 +13,8 @@ const agreeDoc = `rules:
   - {name: per-minute, key: [tenant], limit: 600, period: 1m, burst: 100, cost: 2}
   - {name: daily, key: [tenant], algorithm: fixed_window, limit: 10000, period: day, time_zone: Europe/Paris}
   - {name: per-ip, key: [ip], limit: 20, scope: region}
+  - {name: small-window, key: [user], algorithm: fixed_window, limit: 10, period: 1m}
+  - {name: small, key: [user], limit: 10}
 `
 
 func TestStricter(t *testing.T) {
@@ -36,9 +38,12 @@ func TestStricter(t *testing.T) {
 		{"a lower limit of another period, scaled", map[string][]region.RuleDef{"per-tenant": {def(30_000, time.Minute, 2000, 1)}}, "per-tenant", want{500, 2000, 1}, false},
 		{"burst and cost", map[string][]region.RuleDef{"per-minute": {def(600, time.Minute, 50, 5)}}, "per-minute", want{600, 50, 5}, false},
 		{"several peers folded", map[string][]region.RuleDef{"per-tenant": {def(800, time.Second, 3000, 1), def(900, time.Second, 1500, 1)}}, "per-tenant", want{800, 1500, 1}, false},
-		{"a fixed window keeps burst = limit", map[string][]region.RuleDef{"daily": {def(5000, 24 * time.Hour, 5000, 1)}}, "daily", want{5000, 5000, 1}, false},
+		{"a fixed window keeps burst = limit", map[string][]region.RuleDef{"daily": {def(5000, 24*time.Hour, 5000, 1)}}, "daily", want{5000, 5000, 1}, false},
 		{"a region rule is not compared", map[string][]region.RuleDef{"per-ip": {def(1, time.Second, 1, 1)}}, "per-ip", want{20, 20, 1}, true},
 		{"unknown names are ignored", map[string][]region.RuleDef{"nope": {def(1, time.Second, 1, 1)}}, "per-tenant", want{1000, 2000, 1}, true},
+		{"a peer's large cost never makes a window looser", map[string][]region.RuleDef{"small-window": {def(100, time.Minute, 100, 20)}}, "small-window", want{10, 10, 10}, false},
+		{"a peer's large cost never makes a bucket looser", map[string][]region.RuleDef{"small": {def(1000, time.Second, 1000, 500)}}, "small", want{10, 10, 10}, false},
+		{"an equal limit of a long period stays", map[string][]region.RuleDef{"per-tenant": {def(1000*(1<<20), (1<<20)*time.Second, 2000, 1)}}, "per-tenant", want{1000, 2000, 1}, true},
 		{"a tiny limit stays valid", map[string][]region.RuleDef{"per-minute": {def(1, time.Hour, 1, 1)}}, "per-minute", want{1, 2, 2}, false},
 	} {
 		got, changed, err := s.Stricter(tc.theirs)
@@ -82,7 +87,7 @@ func TestStage(t *testing.T) {
 	for _, r := range s.Rules() {
 		names = append(names, r.Name)
 	}
-	want := []string{"per-tenant", "per-minute", "daily", "per-ip", "per-tenant.staged", "new-rule.staged"}
+	want := []string{"per-tenant", "per-minute", "daily", "per-ip", "small-window", "small", "per-tenant.staged", "new-rule.staged"}
 	if !slices.Equal(names, want) {
 		t.Fatalf("staged policy's rules %v, want %v", names, want)
 	}
