@@ -32,6 +32,9 @@ func TestParseErrors(t *testing.T) {
 		{"duplicate field", goodHead + "name: y\n", "s.yaml:8: name: duplicate key (first at line 1)"},
 		{"unreachable needs for", goodHead + "faults:\n  - { at: 1s, unreachable: us }\n", "s.yaml:9: faults[0].for: is required for unreachable"},
 		{"restart needs for", goodHead + "faults:\n  - { at: 1s, restart: us }\n", "s.yaml:9: faults[0].for: is required for restart"},
+		{"policy_mismatch needs for", goodHead + "faults:\n  - { at: 1s, policy_mismatch: us }\n", "s.yaml:9: faults[0].for: is required for policy_mismatch"},
+		{"limit_factor of 1", goodHead + "faults:\n  - { at: 1s, policy_mismatch: us, for: 1s, limit_factor: 1 }\n", "s.yaml:9: faults[0].limit_factor: must be in (0, 1000] and not 1"},
+		{"limit_factor elsewhere", goodHead + "faults:\n  - { at: 1s, partition: us, for: 1s, limit_factor: 2 }\n", "s.yaml:9: faults[0].limit_factor: does not apply to partition"},
 		{"unreachable region", goodHead + "faults:\n  - { at: 1s, unreachable: mars, for: 1s }\n", `s.yaml:9: faults[0].unreachable: unknown region "mars"`},
 		{"negative seed", "seed: -1\n" + goodHead, "s.yaml:1: seed: must be an integer in [0, 2^64) (got integer -1)"},
 		{"negative reclaim", strings.Replace(goodHead, "limit: 10 }", "limit: 10, partition_reclaim_after: -1s }", 1), "s.yaml:5: keys[0].partition_reclaim_after: must not be negative"},
@@ -117,7 +120,7 @@ func TestReadmeExampleParses(t *testing.T) {
 	for _, f := range sc.Faults {
 		kinds[f.Kind] = true
 	}
-	for _, k := range []string{"partition", "redis_failover", "crash_agents", "add_agents", "unreachable", "restart"} {
+	for _, k := range []string{"partition", "redis_failover", "crash_agents", "add_agents", "unreachable", "restart", "policy_mismatch"} {
 		if !kinds[k] {
 			t.Errorf("the README example shows no %s fault", k)
 		}
