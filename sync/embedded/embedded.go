@@ -10,7 +10,9 @@
 // same topologies a deployment uses (a cluster per region, gateways
 // between regions). Config.Users turns on authentication with per-user
 // subject permissions; RegionUser builds the user that confines one
-// region's exchange to publishing its own reports.
+// region's exchange to publishing its own reports. Config.JetStream turns
+// on JetStream, which the policy store (policy/kvstore) keeps its bucket
+// in; PolicyReader and PolicyWriter are the subjects its users need.
 package embedded
 
 import (
@@ -19,6 +21,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -65,6 +68,17 @@ type Config struct {
 	// configuration (a certificate, and, to require client certificates,
 	// ClientAuth and how to verify them: tlsfiles.Server gives one).
 	TLS *tls.Config
+	// JetStream turns on JetStream (streams, key-value buckets) for the
+	// server's account (default off). With Users, the users share that
+	// account's JetStream; what each may do with it is its permissions'
+	// concern (PolicyReader, PolicyWriter). Start only: StartCluster and
+	// StartSupercluster run their servers without JetStream. With
+	// Operator, the accounts' JWTs must grant JetStream limits.
+	JetStream bool
+	// StoreDir is where JetStream keeps its files. Default "": a fresh
+	// temporary directory that Server.Close removes. A given directory is
+	// kept, so that a server started again on it finds its streams.
+	StoreDir string
 }
 
 // Operator is an operator's JWT and the JWTs of the accounts it signed.
@@ -106,9 +120,84 @@ func RegionUser(subject, region, password string) User {
 	}
 }
 
+// Permissions are subjects to add to a User's (User.Allow).
+type Permissions struct {
+	Publish   []string
+	Subscribe []string
+}
+
+// Allow returns u with p's subjects added to its lists. A nil list of u
+// (every subject allowed) stays nil.
+func (u User) Allow(p Permissions) User {
+	add := func(have, more []string) []string {
+		if have == nil {
+			return nil
+		}
+		out := slices.Clone(have)
+		for _, s := range more {
+			if !slices.Contains(out, s) {
+				out = append(out, s)
+			}
+		}
+		return out
+	}
+	u.Publish = add(u.Publish, p.Publish)
+	u.Subscribe = add(u.Subscribe, p.Subscribe)
+	return u
+}
+
+// PolicyReader returns the subjects a client needs to read and watch the
+// JetStream key-value bucket of the policy store (policy/kvstore) without
+// creating it: the stream's info, direct gets of a key's latest value or of
+// a revision, the ordered consumer a watch or a history creates, deletes
+// and answers flow control for, and replies on _INBOX.>. A reader cannot
+// write: a put or a delete is a publish on $KV.<bucket>.<key>, which it
+// lacks. regiond's region user takes it with
+// RegionUser(...).Allow(PolicyReader(bucket)).
+//
+// _INBOX.> lets the user receive replies addressed to other clients' inboxes
+// of the account; a user that must not connects with
+// nats.CustomInboxPrefix and is given that prefix instead.
+func PolicyReader(bucket string) Permissions {
+	stream := "KV_" + bucket
+	return Permissions{
+		Publish: []string{
+			"$JS.API.STREAM.INFO." + stream,
+			"$JS.API.DIRECT.GET." + stream,
+			"$JS.API.DIRECT.GET." + stream + ".>",
+			"$JS.API.STREAM.MSG.GET." + stream,
+			"$JS.API.CONSUMER.CREATE." + stream,
+			"$JS.API.CONSUMER.CREATE." + stream + ".>",
+			"$JS.API.CONSUMER.INFO." + stream + ".*",
+			"$JS.API.CONSUMER.DELETE." + stream + ".*",
+			"$JS.FC." + stream + ".>",
+		},
+		Subscribe: []string{"_INBOX.>"},
+	}
+}
+
+// PolicyWriter returns the subjects of the policy store's writer (ration
+// policy push, rollback, promote, unstage): PolicyReader's, plus
+// $KV.<bucket>.> (puts and delete markers), the account's JetStream info
+// and the creation of the bucket's stream (the first push creates the
+// bucket), and $SYS.REQ.USER.INFO, which the CLI asks who it is connected
+// as so that the revision records a verified author.
+func PolicyWriter(bucket string) Permissions {
+	p := PolicyReader(bucket)
+	p.Publish = append(p.Publish,
+		"$KV."+bucket+".>",
+		"$JS.API.INFO",
+		"$JS.API.STREAM.CREATE.KV_"+bucket,
+		"$SYS.REQ.USER.INFO",
+	)
+	return p
+}
+
 // Server is a running in-process nats-server.
 type Server struct {
 	ns *server.Server
+	// tmpDir is the JetStream directory Start created, removed by Close.
+	tmpDir string
 }
 
 // Start starts a server and waits until it accepts connections. The error
@@ -125,7 +214,27 @@ func Start(cfg Config) (*Server, error) {
 			return nil, err
 		}
 	}
-	return startServer(opts, cfg.ReadyTimeout)
+	if !cfg.JetStream {
+		return startServer(opts, cfg.ReadyTimeout)
+	}
+	opts.JetStream, opts.StoreDir = true, cfg.StoreDir
+	tmp := ""
+	if cfg.StoreDir == "" {
+		tmp, err = os.MkdirTemp("", "ration-nats-js-")
+		if err != nil {
+			return nil, fmt.Errorf("embedded nats: JetStream directory: %w", err)
+		}
+		opts.StoreDir = tmp
+	}
+	s, err := startServer(opts, cfg.ReadyTimeout)
+	if err != nil {
+		if tmp != "" {
+			_ = os.RemoveAll(tmp)
+		}
+		return nil, err
+	}
+	s.tmpDir = tmp
+	return s, nil
 }
 
 // startServer starts one server with opts and waits until it accepts
@@ -152,13 +261,24 @@ func (s *Server) ClientURL() string { return s.ns.ClientURL() }
 func (s *Server) Name() string { return s.ns.Name() }
 
 // Close stops the server, closes its clients' connections and waits until
-// every goroutine of the server has stopped. Calling it again does nothing.
-// It returns nil.
+// every goroutine of the server has stopped, then removes the JetStream
+// directory Start created (not a Config.StoreDir). Calling it again does
+// nothing. The error is the removal's.
 func (s *Server) Close() error {
 	s.ns.Shutdown()
 	s.ns.WaitForShutdown()
+	if s.tmpDir == "" {
+		return nil
+	}
+	if err := os.RemoveAll(s.tmpDir); err != nil {
+		return fmt.Errorf("embedded nats: removing the JetStream directory: %w", err)
+	}
 	return nil
 }
+
+// StoreDir is the directory JetStream keeps its files in ("" without
+// JetStream).
+func (s *Server) StoreDir() string { return s.ns.StoreDir() }
 
 // Running reports whether the server has not been shut down.
 func (s *Server) Running() bool { return s.ns.Running() }
