@@ -1,0 +1,4 @@
+rules:
+  - name: a
+    key: [tenant]
+    limit: 10

@@ -1,0 +1,2 @@
+rules:
+  - name: a

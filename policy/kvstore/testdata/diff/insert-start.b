@@ -1,0 +1,6 @@
+# header
+# more
+rules:
+  - name: a
+    key: [tenant]
+    limit: 10
