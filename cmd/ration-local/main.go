@@ -24,9 +24,12 @@ import (
 	"syscall"
 	"time"
 
+	natsgo "github.com/nats-io/nats.go"
+
 	"github.com/ration-dev/ration/internal/regiond"
 	"github.com/ration-dev/ration/lease/agent"
 	"github.com/ration-dev/ration/policy"
+	"github.com/ration-dev/ration/policy/kvstore"
 	"github.com/ration-dev/ration/sync/embedded"
 )
 
@@ -90,13 +93,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	}
 
-	nats, err := embedded.Start(embedded.Config{})
+	nats, err := embedded.Start(embedded.Config{JetStream: true})
 	if err != nil {
 		return err
 	}
 	defer nats.Close()
 
+	// Every region enforces the one policy of the policy store, which
+	// ration policy push (-nats the URL printed below) changes.
 	pol := fmt.Sprintf("rules:\n  - name: demo\n    key: [tenant]\n    limit: %d\n    period: 1s\n    burst: %d\n", o.limit, o.limit)
+	rev, err := pushPolicy(ctx, nats.ClientURL(), []byte(pol), logger)
+	if err != nil {
+		return err
+	}
 	daemons := map[string]*regiond.Daemon{}
 	defer func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -112,7 +121,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			Replica:    r + "-0",
 			Listen:     "127.0.0.1:0",
 			Admin:      "-",
-			PolicyYAML: []byte(pol),
+			PolicyFile: "nats-kv://" + kvstore.DefaultBucket,
 			NATSURL:    nats.ClientURL(),
 			SyncPeriod: o.period,
 			Logger:     logger.With("region", r),
@@ -148,8 +157,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	fmt.Fprintf(stdout, "ration-local: regions %v, each a regiond on a memory store, exchanging every %v over embedded NATS %s\n",
 		regions, o.period, nats.ClientURL())
-	fmt.Fprintf(stdout, "rule demo: %d tokens/s (burst %d) for tenant=acme, shared by all regions; demand moves every %v\n\n",
+	fmt.Fprintf(stdout, "rule demo: %d tokens/s (burst %d) for tenant=acme, shared by all regions; demand moves every %v\n",
 		o.limit, o.limit, o.shift)
+	fmt.Fprintf(stdout, "policy: revision %d of the policy store (go run ./cmd/ration policy history -nats %s)\n\n", rev, nats.ClientURL())
 
 	start := time.Now()
 	g := &generator{limit: o.limit, shift: o.shift, start: start}
@@ -251,4 +261,25 @@ func (g *generator) print(ctx context.Context, w io.Writer, now time.Time, daemo
 		fmt.Fprintf(w, "  %-6s %7s %9d %7d\n", r, s, a, d)
 	}
 	fmt.Fprintf(w, "  %-6s %6.1f%% %9d %7d\n\n", "total", share, adm, den)
+}
+
+// pushPolicy writes the demo's policy to the policy store of the embedded
+// NATS at url, and returns its revision.
+func pushPolicy(ctx context.Context, url string, doc []byte, logger *slog.Logger) (uint64, error) {
+	nc, err := natsgo.Connect(url)
+	if err != nil {
+		return 0, err
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	st, err := kvstore.Open(ctx, kvstore.Config{Conn: nc, Logger: logger})
+	if err != nil {
+		return 0, fmt.Errorf("policy store: %w", err)
+	}
+	r, err := st.Push(ctx, doc, kvstore.Meta{Author: "ration-local", Message: "the demo's policy"})
+	if err != nil {
+		return 0, fmt.Errorf("policy store: %w", err)
+	}
+	return r.Revision, nil
 }

@@ -20,6 +20,12 @@
 // Without -nats or -nats-embedded a region exchanges nothing and holds the
 // whole of every quota (share 1).
 //
+// Every region can enforce one policy from the policy store, a JetStream
+// key-value bucket on the same NATS, which `ration policy push` writes
+// (with history, rollback and staged rollout):
+//
+//	regiond -region eu -regions us,eu,ap -nats nats://nats.eu:4222 -policy nats-kv://ration-policy
+//
 // SIGHUP reloads the policy file; SIGINT or SIGTERM stops accepting calls,
 // lets in-flight calls finish and exits 0.
 package main
@@ -62,7 +68,9 @@ func run(args []string) error {
 	fs.StringVar(&cfg.RedisCA, "redis-ca", "", "CA bundle (PEM) that verifies Redis's certificate: connect over TLS")
 	fs.StringVar(&cfg.RedisCert, "redis-cert", "", "client certificate (PEM) for a Redis with tls-auth-clients")
 	fs.StringVar(&cfg.RedisKey, "redis-key", "", "key (PEM) of -redis-cert")
-	fs.StringVar(&cfg.PolicyFile, "policy", "", "policy YAML file, watched for changes; empty uses the embedded example policy")
+	fs.StringVar(&cfg.PolicyFile, "policy", "", "policy YAML file, watched for changes, or nats-kv://BUCKET: the policy store on -nats or -nats-embedded (ration policy push writes it); empty uses the embedded example policy")
+	fs.IntVar(&cfg.PolicyReplicas, "policy-replicas", 1, "replicas of the policy store's bucket if regiond creates it (3 on a three-server NATS cluster)")
+	fs.StringVar(&cfg.NATSStoreDir, "nats-store-dir", "", "JetStream directory of the embedded NATS server, which keeps the policy store (default: a temporary directory removed at exit)")
 	fs.StringVar(&cfg.NATSURL, "nats", "", "NATS URL(s) of the cross-region exchange (nats://host:4222, comma-separated for a cluster); empty with no -nats-embedded: no exchange")
 	fs.StringVar(&cfg.NATSCA, "nats-ca", "", "CA bundle (PEM) that verifies the NATS servers: connect over TLS")
 	fs.StringVar(&cfg.NATSCert, "nats-cert", "", "client certificate (PEM) for NATS servers that verify clients")

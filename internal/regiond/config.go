@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -54,9 +55,19 @@ type Config struct {
 	// A Redis ACL user and password go in RedisURL
 	// (rediss://user:password@host:port/0).
 	RedisCA, RedisCert, RedisKey string
-	// PolicyFile is a YAML policy watched for changes; empty means the
-	// embedded example policy.
+	// PolicyFile is a YAML policy watched for changes, or
+	// "nats-kv://BUCKET": the policy store on the NATS of NATSURL or
+	// NATSEmbedded (a JetStream key-value bucket that `ration policy push`
+	// writes; every region watching one bucket enforces one policy). Empty
+	// means the embedded example policy.
 	PolicyFile string
+	// PolicyReplicas is the replicas of the policy store's bucket when
+	// regiond creates it (default 1; 3 on a three-server cluster).
+	PolicyReplicas int
+	// NATSStoreDir is where the embedded NATS server keeps JetStream's
+	// data, the policy store's included (default: a temporary directory,
+	// removed at shutdown).
+	NATSStoreDir string
 	// PolicyInterval is how often the policy file is checked (default 1s).
 	PolicyInterval time.Duration
 	// PolicyYAML is the policy served when PolicyFile is empty, for
@@ -206,6 +217,15 @@ func (c Config) validate() error {
 	if (c.NATSCert == "") != (c.NATSKey == "") {
 		errs = append(errs, errors.New("NATS TLS: give the client certificate and its key (-nats-cert, -nats-key), or neither"))
 	}
+	if c.policyBucket() != "" && !c.exchanging() {
+		errs = append(errs, fmt.Errorf("policy %s: the policy store is on NATS: give -nats or -nats-embedded", c.PolicyFile))
+	}
+	if strings.HasPrefix(c.PolicyFile, kvScheme) && !validBucket(c.policyBucket()) {
+		errs = append(errs, fmt.Errorf("policy %s: a bucket name of letters, digits, '-' and '_'", c.PolicyFile))
+	}
+	if c.PolicyReplicas < 0 || c.PolicyReplicas > 5 {
+		errs = append(errs, fmt.Errorf("policy replicas %d: 1 to 5", c.PolicyReplicas))
+	}
 	if c.NATSURL != "" && c.NATSEmbedded {
 		errs = append(errs, errors.New("NATS: use an external server (NATSURL) or the embedded one, not both"))
 	}
@@ -247,6 +267,30 @@ func validRegion(r string) bool {
 	}
 	for _, ch := range r {
 		if !(ch >= 'a' && ch <= 'z' || ch >= '0' && ch <= '9' || ch == '-' || ch == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// kvScheme prefixes a PolicyFile that names the policy store's bucket.
+const kvScheme = "nats-kv://"
+
+// policyBucket is the policy store's bucket, "" for a file policy.
+func (c Config) policyBucket() string {
+	b, ok := strings.CutPrefix(c.PolicyFile, kvScheme)
+	if !ok {
+		return ""
+	}
+	return strings.TrimSuffix(b, "/")
+}
+
+func validBucket(b string) bool {
+	if b == "" || len(b) > 64 {
+		return false
+	}
+	for _, ch := range b {
+		if !(ch >= 'a' && ch <= 'z' || ch >= 'A' && ch <= 'Z' || ch >= '0' && ch <= '9' || ch == '-' || ch == '_') {
 			return false
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -44,6 +45,7 @@ type Daemon struct {
 	initial int64 // this region's initial share of a global key
 	svc     *service.Service
 	pol     *enforcer
+	rev     atomic.Uint64 // the policy store's revision applied (policykv.go)
 	watcher *policy.Watcher // nil with the embedded policy
 	// adminToken guards /metrics; nil without AdminTokenFile.
 	adminToken *bearer.Guard
@@ -100,6 +102,9 @@ func New(cfg Config) (*Daemon, error) {
 		pol, err = policy.Parse("config:PolicyYAML", cfg.PolicyYAML)
 	case cfg.PolicyFile == "":
 		pol, err = policy.Parse("embedded:default-policy.yaml", defaultPolicy)
+	case cfg.policyBucket() != "":
+		// The policy store is on NATS, which Start connects: until its
+		// first revision arrives regiond serves no rule and is not ready.
 	default:
 		d.watcher, err = policy.NewWatcher(policy.WatcherConfig{Path: cfg.PolicyFile, Interval: cfg.PolicyInterval, Logger: d.log})
 		if err == nil {
@@ -239,7 +244,14 @@ func (d *Daemon) Start(ctx context.Context) error {
 		d.goRun("sweep", func() error { d.sweep(runCtx); return nil })
 	}
 	if d.cfg.exchanging() {
-		if err := d.startExchange(); err != nil {
+		err := d.connectNATS()
+		if err == nil && d.cfg.policyBucket() != "" {
+			err = d.startPolicyStore(ctx, runCtx)
+		}
+		if err == nil {
+			err = d.startExchange()
+		}
+		if err != nil {
 			_ = d.Shutdown(ctx)
 			return err
 		}
@@ -332,7 +344,7 @@ func (d *Daemon) exchangeName() string {
 
 func (d *Daemon) policyName() string {
 	switch {
-	case d.watcher != nil:
+	case d.watcher != nil, d.cfg.policyBucket() != "":
 		return d.cfg.PolicyFile
 	case d.cfg.PolicyYAML != nil:
 		return "in-process"

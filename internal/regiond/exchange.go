@@ -146,23 +146,19 @@ func natsAuth(cfg *Config) ([]nats.Option, error) {
 	return opts, nil
 }
 
-// startExchange starts the embedded NATS server if asked, connects and
-// starts the exchange. On error it undoes what it started.
-func (d *Daemon) startExchange() (err error) {
+// connectNATS starts the embedded NATS server (with JetStream, for the
+// policy store) if asked, and connects. On error the caller stops what it
+// started (stopExchange).
+func (d *Daemon) connectNATS() (err error) {
 	cfg := &d.cfg
 	url := cfg.NATSURL
 	if cfg.NATSEmbedded {
-		d.nats, err = embedded.Start(embedded.Config{Listen: cfg.NATSListen})
+		d.nats, err = embedded.Start(embedded.Config{Listen: cfg.NATSListen, JetStream: true, StoreDir: cfg.NATSStoreDir})
 		if err != nil {
 			return fmt.Errorf("regiond: %w", err)
 		}
 		url = d.nats.ClientURL()
 	}
-	defer func() {
-		if err != nil {
-			d.stopExchange(context.Background())
-		}
-	}()
 	log := d.log
 	m := d.natsMet
 	auth, err := natsAuth(cfg)
@@ -196,6 +192,13 @@ func (d *Daemon) startExchange() (err error) {
 	if d.nc.IsConnected() {
 		m.connected.Set(1)
 	}
+	return nil
+}
+
+// startExchange starts the exchange on the NATS connection. On error the
+// caller stops what it started (stopExchange).
+func (d *Daemon) startExchange() error {
+	cfg := &d.cfg
 	var coord exchange.Coordinator = exchange.NewMemoryCoordinator(nil) // one process, one replica
 	if d.redis != nil {
 		coord = exchange.NewRedisCoordinator(d.redis)

@@ -102,6 +102,13 @@ func (e *enforcer) Base() *policy.Set {
 	return e.base
 }
 
+// Stricter lists the rules enforced stricter than loaded.
+func (e *enforcer) Stricter() []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return slices.Clone(e.stricter)
+}
+
 // Name is the loaded policy's name for reports.
 func (e *enforcer) Name() string {
 	e.mu.Lock()
