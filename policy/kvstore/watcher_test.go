@@ -452,3 +452,46 @@ func TestRunEnds(t *testing.T) {
 		t.Errorf("Run after the connection closed: got %v, want nats.ErrConnectionClosed", err)
 	}
 }
+
+// TestWatcherWithPermissions runs the store as regiond and the CLI do on
+// a server with permissions: a region user with embedded.PolicyReader
+// opens, watches and applies what a user with embedded.PolicyWriter
+// creates and pushes, and cannot push itself.
+func TestWatcherWithPermissions(t *testing.T) {
+	ctx := testCtx(t)
+	writer := embedded.User{Name: "cli", Password: "pw", Publish: []string{}, Subscribe: []string{}}.Allow(embedded.PolicyWriter(DefaultBucket))
+	reader := embedded.RegionUser("ration.sync", "eu", "eu-pw").Allow(embedded.PolicyReader(DefaultBucket))
+	s := startServer(t, embedded.Config{Users: []embedded.User{writer, reader}})
+	rc := connect(t, s.ClientURL(), nats.UserInfo("eu", "eu-pw"),
+		nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})) // the refused push's violation
+
+	if _, err := Open(ctx, Config{Conn: rc, NoCreate: true, Logger: quiet}); !errors.Is(err, ErrNoPolicy) {
+		t.Fatalf("the reader opening a missing bucket: got %v, want ErrNoPolicy", err)
+	}
+	w1 := open(t, ctx, connect(t, s.ClientURL(), nats.UserInfo("cli", "pw")))
+	mustPush(t, w1, doc(1), alice)
+
+	st, err := Open(ctx, Config{Conn: rc, NoCreate: true, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := NewWatcher(ctx, st, WatcherConfig{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, w)
+	r2 := mustPush(t, w1, doc(2), Meta{Shadow: true})
+	r3 := mustPush(t, w1, doc(3), alice)
+	waitRevision(t, w, r3.Revision)
+	if got := w.State().StagedRev.Revision; got != r2.Revision {
+		t.Errorf("staged revision %d, want %d", got, r2.Revision)
+	}
+	if h, err := st.History(ctx); err != nil || len(h) != 3 {
+		t.Errorf("the reader's history: %d revisions, %v", len(h), err)
+	}
+	short, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	if _, err := st.Push(short, doc(4), alice); err == nil {
+		t.Error("the reader pushed")
+	}
+}
