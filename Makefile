@@ -21,8 +21,12 @@ test:
 	# per admitted request, allocation-free decisions, recovery time) need,
 	# so those tests skip them under -race; run them again without it.
 	$(GO) test -count=1 -timeout 10m -run '$(PERFTESTS)' ./lease/agent
-	# The client-IP extraction is what a spoofed header attacks: fuzz it.
+	# The client-IP extraction is what a spoofed header attacks, the policy
+	# parser and the policy store's decoder read what operators and the
+	# bucket give: fuzz them.
 	$(GO) test -run '^$$' -fuzz FuzzExtractor -fuzztime 10s ./lease/agent/httplimit
+	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 10s ./policy
+	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime 10s ./policy/kvstore
 
 # Quick loop while developing: no race detector, short mode.
 test-short:

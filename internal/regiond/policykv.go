@@ -16,25 +16,21 @@ import (
 // Start returns; with an empty bucket, regiond serves no rule (and is not
 // ready) until the first push, which it watches for.
 func (d *Daemon) startPolicyStore(ctx, runCtx context.Context) error {
-	st, err := kvstore.Open(ctx, kvstore.Config{Conn: d.nc, Bucket: d.cfg.policyBucket(), Replicas: d.cfg.PolicyReplicas, Logger: d.log})
-	if err != nil {
-		return fmt.Errorf("regiond: policy store %s: %w", d.cfg.PolicyFile, err)
-	}
 	wcfg := kvstore.WatcherConfig{
 		Logger: d.log,
 		OnRefused: func(kvstore.Revision, error) {
 			d.pol.met.refused.WithLabelValues("nats-kv").Inc()
 		},
 	}
-	w, err := kvstore.NewWatcher(ctx, st, wcfg)
+	w, err := d.watchStore(ctx, wcfg)
 	switch {
 	case err == nil:
 		d.followStore(runCtx, w)
 		return nil
 	case errors.Is(err, kvstore.ErrNoPolicy):
-		d.log.Warn("the policy store holds no policy yet: no rule is served until one is pushed (ration policy push)", "policy", d.cfg.PolicyFile)
+		d.log.Warn("the policy store holds no policy yet: no rule is served until one is pushed (ration policy push)", "policy", d.cfg.PolicyFile, "err", err)
 		d.goRun("policy-store-wait", func() error {
-			w, err := d.awaitPolicy(runCtx, st, wcfg)
+			w, err := d.awaitPolicy(runCtx, wcfg)
 			if err == nil && w != nil {
 				d.followStore(runCtx, w)
 			}
@@ -46,9 +42,28 @@ func (d *Daemon) startPolicyStore(ctx, runCtx context.Context) error {
 	}
 }
 
-// awaitPolicy retries NewWatcher every second until the bucket holds a
+// watchStore opens the bucket and loads its policy. A missing bucket is
+// created when the NATS user may (a region user with only
+// embedded.PolicyReader may not: it waits for the CLI to create it); the
+// error of an empty or missing bucket wraps kvstore.ErrNoPolicy.
+func (d *Daemon) watchStore(ctx context.Context, wcfg kvstore.WatcherConfig) (*kvstore.Watcher, error) {
+	cfg := kvstore.Config{Conn: d.nc, Bucket: d.cfg.policyBucket(), Replicas: d.cfg.PolicyReplicas, NoCreate: true, Logger: d.log}
+	st, err := kvstore.Open(ctx, cfg)
+	if errors.Is(err, kvstore.ErrNoPolicy) {
+		cfg.NoCreate = false
+		var cerr error
+		if st, cerr = kvstore.Open(ctx, cfg); cerr != nil {
+			return nil, fmt.Errorf("%w (creating the bucket: %v)", err, cerr)
+		}
+	} else if err != nil {
+		return nil, err
+	}
+	return kvstore.NewWatcher(ctx, st, wcfg)
+}
+
+// awaitPolicy retries watchStore every second until the bucket holds a
 // policy, or runCtx ends (nil, nil).
-func (d *Daemon) awaitPolicy(runCtx context.Context, st *kvstore.Store, wcfg kvstore.WatcherConfig) (*kvstore.Watcher, error) {
+func (d *Daemon) awaitPolicy(runCtx context.Context, wcfg kvstore.WatcherConfig) (*kvstore.Watcher, error) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {
@@ -58,7 +73,7 @@ func (d *Daemon) awaitPolicy(runCtx context.Context, st *kvstore.Store, wcfg kvs
 		case <-t.C:
 		}
 		ctx, cancel := context.WithTimeout(runCtx, 5*time.Second)
-		w, err := kvstore.NewWatcher(ctx, st, wcfg)
+		w, err := d.watchStore(ctx, wcfg)
 		cancel()
 		switch {
 		case err == nil:
