@@ -16,7 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 
-	"github.com/ration-dev/ration/internal/tlsfiles"
+	"github.com/ration-dev/ration/internal/natsauth"
 	"github.com/ration-dev/ration/policy"
 	"github.com/ration-dev/ration/policy/kvstore"
 )
@@ -177,26 +177,8 @@ func (c *cli) open(create bool, replicas int) (*kvstore.Store, error) {
 
 // natsOptions are the TLS files' and credentials' options, as regiond's.
 func (c *cli) natsOptions() ([]nats.Option, error) {
-	var opts []nats.Option
 	g := c.g
-	if g.natsCA != "" || g.natsCert != "" {
-		ct, err := tlsfiles.Client(tlsfiles.Files{CA: g.natsCA, Cert: g.natsCert, Key: g.natsKey})
-		if err != nil {
-			return nil, err
-		}
-		opts = append(opts, nats.Secure(ct.Static()))
-	}
-	switch {
-	case g.natsCreds != "":
-		opts = append(opts, nats.UserCredentials(g.natsCreds))
-	case g.natsNkey != "":
-		o, err := nats.NkeyOptionFromSeed(g.natsNkey)
-		if err != nil {
-			return nil, fmt.Errorf("nkey seed %s: %w", g.natsNkey, err)
-		}
-		opts = append(opts, o)
-	}
-	return opts, nil
+	return natsauth.Options(natsauth.Files{CA: g.natsCA, Cert: g.natsCert, Key: g.natsKey, Creds: g.natsCreds, Nkey: g.natsNkey})
 }
 
 // meta is the Meta of a write: the author as identity resolves it, and

@@ -12,7 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/ration-dev/ration/internal/tlsfiles"
+	"github.com/ration-dev/ration/internal/natsauth"
 	"github.com/ration-dev/ration/lease"
 	"github.com/ration-dev/ration/lease/service"
 	"github.com/ration-dev/ration/policy"
@@ -125,25 +125,8 @@ func defaultReplica() string {
 
 // natsAuth returns the NATS options of cfg's TLS files and credentials.
 func natsAuth(cfg *Config) ([]nats.Option, error) {
-	var opts []nats.Option
-	if cfg.NATSCA != "" || cfg.NATSCert != "" {
-		ct, err := tlsfiles.Client(tlsfiles.Files{CA: cfg.NATSCA, Cert: cfg.NATSCert, Key: cfg.NATSKey, Logger: cfg.Logger})
-		if err != nil {
-			return nil, err
-		}
-		opts = append(opts, nats.Secure(ct.Static()))
-	}
-	switch {
-	case cfg.NATSCreds != "":
-		opts = append(opts, nats.UserCredentials(cfg.NATSCreds))
-	case cfg.NATSNkey != "":
-		o, err := nats.NkeyOptionFromSeed(cfg.NATSNkey)
-		if err != nil {
-			return nil, fmt.Errorf("nkey seed %s: %w", cfg.NATSNkey, err)
-		}
-		opts = append(opts, o)
-	}
-	return opts, nil
+	return natsauth.Options(natsauth.Files{CA: cfg.NATSCA, Cert: cfg.NATSCert, Key: cfg.NATSKey,
+		Creds: cfg.NATSCreds, Nkey: cfg.NATSNkey, Logger: cfg.Logger})
 }
 
 // connectNATS starts the embedded NATS server (with JetStream, for the
