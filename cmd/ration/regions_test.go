@@ -116,13 +116,17 @@ func TestThreeRegionsOneStore(t *testing.T) {
 		return "rules:\n  - {name: per-tenant, key: [tenant], limit: " + strconv.Itoa(limit) + ", period: 1s, burst: " + strconv.Itoa(2*limit) + "}\n"
 	}
 
+	start := time.Now()
 	if code, out := cli("policy", "push", write("a.yaml", doc(1000)), "-m", "first", "-author", "alice"); code != 0 {
 		t.Fatalf("push: exit %d\n%s", code, out)
 	}
 	r1 := current()
-	everywhere("the first push", r1, time.Now()) // regiond was waiting for the bucket's first revision
+	// regiond was waiting for the bucket's first revision (it looks every second).
+	if took := everywhere("the first push", r1, start); took > 2*time.Second {
+		t.Errorf("the first push took %v to reach every region, want within 2s", took)
+	}
 
-	start := time.Now()
+	start = time.Now()
 	if code, out := cli("policy", "push", write("b.yaml", doc(2000)), "-m", "raise per-tenant", "-author", "bob"); code != 0 {
 		t.Fatalf("push: exit %d\n%s", code, out)
 	}
