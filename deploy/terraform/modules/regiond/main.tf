@@ -39,7 +39,7 @@ locals {
     "-admin=:${var.admin_port}",
     "-redis=$(REDIS_URL)",
     "-nats=$(NATS_URL)",
-    "-policy=${var.policy_path}",
+    "-policy=${var.policy_store == "" ? var.policy_path : "nats-kv://${var.policy_store}"}",
     "-sync-period=${var.sync_period}",
     "-lease-ttl=${var.lease_ttl}",
     "-store-timeout=${var.store_timeout}",
@@ -296,6 +296,10 @@ resource "kubernetes_deployment_v1" "regiond" {
   }
 
   lifecycle {
+    precondition {
+      condition     = (var.policy_yaml == "") != (var.policy_store == "")
+      error_message = "give policy_yaml (a file) or policy_store (the bucket of the policy store), exactly one."
+    }
     precondition {
       condition     = var.nats_nkey_secret == null || var.nats_creds_secret == null
       error_message = "give nats_nkey_secret or nats_creds_secret, not both: regiond refuses both."

@@ -301,12 +301,24 @@ variable "log_level" {
 # ---- policy -------------------------------------------------------------------
 
 variable "policy_yaml" {
-  description = "The policy (rules) as YAML, put in a ConfigMap and passed as -policy. Must be the same in every region. regiond watches the file: a change is applied without a restart once the kubelet refreshes the mounted ConfigMap (about a minute)."
+  description = "The policy (rules) as YAML, put in a ConfigMap and passed as -policy. Must be the same in every region. regiond watches the file: a change is applied without a restart once the kubelet refreshes the mounted ConfigMap (about a minute). Leave it empty with policy_store."
   type        = string
+  default     = ""
 
   validation {
-    condition     = can(yamldecode(var.policy_yaml).rules)
-    error_message = "policy_yaml must be a YAML mapping with a rules field; regiond validates the rules themselves."
+    condition     = var.policy_yaml == "" || can(yamldecode(var.policy_yaml).rules)
+    error_message = "policy_yaml must be a YAML mapping with a rules field (or empty, with policy_store); regiond validates the rules themselves."
+  }
+}
+
+variable "policy_store" {
+  description = "The policy store's bucket on the NATS of nats_url (passed as -policy nats-kv://BUCKET instead of the file): every region follows one versioned policy that `ration policy push` writes. The region's NATS user needs embedded.PolicyReader's subjects. Empty: the policy_yaml file."
+  type        = string
+  default     = ""
+
+  validation {
+    condition     = can(regex("^[A-Za-z0-9_-]{0,64}$", var.policy_store))
+    error_message = "policy_store must be a bucket name of letters, digits, '-' and '_' (at most 64), or empty."
   }
 }
 
