@@ -110,11 +110,20 @@ func (s *State) agree(now time.Time) {
 		}
 	}
 	var found map[string]*Disagreement
-	latest := make([]int, s.n) // per region, its replica heard last (-1: none counted yet)
-	for k := range latest {
-		latest[k] = -1
+	if len(s.ownRules) == 0 { // no global rule of ours to disagree on
+		if len(s.disagree) > 0 {
+			s.disagree = nil
+			s.disagreeGen++
+		}
+		return
 	}
-	recent := make([]bool, s.n)
+	if len(s.agreeLatest) != s.n {
+		s.agreeLatest, s.agreeRecent = make([]int, s.n), make([]bool, s.n)
+	}
+	latest, recent := s.agreeLatest, s.agreeRecent // per region: its replica heard last, and heard lately
+	for k := range latest {
+		latest[k], recent[k] = -1, false
+	}
 	for i := range s.replicas {
 		r := &s.replicas[i]
 		if !r.live {

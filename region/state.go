@@ -70,6 +70,8 @@ type State struct {
 	ownRules    map[string]RuleDef
 	disagree    map[string]*Disagreement
 	disagreeGen uint64
+	agreeLatest []int  // scratch of agree
+	agreeRecent []bool // scratch of agree
 
 	// scratch space for Epoch and Receive
 	tg       targeter
