@@ -43,7 +43,7 @@ func TestThreeRegionsOneStore(t *testing.T) {
 		reg := prometheus.NewRegistry()
 		d, err := regiond.New(regiond.Config{
 			Registry: reg,
-			Region: r, Regions: regions, Replica: r + "-0", Listen: "127.0.0.1:0", Admin: "127.0.0.1:0",
+			Region:   r, Regions: regions, Replica: r + "-0", Listen: "127.0.0.1:0", Admin: "127.0.0.1:0",
 			RedisURL: redistest.StartServer(t).URL(), NATSURL: url, PolicyFile: "nats-kv://ration-policy",
 			SyncPeriod: 500 * time.Millisecond, StoreTimeout: time.Second, NATSReconnectWait: 20 * time.Millisecond,
 			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),

@@ -45,7 +45,7 @@ type Daemon struct {
 	initial int64 // this region's initial share of a global key
 	svc     *service.Service
 	pol     *enforcer
-	rev     atomic.Uint64 // the policy store's revision applied (policykv.go)
+	rev     atomic.Uint64   // the policy store's revision applied (policykv.go)
 	watcher *policy.Watcher // nil with the embedded policy
 	// adminToken guards /metrics; nil without AdminTokenFile.
 	adminToken *bearer.Guard

@@ -167,7 +167,7 @@ type load struct {
 	// granted counts, per region, the tokens its leases were granted.
 	granted map[string]*atomic.Int64
 	stop    chan struct{}
-	wg     sync.WaitGroup
+	wg      sync.WaitGroup
 }
 
 func (dep *deployment) load(rates map[string]int64) *load {

@@ -115,4 +115,3 @@ func (e *enforcer) Name() string {
 	defer e.mu.Unlock()
 	return e.name
 }
-

@@ -19,9 +19,9 @@ type metrics struct {
 	refused        *prometheus.CounterVec   // calls refused by a rule's clients
 
 	grantItems, returnItems prometheus.Counter
-	dryAnswers              prometheus.Counter // lease items answered from the memory of dry keys
-	dryProbes               prometheus.Counter // grant items that probe a dry key once its memory expired
-	dryDropped              prometheus.Counter // dry-key notices a subscriber fell too far behind for
+	dryAnswers              prometheus.Counter     // lease items answered from the memory of dry keys
+	dryProbes               prometheus.Counter     // grant items that probe a dry key once its memory expired
+	dryDropped              prometheus.Counter     // dry-key notices a subscriber fell too far behind for
 	stagedDenied            *prometheus.CounterVec // tokens staged rules would have denied, by rule
 
 	lease, ret  rpcMetrics
