@@ -20,6 +20,10 @@ type WatcherConfig struct {
 	// Logger receives reload results and every problem of a bad file.
 	// Default slog.Default().
 	Logger *slog.Logger
+	// OnRefused, if set, is called once for each content of the file that
+	// failed to read or validate and was kept from replacing the current
+	// set (as often as its problems are logged).
+	OnRefused func(error)
 }
 
 // ErrInvalidConfig is wrapped by NewWatcher's and Validate's errors for a
@@ -266,6 +270,9 @@ func (w *Watcher) swap(set *Set) (old *Set) {
 }
 
 func (w *Watcher) logError(err error) {
+	if w.cfg.OnRefused != nil {
+		w.cfg.OnRefused(err)
+	}
 	keep := w.Current().Version()
 	var es Errors
 	if !errors.As(err, &es) {

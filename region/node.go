@@ -154,6 +154,9 @@ func (n *Node) PolicyChanged() { n.st.PolicyChanged() }
 // heard defines them otherwise, as of the latest Tally or Epoch.
 func (n *Node) Disagreements() ([]Disagreement, uint64) { return n.st.Disagreements() }
 
+// DisagreementGen is State.DisagreementGen.
+func (n *Node) DisagreementGen() uint64 { return n.st.DisagreementGen() }
+
 // Hold takes what the replica learnt of its region's holder election at the
 // start of an epoch: a replica that no longer holds it (or took it afresh
 // after it lapsed) drops its state, and one that now holds it takes over

@@ -191,6 +191,10 @@ func (s *State) held(pol KeyPolicy) bool {
 	return ok
 }
 
+// DisagreementGen is the counter Disagreements returns, without the copy:
+// callers that follow the disagreements read them again only when it moved.
+func (s *State) DisagreementGen() uint64 { return s.disagreeGen }
+
 // Disagreements returns the rules held for a disagreement at the latest
 // Epoch, sorted by rule, and a counter that changes whenever they do.
 func (s *State) Disagreements() ([]Disagreement, uint64) {

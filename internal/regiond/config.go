@@ -16,6 +16,7 @@ import (
 
 	"github.com/ration-dev/ration/internal/tlsfiles"
 	"github.com/ration-dev/ration/lease/service"
+	"github.com/ration-dev/ration/policy/kvstore"
 	"github.com/ration-dev/ration/region"
 )
 
@@ -220,11 +221,11 @@ func (c Config) validate() error {
 	if c.policyBucket() != "" && !c.exchanging() {
 		errs = append(errs, fmt.Errorf("policy %s: the policy store is on NATS: give -nats or -nats-embedded", c.PolicyFile))
 	}
-	if strings.HasPrefix(c.PolicyFile, kvScheme) && !validBucket(c.policyBucket()) {
+	if strings.HasPrefix(c.PolicyFile, kvScheme) && !kvstore.ValidBucket(c.policyBucket()) {
 		errs = append(errs, fmt.Errorf("policy %s: a bucket name of letters, digits, '-' and '_'", c.PolicyFile))
 	}
-	if c.PolicyReplicas < 0 || c.PolicyReplicas > 5 {
-		errs = append(errs, fmt.Errorf("policy replicas %d: 1 to 5", c.PolicyReplicas))
+	if c.PolicyReplicas < 0 || c.PolicyReplicas > kvstore.MaxReplicas {
+		errs = append(errs, fmt.Errorf("policy replicas %d: 1 to %d", c.PolicyReplicas, kvstore.MaxReplicas))
 	}
 	if c.NATSURL != "" && c.NATSEmbedded {
 		errs = append(errs, errors.New("NATS: use an external server (NATSURL) or the embedded one, not both"))
@@ -283,18 +284,6 @@ func (c Config) policyBucket() string {
 		return ""
 	}
 	return strings.TrimSuffix(b, "/")
-}
-
-func validBucket(b string) bool {
-	if b == "" || len(b) > 64 {
-		return false
-	}
-	for _, ch := range b {
-		if !(ch >= 'a' && ch <= 'z' || ch >= 'A' && ch <= 'Z' || ch >= '0' && ch <= '9' || ch == '-' || ch == '_') {
-			return false
-		}
-	}
-	return true
 }
 
 // exchanging reports whether the cross-region exchange runs.

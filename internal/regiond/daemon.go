@@ -95,8 +95,11 @@ func New(cfg Config) (*Daemon, error) {
 		}
 	}
 
+	pm, err := newPolicyMetrics(cfg.Registry)
+	if err != nil {
+		return nil, fmt.Errorf("regiond: metrics: %w", err)
+	}
 	var pol *policy.Set
-	var err error
 	switch {
 	case cfg.PolicyFile == "" && cfg.PolicyYAML != nil:
 		pol, err = policy.Parse("config:PolicyYAML", cfg.PolicyYAML)
@@ -106,7 +109,8 @@ func New(cfg Config) (*Daemon, error) {
 		// The policy store is on NATS, which Start connects: until its
 		// first revision arrives regiond serves no rule and is not ready.
 	default:
-		d.watcher, err = policy.NewWatcher(policy.WatcherConfig{Path: cfg.PolicyFile, Interval: cfg.PolicyInterval, Logger: d.log})
+		d.watcher, err = policy.NewWatcher(policy.WatcherConfig{Path: cfg.PolicyFile, Interval: cfg.PolicyInterval, Logger: d.log,
+			OnRefused: func(error) { pm.refused.WithLabelValues("file").Inc() }})
 		if err == nil {
 			pol = d.watcher.Current()
 		}
@@ -161,11 +165,6 @@ func New(cfg Config) (*Daemon, error) {
 	if err != nil {
 		d.closeDB()
 		return nil, fmt.Errorf("regiond: %w", err)
-	}
-	pm, err := newPolicyMetrics(cfg.Registry)
-	if err != nil {
-		d.closeDB()
-		return nil, fmt.Errorf("regiond: metrics: %w", err)
 	}
 	d.pol = &enforcer{svc: d.svc, log: d.log, met: pm}
 	d.pol.setBase(pol, pol.Version())

@@ -155,6 +155,9 @@ func TestPolicyReloadKeepsGoodPolicyOnError(t *testing.T) {
 	if d.Service().Policy().Rule("b") == nil {
 		t.Fatal("a bad file replaced the good policy")
 	}
+	if got := metricSum(t, d, "ration_policy_refused_total", "source", "file"); got != 1 {
+		t.Errorf("ration_policy_refused_total{source=file} = %v after one bad file, want 1", got)
+	}
 	if _, err := leaseOne(ctx, c, "b", "tenant=x", 1); err != nil {
 		t.Fatalf("rule b after a failed reload: %v", err)
 	}

@@ -90,6 +90,13 @@ type Config struct {
 
 var validBucket = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
 
+// ValidBucket reports whether name can name the policy store's bucket:
+// letters, digits, '-' and '_'.
+func ValidBucket(name string) bool { return validBucket.MatchString(name) }
+
+// MaxReplicas is the most replicas a bucket may have (JetStream's).
+const MaxReplicas = 5
+
 func (c Config) withDefaults() Config {
 	if c.Bucket == "" {
 		c.Bucket = DefaultBucket
@@ -111,10 +118,10 @@ func (c Config) validate() error {
 	switch {
 	case c.Conn == nil:
 		return fmt.Errorf("%w: Conn is required", ErrInvalidConfig)
-	case !validBucket.MatchString(c.Bucket):
+	case !ValidBucket(c.Bucket):
 		return fmt.Errorf("%w: Bucket %q must match [A-Za-z0-9_-]+", ErrInvalidConfig, c.Bucket)
-	case c.Replicas < 1 || c.Replicas > 5:
-		return fmt.Errorf("%w: Replicas must be 1 to 5 (got %d)", ErrInvalidConfig, c.Replicas)
+	case c.Replicas < 1 || c.Replicas > MaxReplicas:
+		return fmt.Errorf("%w: Replicas must be 1 to %d (got %d)", ErrInvalidConfig, MaxReplicas, c.Replicas)
 	}
 	return nil
 }

@@ -117,10 +117,10 @@ func (w *world) decide(r *regiond, t int64) {
 // regiond does on exchange.Config.OnDisagree (agents hear it at once here,
 // over the policy stream there, within milliseconds).
 func (w *world) enforce(r *regiond) {
-	ds, gen := r.node.Disagreements()
-	if gen == r.agreeGen && r.enforced != nil {
+	if r.node.DisagreementGen() == r.agreeGen && r.enforced != nil {
 		return
 	}
+	ds, gen := r.node.Disagreements()
 	r.agreeGen = gen
 	set, _, err := r.base.Agreed(ds)
 	if err != nil {

@@ -13,10 +13,10 @@ import (
 
 // noteDisagreements runs after every epoch's phase.
 func (x *Exchanger) noteDisagreements() {
-	ds, gen := x.node.Disagreements()
-	if gen == x.disagreeGen {
+	if x.node.DisagreementGen() == x.disagreeGen {
 		return
 	}
+	ds, gen := x.node.Disagreements()
 	x.disagreeGen = gen
 	now := make(map[string]bool, len(ds))
 	for _, d := range ds {
