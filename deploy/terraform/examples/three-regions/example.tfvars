@@ -1,5 +1,7 @@
 # Copy to terraform.tfvars (kept out of version control) and fill in.
-image = "registry.example.com/ration:v0.1.0"
+# The image the repository's Dockerfile builds, pushed where the clusters pull
+# from (deploy/README.md): the tag is the release you deploy.
+image = "ghcr.io/ration-dev/ration:v0.1.0"
 
 redis_urls = {
   us = "rediss://default:CHANGE-ME@redis.us.internal:6379/0"

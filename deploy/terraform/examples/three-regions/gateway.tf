@@ -81,7 +81,7 @@ resource "kubernetes_deployment_v1" "gateway" {
         container {
           name    = "ration-agent"
           image   = var.image
-          command = ["agent"]
+          command = ["/usr/local/bin/agent"]
           args = [
             "-regiond=${module.regiond_us.lease_api_address}",
             # Loopback only: Envoy in the same pod is its one client.

@@ -13,6 +13,10 @@ locals {
   # one-way delay between the farthest regions (us-ap) plus clock skew.
   decide_after = "250ms"
   policy_yaml  = file("${path.module}/policy.yaml")
+  # The image the repository's Dockerfile builds holds regiond, agent and
+  # ration in /usr/local/bin; its entrypoint is regiond, named here anyway so
+  # that another image with the same layout works too.
+  regiond_command = ["/usr/local/bin/regiond"]
 }
 
 module "regiond_us" {
@@ -27,6 +31,7 @@ module "regiond_us" {
 
   namespace = var.namespace
   image     = var.image
+  command   = local.regiond_command
   redis_url = var.redis_urls["us"]
   nats_urls = var.nats_urls["us"]
 }
@@ -43,6 +48,7 @@ module "regiond_eu" {
 
   namespace = var.namespace
   image     = var.image
+  command   = local.regiond_command
   redis_url = var.redis_urls["eu"]
   nats_urls = var.nats_urls["eu"]
 }
@@ -59,6 +65,7 @@ module "regiond_ap" {
 
   namespace = var.namespace
   image     = var.image
+  command   = local.regiond_command
   redis_url = var.redis_urls["ap"]
   nats_urls = var.nats_urls["ap"]
   # ap's gateways are fewer; two replicas still survive a node loss.

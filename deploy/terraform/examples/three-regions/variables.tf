@@ -26,7 +26,7 @@ variable "namespace" {
 }
 
 variable "image" {
-  description = "Image with the regiond and agent binaries (go build ./cmd/regiond ./cmd/agent)."
+  description = "Image built by the repository's Dockerfile (regiond, agent and ration in /usr/local/bin), e.g. ghcr.io/ration-dev/ration:v0.1.0: see deploy/README.md."
   type        = string
 }
 
