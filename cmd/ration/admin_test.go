@@ -3,6 +3,8 @@ package main
 import (
 	"crypto/tls"
 	"encoding/json"
+	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -60,6 +62,8 @@ func newTLSRegion(t *testing.T, ca *tlstest.CA) *fakeRegion {
 		t.Fatal(err)
 	}
 	f.srv.TLS = &tls.Config{Certificates: []tls.Certificate{cert}}
+	// The handshakes refused on purpose are not news.
+	f.srv.Config.ErrorLog = log.New(io.Discard, "", 0)
 	f.srv.StartTLS()
 	t.Cleanup(f.srv.Close)
 	return f

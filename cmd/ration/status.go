@@ -122,18 +122,18 @@ func writePeers(w io.Writer, ss []statusRegionJSON) []string {
 			cols = append(cols, r)
 		}
 	}
-	rows := 0
+	peers := 0
 	for _, s := range ss {
 		if s.Exchange == nil {
 			continue
 		}
-		rows++
+		peers += len(s.Exchange.Peers)
 		add(s.Region)
 		for _, p := range s.Exchange.Peers {
 			add(p.Region)
 		}
 	}
-	if rows == 0 {
+	if peers == 0 {
 		return nil
 	}
 	fmt.Fprintln(w, "\npeers: report age as each region (row) hears each other (column)")

@@ -175,10 +175,12 @@ func writeTop(w io.Writer, out topJSON) {
 	}
 	header := append([]string{"RANK", "STORE KEY", "RULE", "COUNT"}, ls...)
 	t := newTable(w, append(header, "ADMITTED", "DENIED")...)
+	var overcount, missing bool
 	for _, k := range out.Keys {
 		count := strconv.FormatUint(k.Count, 10)
 		if k.Error > 0 {
 			count += " ±" + strconv.FormatUint(k.Error, 10)
+			overcount = true
 		}
 		cells := []string{strconv.Itoa(k.Rank), k.StoreKey, k.Rule, count}
 		for _, l := range ls {
@@ -186,12 +188,18 @@ func writeTop(w io.Writer, out topJSON) {
 				cells = append(cells, strconv.FormatUint(c, 10))
 			} else {
 				cells = append(cells, "-")
+				missing = true
 			}
 		}
 		t.row(append(cells, strconv.FormatUint(k.Admitted, 10), strconv.FormatUint(k.Denied, 10))...)
 	}
 	t.flush()
-	writeNotes(w, []string{
-		fmt.Sprintf("COUNT is the sum of each region's estimate, high by at most ±; - : not in that region's top %d", out.N),
-	})
+	var notes []string
+	if overcount {
+		notes = append(notes, "± the summaries' estimates may exceed the true count by at most this much")
+	}
+	if missing {
+		notes = append(notes, fmt.Sprintf("- not in that region's top %d: counted as 0", out.N))
+	}
+	writeNotes(w, notes)
 }
