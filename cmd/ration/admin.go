@@ -291,13 +291,18 @@ func (ac *adminClient) get(ctx context.Context, t target, path string, query url
 func statusError(t target, resp *http.Response, body []byte) error {
 	msg := snippet(body)
 	var e adminapi.Error
-	if json.Unmarshal(body, &e) == nil && e.Error != "" {
+	api := json.Unmarshal(body, &e) == nil && e.Error != ""
+	if api {
 		msg = e.Error
 	}
 	re := &regionError{addr: t.addr, code: exitUnreachable}
 	switch resp.StatusCode {
 	case http.StatusBadRequest, http.StatusNotFound:
-		re.code = exitRefused
+		if api {
+			re.code = exitRefused // the region has no such key or rule
+		} else {
+			msg += " (not regiond's admin API: a regiond without it, or another server)"
+		}
 	case http.StatusUnauthorized, http.StatusForbidden:
 		msg += " (the admin token: -admin-token-file)"
 	case http.StatusMovedPermanently, http.StatusFound, http.StatusTemporaryRedirect, http.StatusPermanentRedirect:

@@ -236,3 +236,14 @@ func newHandlerRegion(t *testing.T, h http.Handler) string {
 	srv.Config.Handler = h
 	return strings.TrimPrefix(srv.URL, "http://")
 }
+
+// TestAdminNotTheAPI: a 404 that is not the admin API's (an older regiond,
+// another server) is not "no such key": exit 3, said so.
+func TestAdminNotTheAPI(t *testing.T) {
+	other := newHandlerRegion(t, http.NotFoundHandler())
+	_, errOut, code := ration(t, "inspect", "per-tenant/acme", "-admin", other)
+	want := "ration: " + other + `: 404 Not Found: "404 page not found" (not regiond's admin API: a regiond without it, or another server)` + "\n"
+	if code != exitUnreachable || errOut != want {
+		t.Errorf("exit %d, stderr %q; want %d, %q", code, errOut, exitUnreachable, want)
+	}
+}
