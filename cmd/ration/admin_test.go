@@ -229,3 +229,13 @@ func TestAdminUsage(t *testing.T) {
 		t.Errorf("policy show -h lists the admin flags:\n%s", out)
 	}
 }
+
+func TestSeconds(t *testing.T) {
+	for in, want := range map[float64]string{
+		-1: "never", 0: "0.0s", 0.84: "0.8s", 9.94: "9.9s", 10: "10s", 59.6: "1m", 60: "1m", 125: "2m05s", 3725: "1h02m", 86400: "24h00m",
+	} {
+		if got := seconds(in); got != want {
+			t.Errorf("seconds(%v) = %q, want %q", in, got, want)
+		}
+	}
+}

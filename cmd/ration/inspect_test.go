@@ -65,9 +65,9 @@ eu      eu-0     3/224       224     22.4%    22.4%   200.4     0.8s        1200
 ap      ap-1     0/122       122     12.2%    12.2%*  100       1.1s        -         -       -
 
 notes:
-  ADMITTED and DENIED: tokens over the last 1m0s
+  ADMITTED and DENIED: tokens over the last 1m
   * views differ: eu (eu-0) hears ap 13.0%
-  ap: too few requests in the last 1m0s to be tracked
+  ap: too few requests in the last 1m to be tracked
   ap: not the exchange's holder replica (ap-0 holds it)
 `)
 }

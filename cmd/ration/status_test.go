@@ -1,6 +1,8 @@
 package main
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -49,9 +51,9 @@ func TestStatusHealthy(t *testing.T) {
 		t.Fatalf("exit %d, stderr %s", code, errOut)
 	}
 	golden(t, "status", out, `REGION  REPLICA  READY  STORE     POLICY      HOLDER  EPOCH  KEYS/RESTING  AGENTS  UPTIME  VERSION
-us      us-0     yes    redis ok  r12 3fa2c1  yes     3720   42/30         6       1h2m5s  v0.9.0
-eu      eu-0     yes    redis ok  r12 3fa2c1  yes     3720   42/30         6       1h2m5s  v0.9.0
-ap      ap-0     yes    redis ok  r12 3fa2c1  no      3720   42/30         6       1h2m5s  v0.9.0
+us      us-0     yes    redis ok  r12 3fa2c1  yes     3720   42/30         6       1h02m   v0.9.0
+eu      eu-0     yes    redis ok  r12 3fa2c1  yes     3720   42/30         6       1h02m   v0.9.0
+ap      ap-0     yes    redis ok  r12 3fa2c1  no      3720   42/30         6       1h02m   v0.9.0
 
 peers: report age as each region (row) hears each other (column)
 HEARS  us    eu    ap
@@ -78,8 +80,8 @@ func TestStatusUnhealthy(t *testing.T) {
 		t.Fatalf("exit %d, want %d; stderr %s", code, exitRefused, errOut)
 	}
 	golden(t, "status", out, `REGION  REPLICA  READY  STORE          POLICY      HOLDER  EPOCH  KEYS/RESTING  AGENTS  UPTIME  VERSION
-us      us-0     yes    redis ok       r12 3fa2c1  yes     3720   42/30         6       1h2m5s  v0.9.0
-eu      eu-0     no     redis failing  r11 77be01  yes     3720   42/30         6       1h2m5s  v0.9.0
+us      us-0     yes    redis ok       r12 3fa2c1  yes     3720   42/30         6       1h02m   v0.9.0
+eu      eu-0     no     redis failing  r11 77be01  yes     3720   42/30         6       1h02m   v0.9.0
 
 peers: report age as each region (row) hears each other (column)
 HEARS  us    eu    ap
@@ -182,6 +184,34 @@ func TestAdminHTTPS(t *testing.T) {
 	_, errOut, code = ration(t, "status", "-admin", r.srv.URL, "-admin-ca", other)
 	if code != exitUnreachable || !strings.Contains(errOut, "certificate") {
 		t.Errorf("with another CA: exit %d, stderr %s", code, errOut)
+	}
+}
+
+// TestAdminMutualTLS: a listener that verifies clients gets -admin-cert;
+// without it the handshake fails; -admin-server-name names the server.
+func TestAdminMutualTLS(t *testing.T) {
+	ca := tlstest.NewCA(t, "admin CA")
+	r := newTLSRegion(t, ca)
+	r.status = status("us", nil)
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(ca.PEM)
+	r.srv.TLS.ClientAuth, r.srv.TLS.ClientCAs = tls.RequireAndVerifyClientCert, pool
+	dir := t.TempDir()
+	caFile := tlstest.Write(t, dir, "ca.pem", ca.PEM)
+	certPEM, keyPEM := ca.Issue(t, tlstest.Leaf{Name: "operator", Client: true})
+	cert, key := tlstest.Write(t, dir, "cert.pem", certPEM), tlstest.Write(t, dir, "key.pem", keyPEM)
+	if _, errOut, code := ration(t, "status", "-admin", r.srv.URL, "-admin-ca", caFile, "-admin-cert", cert, "-admin-key", key); code != exitOK {
+		t.Errorf("with -admin-cert: exit %d, stderr %s", code, errOut)
+	}
+	if _, errOut, code := ration(t, "status", "-admin", r.srv.URL, "-admin-ca", caFile); code != exitUnreachable {
+		t.Errorf("without -admin-cert: exit %d, stderr %s", code, errOut)
+	}
+	_, errOut, code := ration(t, "status", "-admin", r.srv.URL, "-admin-ca", caFile, "-admin-cert", cert, "-admin-key", key, "-admin-server-name", "regiond.example")
+	if code != exitUnreachable || !strings.Contains(errOut, "regiond.example") {
+		t.Errorf("-admin-server-name the certificate lacks: exit %d, stderr %s", code, errOut)
+	}
+	if _, errOut, code := ration(t, "status", "-admin", r.srv.URL, "-admin-cert", cert); code != exitUsage {
+		t.Errorf("-admin-cert without -admin-key: exit %d, stderr %s", code, errOut)
 	}
 }
 

@@ -38,8 +38,9 @@ func num(v float64) string {
 	return strconv.FormatFloat(math.Round(v*10)/10, 'f', -1, 64)
 }
 
-// seconds is a duration given in seconds, as an age or a period: tenths
-// below ten seconds, whole seconds above; "never" when negative.
+// seconds is a duration given in seconds, as an age or a window: tenths
+// below ten seconds, then whole seconds, minutes and hours ("42s",
+// "1m", "2m05s", "1h02m"); "never" when negative.
 func seconds(s float64) string {
 	switch {
 	case s < 0:
@@ -47,7 +48,17 @@ func seconds(s float64) string {
 	case s < 10:
 		return strconv.FormatFloat(s, 'f', 1, 64) + "s"
 	}
-	return time.Duration(math.Round(s) * float64(time.Second)).String()
+	n := int64(math.Round(s))
+	h, m, sec := n/3600, n/60%60, n%60
+	switch {
+	case h > 0:
+		return fmt.Sprintf("%dh%02dm", h, m)
+	case sec == 0:
+		return fmt.Sprintf("%dm", m)
+	case m > 0:
+		return fmt.Sprintf("%dm%02ds", m, sec)
+	}
+	return fmt.Sprintf("%ds", sec)
 }
 
 // period is a rule's period: "1s", "1m0s".

@@ -39,7 +39,7 @@ func TestTopMerged(t *testing.T) {
 	if code != exitOK || errOut != "" {
 		t.Fatalf("exit %d, stderr %s", code, errOut)
 	}
-	golden(t, "top", out, `top 10 by denied over the last 1m0s, every rule, from us, eu, ap
+	golden(t, "top", out, `top 10 by denied over the last 1m, every rule, from us, eu, ap
 
 RANK  STORE KEY          RULE        COUNT     us    eu   ap   ADMITTED  DENIED
 1     per-tenant/acme    per-tenant  2565 ±12  2410  150  5    50810     2565
