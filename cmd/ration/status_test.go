@@ -254,7 +254,7 @@ func TestAdminTimeout(t *testing.T) {
 		}
 	}))
 	defer close(release)
-	out, errOut, code := ration(t, "status", "-admin", good.addr()+","+stuck, "-timeout", "300ms")
+	out, errOut, code := ration(t, "status", "-admin", good.addr()+","+stuck, "-timeout", "2s")
 	if code != exitUnreachable || !strings.HasPrefix(out, "REGION") || !strings.Contains(errOut, stuck+": no answer within -timeout") {
 		t.Errorf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
 	}
