@@ -1,6 +1,7 @@
 package main
 
 import (
+	"net/http"
 	"net/url"
 	"strings"
 	"testing"
@@ -160,4 +161,55 @@ func TestInspectWrongKey(t *testing.T) {
 	if code != exitUnreachable || !strings.Contains(errOut, `it is about key "per-tenant", not "per-tenant/acme"`) {
 		t.Errorf("exit %d, stderr %s", code, errOut)
 	}
+}
+
+// TestInspectUnderPrefix: an -admin URL with a path (a proxy in front of
+// regiond) puts the API's paths under it, the key still escaped.
+func TestInspectUnderPrefix(t *testing.T) {
+	r := newRegion(t)
+	k := acme("us", 1, 1, 1, 0, 0)
+	k.StoreKey = "per-route/GET /a b"
+	r.keys[k.StoreKey] = k
+	proxy := newHandlerRegion(t, http.StripPrefix("/ration/us", r.mux()))
+	if out, errOut, code := ration(t, "inspect", "-admin", "http://"+proxy+"/ration/us/", k.StoreKey); code != exitOK {
+		t.Fatalf("exit %d\n%s%s", code, out, errOut)
+	}
+	if got := r.requests(); len(got) != 1 || got[0].storeKey != k.StoreKey || got[0].path != "/v1/keys/per-route%2FGET%20%2Fa%20b" {
+		t.Errorf("asked %+v", got)
+	}
+}
+
+// TestInspectNotes: what the table cannot show goes in the notes: a key
+// without a bucket, regions enforcing different quotas, a held key, a
+// global key no answer carried the exchange's view of.
+func TestInspectNotes(t *testing.T) {
+	us, eu := newRegion(t), newRegion(t)
+	k := acme("us", 10, 500, 0.5, 5, 1)
+	k.Exchange = view("us", map[string][3]float64{"us": {0.5, 10, 0}, "eu": {0.5, 0, 0.5}, "ap": {0, 0, -1}})
+	k.Exchange.Held = true
+	us.keys[k.StoreKey] = k
+	k = acme("eu", 0, 0, 0, 0, 0)
+	k.Bucket, k.Limit = nil, 500
+	eu.keys[k.StoreKey] = k
+	out, _, code := ration(t, "inspect", "per-tenant/acme", "-admin", admins(us, eu))
+	if code != exitOK {
+		t.Fatalf("exit %d", code)
+	}
+	golden(t, "inspect", out, `per-tenant/acme: rule per-tenant, global token_bucket, 1000 per 1s
+exchange: as us (us-0) hears it; held (regions define the rule differently: shares stay where they are)
+
+REGION  REPLICA  TOKENS/CAP  RATE/s  APPLIED  SHARE  DEMAND/s  REPORT AGE  ADMITTED  DENIED  DRY
+us      us-0     10/500      500     50.0%    50.0%  10        self        5         1       -
+eu      eu-0     -           -       -        50.0%  0         0.5s        0         0       -
+ap      -        -           -       -        0.0%   0         never       -         -       -
+
+notes:
+  ADMITTED and DENIED: tokens over the last 1m
+  the regions enforce different quotas (the stricter holds while they disagree): us: global token_bucket 1000 per 1s; eu: global token_bucket 500 per 1s
+  eu: no bucket in the store (never leased, or expired)
+`)
+
+	delete(us.keys, "per-tenant/acme")
+	out, _, _ = ration(t, "inspect", "per-tenant/acme", "-admin", admins(eu, us))
+	contains(t, "stdout", out, "no answer carried the exchange's view: ask a region's holder replica (ration status shows it)")
 }
