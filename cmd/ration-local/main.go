@@ -3,7 +3,8 @@
 // memory stores, exchanging over an embedded NATS server, each serving a
 // real agent that a built-in load generator drives. Demand leans on one
 // region and then moves to the next; every second a table shows each
-// region's share of the quota and the tokens admitted and denied.
+// region's demand during that second, its share of the quota and the
+// tokens admitted and denied, and the total beside the limit.
 //
 //	go run ./cmd/ration-local
 //
@@ -177,13 +178,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	key := policy.StoreKey("demo", "tenant=acme")
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
+	prev := start
 	for {
 		select {
 		case <-ctx.Done():
 			fmt.Fprintln(stdout, "stopping")
 			return nil
 		case now := <-tick.C:
-			g.print(ctx, stdout, now, daemons, key)
+			g.print(ctx, stdout, prev, now, daemons, key)
+			prev = now
 		}
 	}
 }
@@ -236,31 +239,63 @@ func (g *generator) drive(ctx context.Context, i int, a *agent.Agent) {
 	}
 }
 
-// print writes one table: each region's share, admitted and denied tokens
-// in the last second.
-func (g *generator) print(ctx context.Context, w io.Writer, now time.Time, daemons map[string]*regiond.Daemon, key string) {
-	elapsed := now.Sub(g.start)
-	fmt.Fprintf(w, "t=%-4v demand/s:", elapsed.Round(time.Second))
+// demandDuring is region i's demand over the interval from..to: the rate
+// in force at its middle, so that a second that ends just after the
+// demand moved is labelled with the demand it answered, not the new one.
+func (g *generator) demandDuring(i int, from, to time.Time) int64 {
+	return g.rate(i, from.Sub(g.start)+to.Sub(from)/2)
+}
+
+// print writes one table: each region's demand, share, admitted and denied
+// tokens over the interval from..to (a second).
+func (g *generator) print(ctx context.Context, w io.Writer, from, to time.Time, daemons map[string]*regiond.Daemon, key string) {
+	var sec second
+	sec.elapsed = to.Sub(g.start)
+	sec.limit = g.limit
 	for i, r := range regions {
-		fmt.Fprintf(w, " %s %d", r, g.rate(i, elapsed))
+		sec.demand[i] = g.demandDuring(i, from, to)
+		sctx, cancel := context.WithTimeout(ctx, time.Second)
+		ppm, err := daemons[r].Share(sctx, key)
+		cancel()
+		sec.share[i] = -1
+		if err == nil {
+			sec.share[i] = float64(ppm) / 1e6
+		}
+		sec.admitted[i], sec.denied[i] = g.admitted[i].Swap(0), g.denied[i].Swap(0)
+	}
+	sec.write(w)
+}
+
+// second is one second's figures: per region its demand during the
+// second, its share at the end of it (negative: unknown), and the tokens
+// admitted and denied during it.
+type second struct {
+	elapsed          time.Duration
+	limit            int64
+	demand           [3]int64
+	share            [3]float64
+	admitted, denied [3]int64
+}
+
+// write prints the second's table, its total beside the limit.
+func (s second) write(w io.Writer) {
+	fmt.Fprintf(w, "t=%-4v demand/s:", s.elapsed.Round(time.Second))
+	for i, r := range regions {
+		fmt.Fprintf(w, " %s %d", r, s.demand[i])
 	}
 	fmt.Fprintf(w, "\n  %-6s %7s %9s %7s\n", "region", "share", "admitted", "denied")
 	var share float64
 	var adm, den int64
 	for i, r := range regions {
-		sctx, cancel := context.WithTimeout(ctx, time.Second)
-		ppm, err := daemons[r].Share(sctx, key)
-		cancel()
-		s := "?"
-		if err == nil {
-			s = fmt.Sprintf("%.1f%%", float64(ppm)/1e4)
-			share += float64(ppm) / 1e4
+		sh := "?"
+		if s.share[i] >= 0 {
+			sh = fmt.Sprintf("%.1f%%", s.share[i]*100)
+			share += s.share[i] * 100
 		}
-		a, d := g.admitted[i].Swap(0), g.denied[i].Swap(0)
-		adm, den = adm+a, den+d
-		fmt.Fprintf(w, "  %-6s %7s %9d %7d\n", r, s, a, d)
+		adm, den = adm+s.admitted[i], den+s.denied[i]
+		fmt.Fprintf(w, "  %-6s %7s %9d %7d\n", r, sh, s.admitted[i], s.denied[i])
 	}
-	fmt.Fprintf(w, "  %-6s %6.1f%% %9d %7d\n\n", "total", share, adm, den)
+	fmt.Fprintf(w, "  %-6s %6.1f%% %9d %7d  (limit %d/s)\n\n", "total", share, adm, den, s.limit)
 }
 
 // pushPolicy writes the demo's policy to the policy store of the embedded

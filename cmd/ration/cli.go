@@ -24,15 +24,20 @@ import (
 // cli is one invocation: its flags, its output and its connection.
 type cli struct {
 	g              globals
+	admin          adminFlags
 	stdout, stderr io.Writer
 	ctx            context.Context
 	nc             *nats.Conn
+	// closers release what the command opened besides nc (the admin
+	// client's idle connections).
+	closers []func()
 
 	// The subcommands' own flags.
 	message, author string
 	shadow, verbose bool
 	replicas, n     int
 	file            string
+	rule, by        string
 }
 
 func (c *cli) json() bool { return c.g.output == "json" }
@@ -40,6 +45,9 @@ func (c *cli) json() bool { return c.g.output == "json" }
 func (c *cli) close() {
 	if c.nc != nil {
 		c.nc.Close()
+	}
+	for _, f := range c.closers {
+		f()
 	}
 }
 

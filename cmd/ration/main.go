@@ -1,27 +1,43 @@
 // Command ration manages the policy every region enforces, kept versioned
 // in a NATS JetStream key-value bucket (policy/kvstore): validate a file,
 // push it, see what changed and who changed it, roll back, and stage a
-// revision for the regions to evaluate in shadow before enforcing it.
+// revision for the regions to evaluate in shadow before enforcing it. It
+// also shows what the regions do, from regiond's admin API
+// (internal/adminapi), asking every region given to -admin at once.
 //
 //	ration policy validate rules.yaml
 //	ration policy push rules.yaml -m "raise acme to 2000/s"
 //	ration policy history
 //	ration policy rollback 12 -m "the raise overloads the ledger"
+//	ration inspect per-tenant/acme -admin us:7071,eu:7071,ap:7071
+//	ration top -by denied -n 20
+//	ration status
 //
-// Every subcommand takes the global flags (-nats, -bucket, the TLS and
-// credential files, -o, -timeout) before or after its arguments, and with
-// -o json prints one JSON document on stdout, errors included. The author
-// recorded with a revision is the NATS identity the server authenticated
-// (with -author, when it differs, recorded beside it as claimed), else
-// -author, else the OS user and host marked unverified.
+// Every policy subcommand takes the global flags (-nats, -bucket, the TLS
+// and credential files, -o, -timeout) before or after its arguments, and
+// with -o json prints one JSON document on stdout, errors included. The
+// author recorded with a revision is the NATS identity the server
+// authenticated (with -author, when it differs, recorded beside it as
+// claimed), else -author, else the OS user and host marked unverified.
+//
+// The operating commands (inspect, top, status) take -admin (default
+// $RATION_ADMIN, else 127.0.0.1:7071), -admin-token-file
+// ($RATION_ADMIN_TOKEN_FILE), -admin-ca ($RATION_ADMIN_CA; a host:port is
+// then https), -admin-cert and -admin-key, -o and -timeout (5s unless
+// given). They print what every region answered, and each failed region's
+// error beside them (on stderr; with -o json in "errors", by address).
 //
 // Exit status:
 //
 //	0  success (a push that changes nothing included)
 //	1  the document is invalid or too large, or the store refused the
-//	   operation (no such revision, nothing staged)
+//	   operation (no such revision, nothing staged); a region answered
+//	   that it has no such key or rule; ration status: a region is not
+//	   ready
 //	2  usage: bad flags or arguments, a file that cannot be read
-//	3  NATS or JetStream unreachable, or the store failed
+//	3  NATS or JetStream unreachable, or the store failed; a region's
+//	   admin API could not be asked, refused the token, or failed (3
+//	   wins over 1 when regions fail differently)
 //	4  conflict: someone else wrote the policy meanwhile; read it and retry
 package main
 
@@ -52,11 +68,14 @@ const (
 	exitConflict    = 4
 )
 
-// command is a policy subcommand.
+// command is a policy subcommand, or an operating command (admin).
 type command struct {
 	name, args, summary string
 	// minArgs and maxArgs bound the positional arguments.
 	minArgs, maxArgs int
+	// admin marks the operating commands: they take the admin flags
+	// rather than the NATS ones.
+	admin bool
 	// flags adds the subcommand's own flags.
 	flags func(fs *flag.FlagSet, c *cli)
 	// run carries it out; the positional arguments are checked.
@@ -67,21 +86,25 @@ var commands = []*command{
 	validateCmd, pushCmd, diffCmd, historyCmd, showCmd, rollbackCmd, promoteCmd, unstageCmd,
 }
 
-func lookup(name string) *command {
-	i := slices.IndexFunc(commands, func(c *command) bool { return c.name == name })
+// adminCommands are the operating commands, on regiond's admin API.
+var adminCommands = []*command{inspectCmd, topCmd, statusCmd}
+
+func lookup(list []*command, name string) *command {
+	i := slices.IndexFunc(list, func(c *command) bool { return c.name == name })
 	if i < 0 {
 		return nil
 	}
-	return commands[i]
+	return list[i]
 }
 
 // run is the command: args without the program name. It returns the exit
 // status.
 func run(args []string, stdout, stderr io.Writer) int {
-	c := &cli{g: defaultGlobals(), stdout: stdout, stderr: stderr}
+	c := &cli{g: defaultGlobals(), admin: defaultAdminFlags(), stdout: stdout, stderr: stderr}
 	top := flag.NewFlagSet("ration", flag.ContinueOnError)
 	top.SetOutput(io.Discard)
 	c.g.register(top)
+	c.admin.register(top)
 	if err := top.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			usage(stdout)
@@ -89,7 +112,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		return c.fail(usageErrorf("%v", err))
 	}
+	set := map[string]bool{}
+	top.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	args = top.Args()
+	var cmd *command
+	var name string
 	switch {
 	case len(args) == 0:
 		usage(stderr)
@@ -97,30 +124,52 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case args[0] == "help" || (args[0] == "policy" && len(args) > 1 && isHelp(args[1])):
 		usage(stdout)
 		return exitOK
-	case args[0] != "policy":
-		return c.fail(usageErrorf("unknown command %q (ration help lists them)", args[0]))
-	case len(args) == 1:
+	case args[0] == "policy" && len(args) == 1:
 		return c.fail(usageErrorf("policy needs a subcommand (ration help lists them)"))
+	case args[0] == "policy":
+		if cmd = lookup(commands, args[1]); cmd == nil {
+			return c.fail(usageErrorf("unknown subcommand %q (ration help lists them)", args[1]))
+		}
+		name, args = "policy "+cmd.name, args[2:]
+	default:
+		if cmd = lookup(adminCommands, args[0]); cmd == nil {
+			return c.fail(usageErrorf("unknown command %q (ration help lists them)", args[0]))
+		}
+		name, args = cmd.name, args[1:]
 	}
-	cmd := lookup(args[1])
-	if cmd == nil {
-		return c.fail(usageErrorf("unknown subcommand %q (ration help lists them)", args[1]))
+	// The flags before the command must be ones it takes.
+	other := adminOnly
+	if cmd.admin {
+		other = natsOnly
 	}
-	fs := flag.NewFlagSet("ration policy "+cmd.name, flag.ContinueOnError)
+	for _, f := range other {
+		if set[f] {
+			return c.fail(usageErrorf("-%s does not apply to ration %s", f, name))
+		}
+	}
+	if cmd.admin && !set["timeout"] {
+		c.g.timeout = defaultAdminTTL
+	}
+	fs := flag.NewFlagSet("ration "+name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	c.g.register(fs)
+	if cmd.admin {
+		c.g.registerCommon(fs)
+		c.admin.register(fs)
+	} else {
+		c.g.register(fs)
+	}
 	if cmd.flags != nil {
 		cmd.flags(fs, c)
 	}
-	pos, err := parseInterleaved(fs, args[2:])
+	pos, err := parseInterleaved(fs, args)
 	switch {
 	case errors.Is(err, flag.ErrHelp):
-		commandUsage(stdout, cmd, fs)
+		commandUsage(stdout, name, cmd, fs)
 		return exitOK
 	case err != nil:
 		return c.fail(usageErrorf("%v", err))
 	case len(pos) < cmd.minArgs || len(pos) > cmd.maxArgs:
-		return c.fail(usageErrorf("usage: ration policy %s %s", cmd.name, cmd.args))
+		return c.fail(usageErrorf("usage: ration %s %s", name, cmd.args))
 	}
 	if err := c.g.check(); err != nil {
 		return c.fail(err)
@@ -130,6 +179,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	c.ctx = ctx
 	defer c.close()
 	if err := cmd.run(c, pos); err != nil {
+		// An operating command has printed its output, errors included.
+		if ee, ok := errors.AsType[exitError](err); ok {
+			return ee.code
+		}
 		return c.fail(err)
 	}
 	return exitOK
@@ -156,36 +209,66 @@ func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 }
 
 func usage(w io.Writer) {
-	fmt.Fprint(w, `ration manages the policy every region enforces, kept in a NATS JetStream key-value bucket.
+	fmt.Fprint(w, `ration manages the policy every region enforces, kept in a NATS JetStream key-value bucket,
+and shows what the regions do with it, from regiond's admin API.
 
 Usage:
   ration policy <subcommand> [flags] [arguments]
+  ration inspect|top|status [flags] [arguments]
 
 Subcommands:
 `)
 	for _, c := range commands {
-		fmt.Fprintf(w, "  %s %s\n        %s\n", c.name, c.args, c.summary)
+		listCommand(w, c)
 	}
 	fmt.Fprint(w, `
-Global flags (before or after the arguments):
+Operating commands (they ask every region of -admin at once):
+`)
+	for _, c := range adminCommands {
+		listCommand(w, c)
+	}
+	g, a := defaultGlobals(), defaultAdminFlags()
+	fmt.Fprint(w, `
+Flags of the policy subcommands (before or after the arguments):
 `)
 	fs := flag.NewFlagSet("", flag.ContinueOnError)
 	fs.SetOutput(w)
-	g := defaultGlobals()
-	g.register(fs)
+	g.registerNATS(fs)
+	fs.PrintDefaults()
+	fmt.Fprint(w, `
+Flags of the operating commands:
+`)
+	fs = flag.NewFlagSet("", flag.ContinueOnError)
+	fs.SetOutput(w)
+	a.register(fs)
+	fs.PrintDefaults()
+	fmt.Fprint(w, `
+Flags of every command:
+`)
+	fs = flag.NewFlagSet("", flag.ContinueOnError)
+	fs.SetOutput(w)
+	g.registerCommon(fs)
 	fs.PrintDefaults()
 	fmt.Fprint(w, `
 Exit status: 0 success (a push that changes nothing included); 1 the document
 is invalid or too large, or the store refused (no such revision, nothing
-staged); 2 usage error or unreadable file; 3 NATS or the store unreachable or
-failing; 4 conflict (someone else wrote the policy meanwhile: retry).
+staged), or a region answered that it has no such key or rule, or (status)
+is not ready; 2 usage error or unreadable file; 3 NATS or the store
+unreachable or failing, or a region's admin API could not be asked or
+failed; 4 conflict (someone else wrote the policy meanwhile: retry).
+The operating commands print what every region that answered said, and
+the errors of the others; the exit status is the worst of them (3 over 1).
 
-ration policy <subcommand> -h lists a subcommand's own flags.
+ration policy <subcommand> -h and ration <command> -h list a command's own flags.
 `)
 }
 
-func commandUsage(w io.Writer, cmd *command, fs *flag.FlagSet) {
-	fmt.Fprintf(w, "Usage: ration policy %s %s\n\n%s.\n\nFlags:\n", cmd.name, cmd.args, upperFirst(cmd.summary))
+func listCommand(w io.Writer, c *command) {
+	fmt.Fprintf(w, "  %s\n        %s\n", strings.TrimSpace(c.name+" "+c.args), c.summary)
+}
+
+func commandUsage(w io.Writer, name string, cmd *command, fs *flag.FlagSet) {
+	fmt.Fprintf(w, "Usage: ration %s\n\n%s.\n\nFlags:\n", strings.TrimSpace(name+" "+cmd.args), upperFirst(cmd.summary))
 	fs.SetOutput(w)
 	fs.PrintDefaults()
 }
@@ -213,6 +296,12 @@ func defaultGlobals() globals {
 // register adds the flags to fs, with g's values as their defaults: the
 // subcommand's flag set keeps what the flags before the subcommand set.
 func (g *globals) register(fs *flag.FlagSet) {
+	g.registerNATS(fs)
+	g.registerCommon(fs)
+}
+
+// registerNATS adds the flags of the policy store.
+func (g *globals) registerNATS(fs *flag.FlagSet) {
 	fs.StringVar(&g.nats, "nats", g.nats, "NATS URL(s), comma-separated")
 	fs.StringVar(&g.bucket, "bucket", g.bucket, "the policy's key-value bucket")
 	fs.StringVar(&g.natsCA, "nats-ca", g.natsCA, "CA bundle (PEM) that verifies the NATS servers: connect over TLS")
@@ -220,8 +309,12 @@ func (g *globals) register(fs *flag.FlagSet) {
 	fs.StringVar(&g.natsKey, "nats-key", g.natsKey, "key (PEM) of -nats-cert")
 	fs.StringVar(&g.natsCreds, "nats-creds", g.natsCreds, "NATS .creds file (user JWT and nkey seed) for a NATS in operator mode")
 	fs.StringVar(&g.natsNkey, "nats-nkey", g.natsNkey, "file holding the seed of the NATS nkey user to connect as")
+}
+
+// registerCommon adds the flags every command takes.
+func (g *globals) registerCommon(fs *flag.FlagSet) {
 	fs.StringVar(&g.output, "o", g.output, "output: text or json")
-	fs.DurationVar(&g.timeout, "timeout", g.timeout, "how long the whole command may take")
+	fs.DurationVar(&g.timeout, "timeout", g.timeout, "how long the whole command may take (inspect, top, status: 5s unless given)")
 }
 
 func (g *globals) check() error {
