@@ -179,6 +179,7 @@ type Service struct {
 	metrics  *metrics
 	agents   *agentSet
 	dry      *dryMemory
+	recent   *recent // what agents reported lately, for Top (recent.go)
 	dryHub   dryHub
 	refusals refusals
 	// joined, when set (by tests, before any call), is called when an ask
@@ -213,6 +214,7 @@ func New(cfg Config) (*Service, error) {
 		pol:     cfg.Policy,
 		changed: make(chan struct{}),
 		closed:  make(chan struct{}),
+		recent:  newRecent(cfg.Clock()),
 	}
 	if cfg.DryFor > 0 {
 		s.dry = newDryMemory(cfg.DryKeys)
