@@ -102,15 +102,7 @@ func (c *candidates) offer(key string, hash, count uint64) {
 }
 
 func newRecent(now time.Time) *recent {
-	r := &recent{seed: maphash.MakeSeed(), start: now}
-	for i := range r.shards {
-		for j := range r.shards[i].slots {
-			s := &r.shards[i].slots[j]
-			s.admitted = boom.NewCountMinSketch(recentEpsilon, recentDelta)
-			s.denied = boom.NewCountMinSketch(recentEpsilon, recentDelta)
-		}
-	}
-	return r
+	return &recent{seed: maphash.MakeSeed(), start: now}
 }
 
 // bytesOf views s as bytes for the sketches' hash, which only reads them:
@@ -152,8 +144,14 @@ func (r *recent) record(now time.Time, rule, key string, demand, admitted int64)
 	t.demand.offer(key, h, s.admitted.Count(b)+dc)
 }
 
+// reset starts the slot afresh for slot number at; its sketches are made
+// at its first use (a service that leases nothing holds none).
 func (s *recentSlotState) reset(at int64) {
 	s.at = at
+	if s.admitted == nil {
+		s.admitted = boom.NewCountMinSketch(recentEpsilon, recentDelta)
+		s.denied = boom.NewCountMinSketch(recentEpsilon, recentDelta)
+	}
 	s.admitted.Reset()
 	s.denied.Reset()
 	clear(s.rules)
