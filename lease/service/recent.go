@@ -144,13 +144,21 @@ func (r *recent) record(now time.Time, rule, key string, demand, admitted int64)
 	t.demand.offer(key, h, s.admitted.Count(b)+dc)
 }
 
+// newSketch is a count-min sketch hashing with maphash, several times
+// faster than its default FNV on the lease path.
+func newSketch() *boom.CountMinSketch {
+	c := boom.NewCountMinSketch(recentEpsilon, recentDelta)
+	var h maphash.Hash
+	c.SetHash(&h)
+	return c
+}
+
 // reset starts the slot afresh for slot number at; its sketches are made
 // at its first use (a service that leases nothing holds none).
 func (s *recentSlotState) reset(at int64) {
 	s.at = at
 	if s.admitted == nil {
-		s.admitted = boom.NewCountMinSketch(recentEpsilon, recentDelta)
-		s.denied = boom.NewCountMinSketch(recentEpsilon, recentDelta)
+		s.admitted, s.denied = newSketch(), newSketch()
 	}
 	s.admitted.Reset()
 	s.denied.Reset()

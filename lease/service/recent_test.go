@@ -7,6 +7,12 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ration-dev/ration/lease"
+	leasev1 "github.com/ration-dev/ration/lease/v1"
+	"github.com/ration-dev/ration/policy"
 )
 
 var recentT0 = time.Date(2030, 1, 2, 3, 4, 0, 0, time.UTC)
@@ -146,6 +152,46 @@ func BenchmarkRecentRecord(b *testing.B) {
 				for pb.Next() {
 					i++
 					c.r.record(recentT0, "per-tenant", keys[i%uint64(len(keys))], 10, 7)
+				}
+			})
+		})
+	}
+}
+
+// BenchmarkNoteItem is the whole of what a lease item's answer records for
+// an operator (noteItem: the metrics by rule and the summary), from
+// parallel callers: baseline=none records nothing.
+func BenchmarkNoteItem(b *testing.B) {
+	pol, err := policy.Parse("test.yaml", []byte(testPolicy))
+	if err != nil {
+		b.Fatal(err)
+	}
+	rule := pol.Rule("per-tenant")
+	keys := make([]string, 4096)
+	items := make([]*leasev1.LeaseItem, len(keys))
+	for i := range keys {
+		keys[i] = fmt.Sprintf("per-tenant/tenant-%d", i)
+		items[i] = &leasev1.LeaseItem{Rule: "per-tenant", Key: keys[i][len("per-tenant/"):], Want: 10, Demand: 10, Admitted: 7}
+	}
+	s, err := New(Config{Region: "eu", Store: lease.NewMemoryStore(lease.MemoryConfig{}), Policy: pol, Registerer: prometheus.NewRegistry()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		note func(i uint64)
+	}{
+		{"baseline=none", func(uint64) {}},
+		{"noteItem", func(i uint64) { s.noteItem(recentT0, rule, keys[i], items[i], 10) }},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			var next atomic.Uint64
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				i := next.Add(1) * 7919
+				for pb.Next() {
+					i++
+					c.note(i % uint64(len(keys)))
 				}
 			})
 		})
