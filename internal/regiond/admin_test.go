@@ -121,6 +121,11 @@ func TestAdminAPI(t *testing.T) {
 		t.Errorf("recent: got %+v, want 400 denied and 100 admitted, tracked", r)
 	}
 
+	var plain adminapi.Key // the slash left unescaped
+	if code, e := adminGet(t, d, adminTokenValue, adminapi.PathKey+"per-tenant/tenant=acme", &plain); code != 200 || plain.StoreKey != k.StoreKey {
+		t.Errorf("key with its slash unescaped: %d %v, store key %q", code, e, plain.StoreKey)
+	}
+
 	var dry adminapi.Key
 	adminGet(t, d, adminTokenValue, keyPath("per-ip/ip=10.0.0.1"), &dry)
 	if dry.Scope != "region" || dry.DryFor <= 0 || dry.Bucket == nil || dry.Bucket.Tokens >= 1 || dry.Exchange != nil {
@@ -160,6 +165,7 @@ func TestAdminAPI(t *testing.T) {
 		{adminTokenValue, keyPath("no-such-rule/tenant=acme"), 404},
 		{adminTokenValue, keyPath("per-tenant"), 400},
 		{adminTokenValue, keyPath("per-tenant/"), 400},
+		{adminTokenValue, adminapi.PathKey, 400},
 		{adminTokenValue, adminapi.PathTop + "?by=volume", 400},
 		{adminTokenValue, adminapi.PathTop + "?n=0", 400},
 		{adminTokenValue, adminapi.PathTop + "?rule=no-such-rule", 404},
@@ -179,8 +185,8 @@ func TestAdminAPI(t *testing.T) {
 		{"ration_lease_denied_tokens_total", []string{"rule", "per-ip", "source", "region"}, 100},
 		{"ration_policy_rule_limit", []string{"rule", "per-tenant"}, 1},
 		{"ration_policy_rule_limit", []string{"rule", "per-ip"}, 100.0 / 3600},
-		{"ration_admin_requests_total", []string{"path", "/v1/keys/{storekey}", "code", "404"}, 1},
-		{"ration_admin_requests_total", []string{"path", "/v1/keys/{storekey}", "code", "401"}, 1},
+		{"ration_admin_requests_total", []string{"path", "/v1/keys/{storekey...}", "code", "404"}, 1},
+		{"ration_admin_requests_total", []string{"path", "/v1/keys/{storekey...}", "code", "401"}, 1},
 		{"ration_admin_requests_total", []string{"path", "/v1/top", "code", "200"}, 2},
 	} {
 		if got := metricSum(t, d, m.name, m.pairs...); got != m.want {

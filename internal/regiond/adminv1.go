@@ -33,7 +33,8 @@ type peeker interface {
 }
 
 func (d *Daemon) adminV1(mux *http.ServeMux) {
-	mux.Handle("GET "+adminapi.PathKey+"{storekey}", d.v1Auth(d.serveKey))
+	// {storekey...}: the key escaped as one segment, or its slash left as is.
+	mux.Handle("GET "+adminapi.PathKey+"{storekey...}", d.v1Auth(d.serveKey))
 	mux.Handle("GET "+adminapi.PathTop, d.v1Auth(d.serveTop))
 	mux.Handle("GET "+adminapi.PathStatus, d.v1Auth(d.serveStatus))
 }
