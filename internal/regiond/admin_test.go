@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ration-dev/ration/internal/adminapi"
+	"github.com/ration-dev/ration/internal/redistest"
 	leasev1 "github.com/ration-dev/ration/lease/v1"
 )
 
@@ -275,5 +276,30 @@ func TestReadyGraceAlone(t *testing.T) {
 	// The exchange started a little after the daemon.
 	if got := metricSum(t, eu, "ration_exchange_peer_lag_seconds", "region", "us"); got < 2.5 {
 		t.Errorf("lag of a region never heard: got %v s, want the time since the exchange started (about 3s)", got)
+	}
+}
+
+// TestAdminKeyOnRedis: the key endpoint reads a bucket from a real
+// redis-server as the lease API left it.
+func TestAdminKeyOnRedis(t *testing.T) {
+	d := startDaemon(t, Config{RedisURL: redistest.Start(t), PolicyYAML: []byte(adminPolicy), StoreTimeout: time.Second})
+	c := client(t, d)
+	leaseItems(t, c, &leasev1.LeaseItem{Rule: "per-tenant", Key: "tenant=acme", Want: 100, Demand: 100, Admitted: 100})
+	var k adminapi.Key
+	if code, e := adminGet(t, d, "", keyPath("per-tenant/tenant=acme"), &k); code != 200 {
+		t.Fatalf("key: %d %v", code, e)
+	}
+	if b := k.Bucket; b == nil || b.Tokens < 1900 || b.Tokens > 1910 || b.Capacity != 2000 || b.Share != 1 {
+		t.Errorf("bucket in Redis: got %+v, want about 1,900 of 2,000 tokens", b)
+	}
+	var none adminapi.Key
+	adminGet(t, d, "", keyPath("per-tenant/tenant=none"), &none)
+	if none.Bucket != nil {
+		t.Errorf("a key never leased: got bucket %+v", none.Bucket)
+	}
+	var st adminapi.Status
+	adminGet(t, d, "", adminapi.PathStatus, &st)
+	if st.Store != (adminapi.Store{Kind: "redis", OK: true}) || !st.Ready {
+		t.Errorf("status on Redis: got %+v", st)
 	}
 }
