@@ -282,7 +282,7 @@ func TestReadyGraceAlone(t *testing.T) {
 // TestAdminKeyOnRedis: the key endpoint reads a bucket from a real
 // redis-server as the lease API left it.
 func TestAdminKeyOnRedis(t *testing.T) {
-	d := startDaemon(t, Config{RedisURL: redistest.Start(t), PolicyYAML: []byte(adminPolicy), StoreTimeout: time.Second})
+	d := startDaemon(t, Config{RedisURL: redistest.StartServer(t).URL(), PolicyYAML: []byte(adminPolicy), StoreTimeout: time.Second})
 	c := client(t, d)
 	leaseItems(t, c, &leasev1.LeaseItem{Rule: "per-tenant", Key: "tenant=acme", Want: 100, Demand: 100, Admitted: 100})
 	var k adminapi.Key
