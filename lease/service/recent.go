@@ -28,13 +28,14 @@ import (
 //     which estimate any key's count from above, by at most ε × the slot's
 //     total in the shard with probability 1-δ;
 //   - and, per rule (at most recentMaxRules, then otherRule), the
-//     recentTopK keys with the highest estimate of denied tokens and of
+//     Config.TopKeys keys with the highest estimate of denied tokens and of
 //     demand: the candidates Top ranks.
 //
 // BoomFilters' own TopK adds one at a time (a report of 500 tokens would be
 // 500 calls) and keeps the caller's byte slice, so the candidates are kept
 // here, beside its sketches.
 type recent struct {
+	k      int // candidates per rule, shard, slot and measure
 	seed   maphash.Seed
 	start  time.Time // the summary counts from then
 	shards [recentShards]recentShard
@@ -44,7 +45,9 @@ const (
 	recentSlot   = time.Minute
 	recentSlots  = 6 // the current minute and the five before
 	recentShards = 8
-	recentTopK   = 16 // candidates per rule, shard, slot and measure
+	// DefaultTopKeys is Config.TopKeys's default: candidates per rule,
+	// shard, slot and measure.
+	DefaultTopKeys = 16
 	// recentEpsilon and recentDelta size each sketch: ⌈e/ε⌉ = 272 counters
 	// wide, ⌈ln 1/δ⌉ = 5 deep, 10.9 kB.
 	recentEpsilon  = 0.01
@@ -71,7 +74,7 @@ type ruleTop struct {
 	denied, demand candidates
 }
 
-// candidates are at most recentTopK keys with their estimates; a key whose
+// candidates are at most recent.k keys with their estimates; a key whose
 // estimate reaches the smallest takes its place (as BoomFilters' TopK).
 type candidates []candidate
 
@@ -81,7 +84,7 @@ type candidate struct {
 	count uint64
 }
 
-func (c *candidates) offer(key string, hash, count uint64) {
+func (c *candidates) offer(k int, key string, hash, count uint64) {
 	low := -1
 	for i := range *c {
 		e := &(*c)[i]
@@ -94,15 +97,19 @@ func (c *candidates) offer(key string, hash, count uint64) {
 		}
 	}
 	switch {
-	case len(*c) < recentTopK:
+	case len(*c) < k:
 		*c = append(*c, candidate{key, hash, count})
 	case count >= (*c)[low].count:
 		(*c)[low] = candidate{key, hash, count}
 	}
 }
 
-func newRecent(now time.Time) *recent {
-	return &recent{seed: maphash.MakeSeed(), start: now}
+// newRecent returns a summary keeping k candidates; nil (none) for k <= 0.
+func newRecent(now time.Time, k int) *recent {
+	if k <= 0 {
+		return nil
+	}
+	return &recent{k: k, seed: maphash.MakeSeed(), start: now}
 }
 
 // bytesOf views s as bytes for the sketches' hash, which only reads them:
@@ -137,11 +144,11 @@ func (r *recent) record(now time.Time, rule, key string, demand, admitted int64)
 	if denied > 0 {
 		s.denied.AddN(b, uint64(denied))
 		dc = s.denied.Count(b)
-		t.denied.offer(key, h, dc)
+		t.denied.offer(r.k, key, h, dc)
 	} else {
 		dc = s.denied.Count(b)
 	}
-	t.demand.offer(key, h, s.admitted.Count(b)+dc)
+	t.demand.offer(r.k, key, h, s.admitted.Count(b)+dc)
 }
 
 // newSketch is a count-min sketch hashing with maphash, several times

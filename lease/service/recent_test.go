@@ -18,7 +18,7 @@ import (
 var recentT0 = time.Date(2030, 1, 2, 3, 4, 0, 0, time.UTC)
 
 func TestRecentTopAndCounts(t *testing.T) {
-	r := newRecent(recentT0.Add(-time.Hour))
+	r := newRecent(recentT0.Add(-time.Hour), DefaultTopKeys)
 	now := recentT0.Add(10 * time.Second)
 	// acme is denied most, globex asks most, initech has no denial.
 	for range 10 {
@@ -67,7 +67,7 @@ func checkEstimate(t *testing.T, what string, got, bound, want uint64) {
 }
 
 func TestRecentWindowForgets(t *testing.T) {
-	r := newRecent(recentT0.Add(-time.Hour))
+	r := newRecent(recentT0.Add(-time.Hour), DefaultTopKeys)
 	r.record(recentT0, "r", "r/old", 10, 0)
 	r.record(recentT0.Add(5*time.Minute), "r", "r/new", 10, 0)
 	top, _ := r.top(recentT0.Add(5*time.Minute), "r", true, 10)
@@ -93,7 +93,7 @@ func TestRecentHeavyHitterAmongManyKeys(t *testing.T) {
 	seed := rand.Uint64()
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(seed, 0))
-	r := newRecent(recentT0.Add(-time.Hour))
+	r := newRecent(recentT0.Add(-time.Hour), DefaultTopKeys)
 	now := recentT0
 	for i := range 100_000 {
 		r.record(now, "r", "r/k"+strconv.Itoa(rng.IntN(1<<30)), 9, 0)
@@ -109,8 +109,8 @@ func TestRecentHeavyHitterAmongManyKeys(t *testing.T) {
 	for i := range r.shards {
 		for j := range r.shards[i].slots {
 			for _, rt := range r.shards[i].slots[j].rules {
-				if len(rt.denied) > recentTopK || len(rt.demand) > recentTopK {
-					t.Fatalf("candidates %d, %d: more than %d", len(rt.denied), len(rt.demand), recentTopK)
+				if len(rt.denied) > DefaultTopKeys || len(rt.demand) > DefaultTopKeys {
+					t.Fatalf("candidates %d, %d: more than %d", len(rt.denied), len(rt.demand), DefaultTopKeys)
 				}
 			}
 		}
@@ -118,7 +118,7 @@ func TestRecentHeavyHitterAmongManyKeys(t *testing.T) {
 }
 
 func TestRecentRulesBounded(t *testing.T) {
-	r := newRecent(recentT0)
+	r := newRecent(recentT0, DefaultTopKeys)
 	for i := range recentMaxRules + 10 {
 		rule := "rule" + strconv.Itoa(i)
 		r.record(recentT0, rule, rule+"/k", 1, 0)
@@ -143,7 +143,7 @@ func BenchmarkRecentRecord(b *testing.B) {
 	for _, c := range []struct {
 		name string
 		r    *recent
-	}{{"baseline=none", nil}, {"summary", newRecent(recentT0)}} {
+	}{{"baseline=none", nil}, {"summary", newRecent(recentT0, DefaultTopKeys)}} {
 		b.Run(c.name, func(b *testing.B) {
 			var next atomic.Uint64
 			b.ReportAllocs()
@@ -195,5 +195,19 @@ func BenchmarkNoteItem(b *testing.B) {
 				}
 			})
 		})
+	}
+}
+
+func TestRecentDisabled(t *testing.T) {
+	r := newRecent(recentT0, -1)
+	if r != nil {
+		t.Fatalf("newRecent with k -1: got a summary")
+	}
+	r.record(recentT0, "r", "r/k", 10, 0)
+	if top, _ := r.top(recentT0, "", true, 10); top != nil {
+		t.Errorf("top without a summary: got %v", top)
+	}
+	if c, _, _ := r.counts(recentT0, "r/k"); c != (RecentCounts{}) {
+		t.Errorf("counts without a summary: got %+v", c)
 	}
 }
