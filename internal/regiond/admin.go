@@ -24,7 +24,8 @@ func (d *Daemon) adminHandler() http.Handler {
 	// token when there is one.
 	mux.Handle("GET /metrics", d.adminToken.Wrap(promhttp.HandlerFor(d.cfg.Registry, promhttp.HandlerOpts{Registry: d.cfg.Registry})))
 	mux.Handle("GET /policy", d.adminToken.Wrap(http.HandlerFunc(d.servePolicy)))
-	return mux
+	d.adminV1(mux)
+	return d.adm.count(mux)
 }
 
 // policyStatus is GET /policy: what this regiond enforces.

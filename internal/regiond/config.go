@@ -39,8 +39,9 @@ type Config struct {
 	// private network the deployment trusts, or a service mesh's own mTLS).
 	Insecure bool
 	// AdminTokenFile, when set, names a file holding a bearer token (at
-	// least 16 bytes; read again when it changes) that /metrics requires
-	// (Authorization: Bearer …); /healthz and /readyz stay open for probes.
+	// least 16 bytes; read again when it changes) that /metrics, /policy
+	// and the admin API (/v1/…) require (Authorization: Bearer …);
+	// /healthz and /readyz stay open for probes.
 	AdminTokenFile string
 	// Admin is the HTTP address of /healthz, /readyz and /metrics (default
 	// "127.0.0.1:7071"; "-" disables it).
@@ -127,6 +128,11 @@ type Config struct {
 	// "<hostname>-<random>"). Replicas of one region share its store; one
 	// at a time runs the exchange.
 	Replica string
+	// ReadyGrace is how long after Start /readyz waits for a report from
+	// every other region before it says ready without them, so that one
+	// region that is down does not take the others out of service
+	// (default 10 sync periods; only with an exchange).
+	ReadyGrace time.Duration
 	// ExchangeTune, if set, adjusts the exchange's region.Config (for tests
 	// that shorten idle and grace periods).
 	ExchangeTune func(*region.Config)
@@ -177,6 +183,9 @@ func (c Config) withDefaults() Config {
 	if c.DecideAfter == 0 {
 		c.DecideAfter = c.SyncPeriod / 4
 	}
+	if c.ReadyGrace == 0 {
+		c.ReadyGrace = 10 * c.SyncPeriod
+	}
 	if len(c.Regions) == 0 {
 		c.Regions = []string{c.Region}
 	}
@@ -194,7 +203,7 @@ func (c Config) Validate() error { return c.withDefaults().validate() }
 
 func (c Config) validate() error {
 	var errs []error
-	if c.PolicyInterval < 0 || c.LeaseTTL < 0 || c.StoreTimeout < 0 || c.SweepInterval < 0 || c.NATSReconnectWait < 0 {
+	if c.PolicyInterval < 0 || c.LeaseTTL < 0 || c.StoreTimeout < 0 || c.SweepInterval < 0 || c.NATSReconnectWait < 0 || c.ReadyGrace < 0 {
 		errs = append(errs, errors.New("durations must not be negative"))
 	}
 	if c.SyncPeriod < time.Millisecond {

@@ -62,8 +62,10 @@ type Daemon struct {
 	admin    *http.Server
 	adminLis net.Listener
 
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	started time.Time // when Start began: uptime, and the ready grace
+	adm     *adminMetrics
 
 	shutdownOnce sync.Once
 	shutdownErr  error
@@ -166,6 +168,10 @@ func New(cfg Config) (*Daemon, error) {
 		d.closeDB()
 		return nil, fmt.Errorf("regiond: %w", err)
 	}
+	if d.adm, err = newAdminMetrics(cfg.Registry, d); err != nil {
+		d.closeDB()
+		return nil, fmt.Errorf("regiond: metrics: %w", err)
+	}
 	d.pol = &enforcer{svc: d.svc, log: d.log, met: pm}
 	d.pol.setBase(pol, pol.Version())
 	if cfg.AdminTokenFile != "" {
@@ -183,6 +189,7 @@ func (d *Daemon) Service() *service.Service { return d.svc }
 // Start binds the listeners and starts serving. The daemon runs until
 // Shutdown; ctx only bounds the start.
 func (d *Daemon) Start(ctx context.Context) error {
+	d.started = time.Now()
 	var lc net.ListenConfig
 	lis, err := lc.Listen(ctx, "tcp", d.cfg.Listen)
 	if err != nil {
@@ -351,18 +358,23 @@ func (d *Daemon) policyName() string {
 	return "embedded example"
 }
 
-// Ready reports whether the daemon can serve leases: policy loaded and the
-// store answering.
+// Ready reports whether the daemon can serve leases: policy loaded, the
+// store answering and, with an exchange, every other region heard (or
+// Config.ReadyGrace passed since Start).
 func (d *Daemon) Ready(ctx context.Context) error {
 	if d.svc.Policy() == nil {
 		return errors.New("no policy loaded")
 	}
-	ctx, cancel := context.WithTimeout(ctx, max(d.cfg.StoreTimeout, 250*time.Millisecond))
-	defer cancel()
-	if err := d.store.Ping(ctx); err != nil {
+	if err := d.pingStore(ctx); err != nil {
 		return fmt.Errorf("store: %w", err)
 	}
-	return nil
+	return d.peersReady()
+}
+
+func (d *Daemon) pingStore(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, max(d.cfg.StoreTimeout, 250*time.Millisecond))
+	defer cancel()
+	return d.store.Ping(ctx)
 }
 
 // Shutdown stops accepting calls, lets in-flight calls finish (until ctx is

@@ -359,6 +359,7 @@ func (s *Service) grants(resp *leasev1.LeaseResponse, b *batch, items []*leasev1
 		}
 		granted += lg.Granted
 		resp.Grants[i] = lg
+		s.noteItem(now, r, b.keys[i], items[i], lg.Granted)
 		if s.cfg.Observer != nil && r.Scope != policy.ScopeRegion {
 			s.cfg.Observer.Observe(b.keys[i], r, items[i].GetDemand(), lg.Granted)
 		}

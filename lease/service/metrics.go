@@ -23,6 +23,7 @@ type metrics struct {
 	dryProbes               prometheus.Counter     // grant items that probe a dry key once its memory expired
 	dryDropped              prometheus.Counter     // dry-key notices a subscriber fell too far behind for
 	stagedDenied            *prometheus.CounterVec // tokens staged rules would have denied, by rule
+	rules                   *ruleMetrics           // denied tokens and lease sizes by rule (rulemetrics.go)
 
 	lease, ret  rpcMetrics
 	granted     prometheus.Counter // items by outcome
@@ -88,6 +89,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Allocator store calls that failed, by op.",
 		}, []string{"op"}),
 	}
+	m.rules = newRuleMetrics()
 	m.lease = m.rpc("lease", "grant")
 	m.ret = m.rpc("return", "return")
 	m.granted = m.items.WithLabelValues("granted")
@@ -101,7 +103,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.items, m.tokensGranted, m.tokensReturned, m.staleReturns, m.storeLatency, m.storeErrors, m.storeItems, m.refused, m.dryDropped, m.stagedDenied} {
+	for _, c := range append([]prometheus.Collector{m.requests, m.items, m.tokensGranted, m.tokensReturned, m.staleReturns, m.storeLatency, m.storeErrors, m.storeItems, m.refused, m.dryDropped, m.stagedDenied}, m.rules.collectors()...) {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -85,6 +85,11 @@ type Config struct {
 	// DryKeys bounds the dry keys remembered (default 1,048,576; negative
 	// remembers none): about 120 bytes each.
 	DryKeys int
+	// TopKeys is how many keys per rule the summary of what agents report
+	// keeps as candidates for the top keys, per shard and minute (default
+	// DefaultTopKeys; negative keeps no summary, and Top and Recent answer
+	// nothing). See recent.go for its memory and error.
+	TopKeys int
 	// StoreTimeout bounds each store call; when it passes the call fails with
 	// codes.Unavailable (default DefaultStoreTimeout).
 	StoreTimeout time.Duration
@@ -139,6 +144,9 @@ func (c Config) withDefaults() Config {
 	if c.DryKeys == 0 {
 		c.DryKeys = 1 << 20
 	}
+	if c.TopKeys == 0 {
+		c.TopKeys = DefaultTopKeys
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -179,6 +187,7 @@ type Service struct {
 	metrics  *metrics
 	agents   *agentSet
 	dry      *dryMemory
+	recent   *recent // what agents reported lately, for Top (recent.go)
 	dryHub   dryHub
 	refusals refusals
 	// joined, when set (by tests, before any call), is called when an ask
@@ -213,6 +222,7 @@ func New(cfg Config) (*Service, error) {
 		pol:     cfg.Policy,
 		changed: make(chan struct{}),
 		closed:  make(chan struct{}),
+		recent:  newRecent(cfg.Clock(), cfg.TopKeys),
 	}
 	if cfg.DryFor > 0 {
 		s.dry = newDryMemory(cfg.DryKeys)

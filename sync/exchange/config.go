@@ -142,7 +142,8 @@ type Config struct {
 	Registerer prometheus.Registerer
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
-	// Clock defaults to time.Now. Only the loop reads it.
+	// Clock defaults to time.Now. The loop reads it, and so does a scrape
+	// of ration_exchange_peer_lag_seconds.
 	Clock func() time.Time
 }
 

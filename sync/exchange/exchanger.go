@@ -42,6 +42,8 @@ type Exchanger struct {
 	written   map[string]int64
 	top       topKeys
 	heard     map[string]time.Time // per region: last complete report
+	// Per peer region: the policy name of its latest report (status.go).
+	peerPolicy map[string]string
 	// Rules held for a disagreement (agree.go).
 	disagreeGen uint64
 	disagreeing map[string]bool
@@ -52,12 +54,17 @@ type Exchanger struct {
 	tallies [16]tallyShard
 	seed    maphash.Seed
 
-	inbox   chan []byte
-	sub     *nats.Subscription
-	cancel  context.CancelFunc
-	done    chan struct{}
-	release bool // Shutdown releases the hold
-	once    sync.Once
+	inbox chan []byte
+	// requests carry an operator's questions to the loop (status.go);
+	// heardAt is when each peer was last heard, published by the loop.
+	requests chan request
+	heardAt  map[string]*atomic.Int64
+	started  time.Time
+	sub      *nats.Subscription
+	cancel   context.CancelFunc
+	done     chan struct{}
+	release  bool // Shutdown releases the hold
+	once     sync.Once
 }
 
 type tallyShard struct {
@@ -74,14 +81,18 @@ func New(cfg Config) (*Exchanger, error) {
 		return nil, err
 	}
 	x := &Exchanger{
-		cfg:     cfg,
-		subject: cfg.Subject + "." + cfg.Region,
-		asm:     codec.NewAssembler(codec.AssemblerConfig{Timeout: 2 * cfg.Period}),
-		written: make(map[string]int64),
-		heard:   make(map[string]time.Time),
-		seed:    maphash.MakeSeed(),
-		inbox:   make(chan []byte, cfg.QueueSize),
-		done:    make(chan struct{}),
+		cfg:        cfg,
+		subject:    cfg.Subject + "." + cfg.Region,
+		asm:        codec.NewAssembler(codec.AssemblerConfig{Timeout: 2 * cfg.Period}),
+		written:    make(map[string]int64),
+		heard:      make(map[string]time.Time),
+		peerPolicy: make(map[string]string),
+		requests:   make(chan request),
+		heardAt:    newHeardAt(cfg),
+		started:    cfg.Clock(),
+		seed:       maphash.MakeSeed(),
+		inbox:      make(chan []byte, cfg.QueueSize),
+		done:       make(chan struct{}),
 	}
 	rcfg := region.Config{
 		Self:    cfg.Region,
@@ -106,6 +117,11 @@ func New(cfg Config) (*Exchanger, error) {
 	}
 	if x.met, err = newMetrics(cfg.Registerer); err != nil {
 		return nil, err
+	}
+	if cfg.Registerer != nil {
+		if err := cfg.Registerer.Register(newPeerLag(x)); err != nil {
+			return nil, err
+		}
 	}
 	return x, nil
 }
@@ -219,6 +235,9 @@ func (x *Exchanger) run(ctx context.Context) {
 			return
 		case m := <-x.inbox:
 			x.receive(ctx, m)
+		case q := <-x.requests:
+			q.answer()
+			close(q.done)
 		case <-t.C:
 			switch {
 			case deciding:
@@ -280,7 +299,7 @@ func (x *Exchanger) merge(ctx context.Context, now time.Time, r *region.Report) 
 	if r.Region == x.cfg.Region && r.Replica == x.cfg.Replica {
 		return nil // our own echo
 	}
-	x.heard[r.Region] = now
+	x.noteHeard(r.Region, now, r.Policy)
 	if r.Region != x.cfg.Region {
 		x.top.peerReport(r, x.cfg.TopKeys)
 	}
