@@ -122,15 +122,20 @@ func writePeers(w io.Writer, ss []statusRegionJSON) []string {
 			cols = append(cols, r)
 		}
 	}
+	// The regions that answered first, in the rows' order, so that the
+	// diagonal reads "self"; then any peer only they name.
 	peers := 0
 	for _, s := range ss {
-		if s.Exchange == nil {
-			continue
+		if s.Exchange != nil {
+			peers += len(s.Exchange.Peers)
+			add(s.Region)
 		}
-		peers += len(s.Exchange.Peers)
-		add(s.Region)
-		for _, p := range s.Exchange.Peers {
-			add(p.Region)
+	}
+	for _, s := range ss {
+		if s.Exchange != nil {
+			for _, p := range s.Exchange.Peers {
+				add(p.Region)
+			}
 		}
 	}
 	if peers == 0 {
