@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ration-dev/ration/policy"
 )
 
 // adminMetrics are the admin listener's metrics: its requests by route and
@@ -24,8 +26,8 @@ func newAdminMetrics(reg prometheus.Registerer, d *Daemon) (*adminMetrics, error
 		Help: "Requests to regiond's admin listener by route pattern (path) and HTTP status (code).",
 	}, []string{"path", "code"})}
 	for _, c := range []prometheus.Collector{m.requests, &ruleLimits{d: d, desc: prometheus.NewDesc("ration_policy_rule_limit",
-		"The limit the region enforces for each rule in tokens per second (limit / period; the stricter definition while regions disagree), to plot beside what is admitted.",
-		[]string{"rule"}, nil)}} {
+		"The limit the region enforces for each rule in requests per second (limit / period / cost, the unit agents count decisions in; the stricter definition while regions disagree), to plot beside what is admitted; keyed is true when it applies to each key of the rule, scope is global or region.",
+		[]string{"rule", "keyed", "scope"}, nil)}} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -95,7 +97,12 @@ func (c *ruleLimits) Collect(ch chan<- prometheus.Metric) {
 	}
 	rules := pol.Rules()
 	for _, r := range rules[:min(len(rules), maxRuleSeries)] {
-		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, r.Rate(), r.Name)
+		scope := r.Scope
+		if scope == "" {
+			scope = policy.ScopeGlobal
+		}
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, r.Rate()/float64(max(r.Cost, 1)),
+			r.Name, strconv.FormatBool(len(r.Key) > 0), string(scope))
 	}
 }
 

@@ -16,7 +16,16 @@ import (
 // agent reported (demand, admitted) and what the region granted.
 func (s *Service) noteItem(now time.Time, r *policy.Rule, key string, it *leasev1.LeaseItem, granted int64) {
 	rs := s.metrics.rules.of(r.Name)
-	if d := it.GetDemand() - it.GetAdmitted(); d > 0 {
+	// A request waiting for this very call (a cold key's ask, one past its
+	// lease) is in demand and not yet admitted: the grant admits it, and the
+	// agent reports it admitted with its next call. So the part of demand a
+	// grant covers is not counted denied now, nor as demand twice; what is
+	// left is what the agent denied itself (its deny cache, a spent lease).
+	demand, admitted := it.GetDemand(), min(max(it.GetAdmitted(), 0), max(it.GetDemand(), 0))
+	if granted > 0 {
+		demand -= min(demand-admitted, granted)
+	}
+	if d := demand - admitted; d > 0 {
 		rs.deniedAgent.Add(float64(d))
 	}
 	if granted > 0 {
@@ -24,7 +33,7 @@ func (s *Service) noteItem(now time.Time, r *policy.Rule, key string, it *leasev
 	} else {
 		rs.deniedRegion.Add(float64(it.GetWant()))
 	}
-	s.recent.record(now, r.Name, key, it.GetDemand(), it.GetAdmitted())
+	s.recent.record(now, r.Name, key, demand, admitted)
 }
 
 // Top returns the n keys of rule ("" for every rule) with the most tokens

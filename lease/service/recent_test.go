@@ -211,3 +211,42 @@ func TestRecentDisabled(t *testing.T) {
 		t.Errorf("counts without a summary: got %+v", c)
 	}
 }
+
+// TestNoteItemCountsWaitingRequestsAdmitted: a request waiting for its
+// lease call is in the call's demand but not yet admitted; a grant admits
+// it (the agent reports it admitted with its next call), so it is neither
+// denied nor counted twice. What an agent denied itself, and everything of
+// an ask the region granted nothing for, is denied.
+func TestNoteItemCountsWaitingRequestsAdmitted(t *testing.T) {
+	pol, err := policy.Parse("test.yaml", []byte(testPolicy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rule := pol.Rule("per-tenant")
+	s, err := New(Config{Region: "eu", Store: lease.NewMemoryStore(lease.MemoryConfig{}), Policy: pol, Registerer: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	item := func(key string, demand, admitted int64) *leasev1.LeaseItem {
+		return &leasev1.LeaseItem{Rule: "per-tenant", Key: key, Want: 10, Demand: demand, Admitted: admitted}
+	}
+	now := recentT0.Add(time.Second)
+	// A cold key's first ask (1 waiting), granted; its next call reports it
+	// admitted beside a new waiting request, granted again.
+	s.noteItem(now, rule, "per-tenant/cold", item("cold", 1, 0), 10)
+	s.noteItem(now, rule, "per-tenant/cold", item("cold", 1, 1), 10)
+	// A hot key whose agent denied 4 of 10 from a spent lease, then asked
+	// for 3 more that the region refused.
+	s.noteItem(now, rule, "per-tenant/hot", item("hot", 11, 6), 1)
+	s.noteItem(now, rule, "per-tenant/hot", item("hot", 3, 0), 0)
+	for _, c := range []struct {
+		key              string
+		admitted, denied uint64
+	}{{"per-tenant/cold", 1, 0}, {"per-tenant/hot", 6, 4 + 3}} {
+		got := s.Recent(now, c.key)
+		if got.Admitted != c.admitted || got.Denied != c.denied {
+			t.Errorf("%s: got admitted %d denied %d, want %d and %d", c.key, got.Admitted, got.Denied, c.admitted, c.denied)
+		}
+	}
+}

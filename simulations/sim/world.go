@@ -207,6 +207,8 @@ func newWorld(sc *Scenario, alg Algorithm) (*world, error) {
 			// timeout never fires, and callCtx makes it cost no timer.
 			StoreTimeout: storeTimeout,
 			Logger:       slog.New(slog.DiscardHandler), Clock: clock,
+			// Nobody asks the simulated region for its top keys.
+			TopKeys: -1,
 		}
 		if alg == Escrow {
 			cfg.Observer = observer{r}
