@@ -148,7 +148,7 @@ func (c *core) drainAll(now int64) *returnBatch {
 		live, dropped := k.drain(now)
 		c.dropLocked(k, dropped)
 		c.giveBackLocked(k, pol.Rule(k.rule()), now, live, b)
-		k.evicted.Store(true)
+		k.flags.set(flagEvicted, true)
 		k.mu.Unlock()
 	})
 	return b

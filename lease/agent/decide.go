@@ -110,7 +110,7 @@ func (c *core) decideLocal(d *Decision, s *scratch, now int64, ds []policy.Descr
 		if j, w, ok := c.take(rr.k, s.stripeIdx, now, rr.need); ok {
 			rr.leased(j, w)
 			if j < cacheSlot {
-				if lw := rr.k.lowWater.Load(); balance(w) < lw && balance(w)+rr.k.slots.otherLive(j, now) < lw {
+				if lw := int64(rr.k.lowWater.Load()); balance(w) < lw && balance(w)+rr.k.slots.otherLive(j, now) < lw {
 					c.queueRefresh(rr.k)
 				}
 			}
@@ -118,7 +118,7 @@ func (c *core) decideLocal(d *Decision, s *scratch, now int64, ds []policy.Descr
 		}
 		if du := rr.k.denyUntil.Load(); now < du && rr.k.liveTokens(now) < rr.need {
 			rr.done, rr.path, rr.retry = true, PathDenyCache, c.denyRetry(rr, du, now)
-			rr.k.denied.Add(rr.need)
+			rr.k.addDenied(rr.need)
 			if !rr.rule.Shadow {
 				c.finishInto(d, s, now)
 				return false
@@ -146,7 +146,7 @@ func (c *core) exceedsBurst(d *Decision, s *scratch, now int64) bool {
 		}
 		rr.done, rr.path = true, PathLease
 		if rr.k != nil {
-			rr.k.denied.Add(min(rr.need, maxSpend))
+			rr.k.addDenied(min(rr.need, maxSpend))
 		}
 		if !rr.rule.Shadow {
 			c.finishInto(d, s, now)
@@ -202,7 +202,7 @@ func tokens(hits, cost int64) int64 {
 // queueRefresh asks the refresher to renew k's lease, once until the
 // renewal completes.
 func (c *core) queueRefresh(k *keyState) {
-	if k.queued.Load() || !k.queued.CompareAndSwap(false, true) {
+	if k.flags.has(flagQueued) || !k.flags.setFirst(flagQueued) {
 		return
 	}
 	c.qmu.Lock()

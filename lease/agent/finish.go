@@ -133,7 +133,7 @@ func (c *core) remaining(rr *ruleResult, now int64) int64 {
 	} else {
 		local = rr.k.liveTokens(now)
 	}
-	return min(local+rr.k.remaining.Load(), rr.rule.Limit)
+	return min(local+int64(math.Float32frombits(rr.k.remaining.Load())), rr.rule.Limit)
 }
 
 // undoAll gives back what a denied request took.
