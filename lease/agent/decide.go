@@ -16,6 +16,9 @@ type scratch struct {
 	stripe    *stripe
 	stripeIdx int
 	synced    bool // the decision needed a round trip
+	// by counts the decision: the block of the rule that decided it (nil:
+	// none did), set by finishInto.
+	by *ruleStats
 
 	// A memo of the previous decision's match: sync.Pool keeps a scratch
 	// on one P, and a P that decides the same descriptors again (a hot key)
@@ -52,6 +55,7 @@ type ruleResult struct {
 	nsPerToken float64      // the rule's period ÷ limit, for Reset
 	fixed      bool         // the rule is a fixed window
 	win        *windowCache // a fixed window's current window (nil: compute it)
+	stats      *ruleStats   // the rule's decision counters
 
 	done  bool // decided
 	ok    bool // allowed (for a shadow rule: would have allowed)
@@ -93,6 +97,7 @@ func (c *core) decideLocal(d *Decision, s *scratch, now int64, ds []policy.Descr
 	}
 	if len(s.res) == 0 {
 		*d = Decision{Allowed: true}
+		s.by = nil
 		return false
 	}
 	if c.exceedsBurst(d, s, now) {
@@ -168,7 +173,7 @@ func (c *core) match(s *scratch, set *policy.Set, ds []policy.Descriptor, hits i
 		s.buf = append(s.buf, r.Name...)
 		s.buf = append(s.buf, 0)
 		s.buf = r.AppendKey(s.buf, ds)
-		s.res = append(s.res, ruleResult{rule: r, need: tokens(hits, r.Cost), start: start, end: len(s.buf), nameLen: len(r.Name)})
+		s.res = append(s.res, ruleResult{rule: r, need: tokens(hits, r.Cost), start: start, end: len(s.buf), nameLen: len(r.Name), stats: c.rules.of(r)})
 		if r.FixedWindow() {
 			rr := &s.res[len(s.res)-1]
 			rr.fixed, rr.win = true, c.windowOf(r)
@@ -214,15 +219,20 @@ func (c *core) queueRefresh(k *keyState) {
 	}
 }
 
-// count counts a decision by path and outcome on the stripe of its
-// scratch s, and returns how many such decisions the stripe has counted:
-// a runtime that times decisions samples on it.
+// count counts a decision by the rule that decided it (s.by), path and
+// outcome on the stripe of its scratch s, and returns how many such
+// decisions the stripe has counted: a runtime that times decisions samples
+// on it.
 func (c *core) count(s *scratch, path Path, allowed bool) uint64 {
 	o := 0
 	if allowed {
 		o = 1
 	}
-	n := s.stripe.decisions[path][o].Add(1)
+	by := s.by
+	if by == nil {
+		by = c.rules.none
+	}
+	n := by.stripes[s.stripeIdx].decisions[path][o].Add(1)
 	if s.synced {
 		s.stripe.synced.Add(1)
 	}

@@ -76,6 +76,9 @@ func (c *core) applyLocked(k *keyState, r *policy.Rule, g *leasev1.LeaseGrant, s
 	exp := sent + int64(ttl)
 	k.net += granted
 	c.ctr.granted.Add(granted)
+	if c.onGrant != nil && granted > 0 {
+		c.onGrant(c.rules.of(r).name, granted)
+	}
 	if k.isEvicted() {
 		// Closed or evicted meanwhile: nobody will spend these.
 		c.dropLocked(k, granted)
