@@ -229,9 +229,11 @@ func (k *keyState) ruleLen() int { return int(k.flags.Load() >> ruleLenShift) }
 // packID returns id behind its length, a uvarint, in one allocation: a
 // pointer to it costs a key 8 bytes where a string header costs 16.
 func packID[ID string | []byte](id ID) *byte {
-	b := binary.AppendUvarint(make([]byte, 0, binary.MaxVarintLen64+len(id)), uint64(len(id)))
-	b = append(b, id...)
-	b = append(make([]byte, 0, len(b)), b...) // exactly its size
+	var n [binary.MaxVarintLen64]byte
+	w := binary.PutUvarint(n[:], uint64(len(id)))
+	b := make([]byte, w+len(id))
+	copy(b, n[:w])
+	copy(b[w:], id)
 	return &b[0]
 }
 

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"fmt"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -132,5 +133,58 @@ func TestRuleNamesBounded(t *testing.T) {
 	}
 	if got := len(rt.snapshot()); got != maxRuleNames+2 {
 		t.Errorf("%d blocks, want %d: the names, %s and %s", got, maxRuleNames+2, RuleNone, RuleOther)
+	}
+}
+
+// TestDenyCacheIsAllocationFree: a key gets its rare state, where denials
+// are counted, before its deny cache entry (from a grant or a dry notice),
+// so that even the first denial from the deny cache allocates nothing.
+func TestDenyCacheIsAllocationFree(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocations differ under the race detector")
+	}
+	d, err := NewDriver(Config{AgentID: "a1"}, time.Unix(1_700_000_000, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := mustPolicy(t, fmt.Sprintf(twoRulePolicy, 1000))
+	d.SetPolicy(set)
+
+	// A grant of nothing, as a background refresh may get.
+	c := &d.c
+	k := c.keys.getOrCreate([]byte("per-user\x00user=refreshed"), func(id []byte) *keyState { return newKeyState(id, len("per-user"), 0) })
+	k.mu.Lock()
+	c.applyLocked(k, set.Rule("per-user"), &leasev1.LeaseGrant{RetryAfter: durationpb.New(time.Second)}, 0, 0, 1)
+	k.mu.Unlock()
+	if k.denyUntil.Load() <= 0 || k.rare.Load() == nil {
+		t.Errorf("after a grant of nothing: deny until %d, rare state %v; want a deny cache entry and rare state", k.denyUntil.Load(), k.rare.Load())
+	}
+
+	// A dry notice on a key whose one leased token is spent: its next
+	// decision is its first denial.
+	req := ds("user", "dry")
+	if _, ok := d.Decide(0, req, 1, 0); ok {
+		t.Fatal("a new key was decided without a round trip")
+	}
+	for _, call := range d.Poll(0) {
+		g := &leasev1.LeaseGrant{Granted: call.Lease.Items[0].Want, Ttl: durationpb.New(time.Second)}
+		d.Complete(0, call, &leasev1.LeaseResponse{Agents: 1, Grants: []*leasev1.LeaseGrant{g}}, nil)
+	}
+	if r := d.Resolved(); len(r) != 1 || !r[0].Decision.Allowed {
+		t.Fatalf("resolved %+v, want the request allowed", r)
+	}
+	if !d.Dry(0, "per-user", "user=dry", time.Hour) {
+		t.Fatal("the dry notice found no key")
+	}
+	d.Decide(0, ds("nobody", "x"), 1, 0) // the scratch's first match allocates its memo
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	dec, ok := d.Decide(0, req, 1, 0)
+	runtime.ReadMemStats(&after)
+	if !ok || dec.Path != PathDenyCache {
+		t.Fatalf("got %+v, %v, want a deny cache decision", dec, ok)
+	}
+	if n := after.Mallocs - before.Mallocs; n != 0 {
+		t.Errorf("the first deny cache decision allocates %d times, want 0", n)
 	}
 }
