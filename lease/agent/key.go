@@ -82,8 +82,8 @@ type keyState struct {
 
 // keyRare is the state of a key that few keys need, allocated the first
 // time a key needs it and kept while the key is held: a key that nobody
-// asks for while its round trip is in flight, that the region never fails
-// and whose leases stay small, does without it.
+// asks for while its round trip is in flight, that is never denied nor
+// decided by a failure mode, and whose leases stay small, does without it.
 type keyRare struct {
 	// cache is set once the key's leases are large (read by decisions).
 	cache atomic.Pointer[stripeCache]

@@ -213,7 +213,8 @@ func (km *keyMap) get(id []byte) *keyState {
 }
 
 // getOrCreate returns the live state of id, creating it with mk when there
-// is none. mk runs under the shard's lock.
+// is none. mk runs under the shard's lock, and copies id, which is the
+// caller's.
 func (km *keyMap) getOrCreate(id []byte, mk func(id []byte) *keyState) *keyState {
 	h := maphash.Bytes(km.seed, id)
 	sh := km.shardOf(h)
