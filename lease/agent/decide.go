@@ -16,9 +16,15 @@ type scratch struct {
 	stripe    *stripe
 	stripeIdx int
 	synced    bool // the decision needed a round trip
-	// by counts the decision: the block of the rule that decided it (nil:
-	// none did), set by finishInto.
-	by *ruleStats
+	// by counts the decision: the counters, on this scratch's stripe, of
+	// the rule that decided it (nil: none did), set by finishInto.
+	by *ruleStripe
+	// ctrRules and ctrs remember the counters of the last rules matched,
+	// so that a match mostly finds its rules' counters without a map
+	// lookup (a rule's counters never change: they go by its name).
+	ctrRules [4]*policy.Rule
+	ctrs     [4]*ruleStripe
+	ctrNext  int
 
 	// A memo of the previous decision's match: sync.Pool keeps a scratch
 	// on one P, and a P that decides the same descriptors again (a hot key)
@@ -55,7 +61,7 @@ type ruleResult struct {
 	nsPerToken float64      // the rule's period ÷ limit, for Reset
 	fixed      bool         // the rule is a fixed window
 	win        *windowCache // a fixed window's current window (nil: compute it)
-	stats      *ruleStats   // the rule's decision counters
+	ctr        *ruleStripe  // the rule's decision counters on the scratch's stripe
 
 	done  bool // decided
 	ok    bool // allowed (for a shadow rule: would have allowed)
@@ -173,7 +179,7 @@ func (c *core) match(s *scratch, set *policy.Set, ds []policy.Descriptor, hits i
 		s.buf = append(s.buf, r.Name...)
 		s.buf = append(s.buf, 0)
 		s.buf = r.AppendKey(s.buf, ds)
-		s.res = append(s.res, ruleResult{rule: r, need: tokens(hits, r.Cost), start: start, end: len(s.buf), nameLen: len(r.Name), stats: c.rules.of(r)})
+		s.res = append(s.res, ruleResult{rule: r, need: tokens(hits, r.Cost), start: start, end: len(s.buf), nameLen: len(r.Name), ctr: c.ruleCounters(s, r)})
 		if r.FixedWindow() {
 			rr := &s.res[len(s.res)-1]
 			rr.fixed, rr.win = true, c.windowOf(r)
@@ -184,6 +190,20 @@ func (c *core) match(s *scratch, set *policy.Set, ds []policy.Descriptor, hits i
 	}
 	s.memoSet, s.memoHits, s.memoOK = set, hits, true
 	s.memoDs = append(s.memoDs[:0], ds...)
+}
+
+// ruleCounters returns the decision counters of rule r on s's stripe.
+func (c *core) ruleCounters(s *scratch, r *policy.Rule) *ruleStripe {
+	for i, cr := range s.ctrRules {
+		if cr == r {
+			return s.ctrs[i]
+		}
+	}
+	ctr := &c.rules.of(r).stripes[s.stripeIdx]
+	i := s.ctrNext % len(s.ctrRules)
+	s.ctrNext++
+	s.ctrRules[i], s.ctrs[i] = r, ctr
+	return ctr
 }
 
 // leased records that rr's tokens came from a lease: from slot j (or stripe
@@ -230,9 +250,9 @@ func (c *core) count(s *scratch, path Path, allowed bool) uint64 {
 	}
 	by := s.by
 	if by == nil {
-		by = c.rules.none
+		by = &c.rules.none.stripes[s.stripeIdx]
 	}
-	n := by.stripes[s.stripeIdx].decisions[path][o].Add(1)
+	n := by.decisions[path][o].Add(1)
 	if s.synced {
 		s.stripe.synced.Add(1)
 	}
