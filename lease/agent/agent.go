@@ -76,6 +76,7 @@ func New(cfg Config) (*Agent, error) {
 		return nil, err
 	}
 	a.metrics, a.latency = m, m.latency
+	a.c.onGrant = m.observeGrant
 	conn, err := a.dial()
 	if err != nil {
 		m.unregister()

@@ -315,8 +315,8 @@ func TestMetricsRegistered(t *testing.T) {
 		}
 	}
 	want := map[string]float64{
-		"ration_agent_decisions_total,outcome=allowed,path=LEASE": 10,
-		"ration_agent_fallback_activations_total":                 0,
+		"ration_agent_decisions_total,outcome=allowed,path=LEASE,rule=per-tenant": 10,
+		"ration_agent_fallback_activations_total":                                 0,
 		"ration_agent_keys":               1,
 		"ration_agent_region_unreachable": 0,
 	}
@@ -327,6 +327,9 @@ func TestMetricsRegistered(t *testing.T) {
 	}
 	if got["ration_agent_round_trips_total,method=lease"] < 1 {
 		t.Errorf("no lease round trips counted: %v", got)
+	}
+	if got["ration_agent_lease_tokens,rule=per-tenant"] < 1 {
+		t.Errorf("no grant observed in ration_agent_lease_tokens: %v", got)
 	}
 	a.Close()
 	// Close unregisters, so a new agent can use the same registry.

@@ -217,7 +217,7 @@ func BenchmarkAllowManyKeys(b *testing.B) {
 	var buf []byte
 	for i := range descs {
 		buf = append(append(append(buf[:0], rule.Name...), 0), "tenant="+names[i]...)
-		k := a.c.keys.getOrCreate(buf, func(id string) *keyState { return newKeyState(id, len(rule.Name), now) })
+		k := a.c.keys.getOrCreate(buf, func(id []byte) *keyState { return newKeyState(id, len(rule.Name), now) })
 		k.slots.install(now, far, 1<<40)
 	}
 	b.Run("ration", func(b *testing.B) {
@@ -275,7 +275,7 @@ func testAllowIsAllocationFree(t *testing.T, doc string) {
 		}
 		k.slots.install(a.now(), a.now()+int64(time.Hour), 1<<40)
 		k.lowWater.Store(0)
-		k.queued.Store(true) // as if a refresh were queued: none will be
+		k.flags.set(flagQueued, true) // as if a refresh were queued: none will be
 		return true
 	})
 	if allocs := testing.AllocsPerRun(10000, func() { a.Allow(ctx, d, 1) }); allocs != 0 {

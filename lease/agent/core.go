@@ -59,8 +59,12 @@ type core struct {
 	smu   sync.Mutex
 	sched schedule
 
-	ctr counters
-	ref refresher
+	ctr   counters
+	rules ruleTable // decision counters by rule
+	// onGrant, when set (before the core is used), is told of every grant
+	// by rule name (its counters' label), as the grant arrives.
+	onGrant func(rule string, tokens int64)
+	ref     refresher
 }
 
 // init prepares c for cfg (defaults filled, valid) with the given number of
@@ -72,6 +76,7 @@ func (c *core) init(cfg Config, stripes int) {
 	c.margin = cfg.LeasePeriod / 20
 	c.keys = newKeyMap()
 	c.stripes = make([]stripe, stripes)
+	c.rules.init(stripes)
 	c.wake = make(chan struct{}, 1)
 	c.br = breaker{threshold: cfg.BreakerFailures, probeEvery: int64(cfg.ProbeInterval)}
 	c.agents.Store(1)
@@ -86,6 +91,7 @@ func (c *core) setPolicy(set *policy.Set) bool {
 	// The windows first: a decision that sees the new policy finds its
 	// rules' caches (one still on the old policy computes its windows).
 	c.windows.Store(newWindowSet(set))
+	c.rules.setPolicy(set)
 	c.pol.Store(set)
 	c.ctr.policyUpdates.Add(1)
 	return true
@@ -148,7 +154,7 @@ func (c *core) drainAll(now int64) *returnBatch {
 		live, dropped := k.drain(now)
 		c.dropLocked(k, dropped)
 		c.giveBackLocked(k, pol.Rule(k.rule()), now, live, b)
-		k.evicted.Store(true)
+		k.flags.set(flagEvicted, true)
 		k.mu.Unlock()
 	})
 	return b

@@ -16,6 +16,15 @@ type scratch struct {
 	stripe    *stripe
 	stripeIdx int
 	synced    bool // the decision needed a round trip
+	// by counts the decision: the counters, on this scratch's stripe, of
+	// the rule that decided it (nil: none did), set by finishInto.
+	by *ruleStripe
+	// ctrRules and ctrs remember the counters of the last rules matched,
+	// so that a match mostly finds its rules' counters without a map
+	// lookup (a rule's counters never change: they go by its name).
+	ctrRules [4]*policy.Rule
+	ctrs     [4]*ruleStripe
+	ctrNext  int
 
 	// A memo of the previous decision's match: sync.Pool keeps a scratch
 	// on one P, and a P that decides the same descriptors again (a hot key)
@@ -52,6 +61,7 @@ type ruleResult struct {
 	nsPerToken float64      // the rule's period ÷ limit, for Reset
 	fixed      bool         // the rule is a fixed window
 	win        *windowCache // a fixed window's current window (nil: compute it)
+	ctr        *ruleStripe  // the rule's decision counters on the scratch's stripe
 
 	done  bool // decided
 	ok    bool // allowed (for a shadow rule: would have allowed)
@@ -93,6 +103,7 @@ func (c *core) decideLocal(d *Decision, s *scratch, now int64, ds []policy.Descr
 	}
 	if len(s.res) == 0 {
 		*d = Decision{Allowed: true}
+		s.by = nil
 		return false
 	}
 	if c.exceedsBurst(d, s, now) {
@@ -110,7 +121,7 @@ func (c *core) decideLocal(d *Decision, s *scratch, now int64, ds []policy.Descr
 		if j, w, ok := c.take(rr.k, s.stripeIdx, now, rr.need); ok {
 			rr.leased(j, w)
 			if j < cacheSlot {
-				if lw := rr.k.lowWater.Load(); balance(w) < lw && balance(w)+rr.k.slots.otherLive(j, now) < lw {
+				if lw := int64(rr.k.lowWater.Load()); balance(w) < lw && balance(w)+rr.k.slots.otherLive(j, now) < lw {
 					c.queueRefresh(rr.k)
 				}
 			}
@@ -118,7 +129,7 @@ func (c *core) decideLocal(d *Decision, s *scratch, now int64, ds []policy.Descr
 		}
 		if du := rr.k.denyUntil.Load(); now < du && rr.k.liveTokens(now) < rr.need {
 			rr.done, rr.path, rr.retry = true, PathDenyCache, c.denyRetry(rr, du, now)
-			rr.k.denied.Add(rr.need)
+			rr.k.addDenied(rr.need)
 			if !rr.rule.Shadow {
 				c.finishInto(d, s, now)
 				return false
@@ -146,7 +157,7 @@ func (c *core) exceedsBurst(d *Decision, s *scratch, now int64) bool {
 		}
 		rr.done, rr.path = true, PathLease
 		if rr.k != nil {
-			rr.k.denied.Add(min(rr.need, maxSpend))
+			rr.k.addDenied(min(rr.need, maxSpend))
 		}
 		if !rr.rule.Shadow {
 			c.finishInto(d, s, now)
@@ -168,7 +179,7 @@ func (c *core) match(s *scratch, set *policy.Set, ds []policy.Descriptor, hits i
 		s.buf = append(s.buf, r.Name...)
 		s.buf = append(s.buf, 0)
 		s.buf = r.AppendKey(s.buf, ds)
-		s.res = append(s.res, ruleResult{rule: r, need: tokens(hits, r.Cost), start: start, end: len(s.buf), nameLen: len(r.Name)})
+		s.res = append(s.res, ruleResult{rule: r, need: tokens(hits, r.Cost), start: start, end: len(s.buf), nameLen: len(r.Name), ctr: c.ruleCounters(s, r)})
 		if r.FixedWindow() {
 			rr := &s.res[len(s.res)-1]
 			rr.fixed, rr.win = true, c.windowOf(r)
@@ -179,6 +190,20 @@ func (c *core) match(s *scratch, set *policy.Set, ds []policy.Descriptor, hits i
 	}
 	s.memoSet, s.memoHits, s.memoOK = set, hits, true
 	s.memoDs = append(s.memoDs[:0], ds...)
+}
+
+// ruleCounters returns the decision counters of rule r on s's stripe.
+func (c *core) ruleCounters(s *scratch, r *policy.Rule) *ruleStripe {
+	for i, cr := range s.ctrRules {
+		if cr == r {
+			return s.ctrs[i]
+		}
+	}
+	ctr := &c.rules.of(r).stripes[s.stripeIdx]
+	i := s.ctrNext % len(s.ctrRules)
+	s.ctrNext++
+	s.ctrRules[i], s.ctrs[i] = r, ctr
+	return ctr
 }
 
 // leased records that rr's tokens came from a lease: from slot j (or stripe
@@ -202,7 +227,7 @@ func tokens(hits, cost int64) int64 {
 // queueRefresh asks the refresher to renew k's lease, once until the
 // renewal completes.
 func (c *core) queueRefresh(k *keyState) {
-	if k.queued.Load() || !k.queued.CompareAndSwap(false, true) {
+	if k.flags.has(flagQueued) || !k.flags.setFirst(flagQueued) {
 		return
 	}
 	c.qmu.Lock()
@@ -214,15 +239,20 @@ func (c *core) queueRefresh(k *keyState) {
 	}
 }
 
-// count counts a decision by path and outcome on the stripe of its
-// scratch s, and returns how many such decisions the stripe has counted:
-// a runtime that times decisions samples on it.
+// count counts a decision by the rule that decided it (s.by), path and
+// outcome on the stripe of its scratch s, and returns how many such
+// decisions the stripe has counted: a runtime that times decisions samples
+// on it.
 func (c *core) count(s *scratch, path Path, allowed bool) uint64 {
 	o := 0
 	if allowed {
 		o = 1
 	}
-	n := s.stripe.decisions[path][o].Add(1)
+	by := s.by
+	if by == nil {
+		by = &c.rules.none.stripes[s.stripeIdx]
+	}
+	n := by.decisions[path][o].Add(1)
 	if s.synced {
 		s.stripe.synced.Add(1)
 	}

@@ -52,7 +52,7 @@ func (c *core) failMode(rr *ruleResult, now int64) {
 		k.rareState().extra.Add(rr.need)
 	case policy.OnErrorClosed:
 		rr.path, rr.retry = PathFailedClosed, int64(c.cfg.ProbeInterval)
-		k.denied.Add(rr.need)
+		k.addDenied(rr.need)
 	default:
 		k.mu.Lock()
 		rate, start, capacity := c.emergencyParams(k, rr.rule, rr.need)
@@ -71,7 +71,7 @@ func (c *core) failMode(rr *ruleResult, now int64) {
 			if wait < 0 {
 				rr.retry = int64(c.cfg.ProbeInterval)
 			}
-			k.denied.Add(rr.need)
+			r.denied.Add(rr.need)
 		}
 	}
 }
@@ -86,8 +86,8 @@ func (c *core) failMode(rr *ruleResult, now int64) {
 // per-second quota banks one lease TTL, as before. Called with k.mu held.
 func (c *core) emergencyParams(k *keyState, r *policy.Rule, need int64) (rate, start, capacity float64) {
 	rate = r.Rate()
-	if k.hasGrant {
-		rate = k.regionRate
+	if k.flags.has(flagGranted) {
+		rate = float64(k.regionRate)
 	}
 	rate = rate / float64(max(c.agents.Load(), 1)) * c.cfg.FallbackHeadroom
 	start = float64(r.Cost)

@@ -21,11 +21,14 @@ func (c *core) finishInto(d *Decision, s *scratch, now int64) {
 	if len(s.res) == 1 && s.res[0].ok && !s.res[0].rule.Shadow {
 		// The common case, one enforced rule that allowed: no ranking.
 		rr := &s.res[0]
+		s.by = rr.ctr
 		c.allowedInto(d, rr, rr.path, now)
 		return
 	}
 	deny, shadow, tight, path := c.rank(s, now)
+	s.by = nil
 	if deny != nil {
+		s.by = deny.ctr
 		c.undoAll(s)
 		*d = Decision{
 			Limit:      deny.rule.Limit,
@@ -41,6 +44,7 @@ func (c *core) finishInto(d *Decision, s *scratch, now int64) {
 		return
 	}
 	if shadow != nil {
+		s.by = shadow.ctr
 		*d = Decision{
 			Allowed:    true,
 			Limit:      shadow.rule.Limit,
@@ -61,6 +65,7 @@ func (c *core) finishInto(d *Decision, s *scratch, now int64) {
 		*d = Decision{Allowed: true}
 		return
 	}
+	s.by = tight.ctr
 	c.allowedInto(d, tight, path, now)
 }
 
@@ -133,7 +138,7 @@ func (c *core) remaining(rr *ruleResult, now int64) int64 {
 	} else {
 		local = rr.k.liveTokens(now)
 	}
-	return min(local+rr.k.remaining.Load(), rr.rule.Limit)
+	return min(local+int64(math.Float32frombits(rr.k.remaining.Load())), rr.rule.Limit)
 }
 
 // undoAll gives back what a denied request took.

@@ -137,7 +137,7 @@ func (t *keyTable) find(h uint64, id []byte) (*keyState, *atomic.Pointer[keyStat
 		w := grp.tags.Load()
 		for m := matches(w, tag); m != 0; m &= m - 1 {
 			p := &grp.keys[bits.TrailingZeros64(m)>>3]
-			if k := p.Load(); k != nil && k.id == string(id) {
+			if k := p.Load(); k != nil && k.id() == string(id) {
 				return k, p
 			}
 		}
@@ -213,8 +213,9 @@ func (km *keyMap) get(id []byte) *keyState {
 }
 
 // getOrCreate returns the live state of id, creating it with mk when there
-// is none. mk runs under the shard's lock.
-func (km *keyMap) getOrCreate(id []byte, mk func(id string) *keyState) *keyState {
+// is none. mk runs under the shard's lock, and copies id, which is the
+// caller's.
+func (km *keyMap) getOrCreate(id []byte, mk func(id []byte) *keyState) *keyState {
 	h := maphash.Bytes(km.seed, id)
 	sh := km.shardOf(h)
 	sh.mu.Lock()
@@ -226,11 +227,11 @@ func (km *keyMap) getOrCreate(id []byte, mk func(id string) *keyState) *keyState
 		}
 		// Not removed yet: its successor takes the slot, and remove will
 		// find it no longer there.
-		k = mk(string(id))
+		k = mk(id)
 		p.Store(k)
 		return k
 	}
-	k := mk(string(id))
+	k := mk(id)
 	if (sh.used+1)*loadDen > maxLoadNum*groupSlots*len(t.groups) {
 		t = sh.rebuildLocked(km, sh.live+1)
 	}
@@ -243,7 +244,7 @@ func (km *keyMap) getOrCreate(id []byte, mk func(id string) *keyState) *keyState
 
 // remove deletes k if it is still the state stored for its id.
 func (km *keyMap) remove(k *keyState) {
-	h := maphash.String(km.seed, k.id)
+	h := maphash.String(km.seed, k.id())
 	sh := km.shardOf(h)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -268,7 +269,7 @@ func (sh *keyShard) rebuildLocked(km *keyMap, n int) *keyTable {
 	for g := range old.groups {
 		for i := range old.groups[g].keys {
 			if k := old.groups[g].keys[i].Load(); k != nil {
-				t.insert(maphash.String(km.seed, k.id), k)
+				t.insert(maphash.String(km.seed, k.id()), k)
 			}
 		}
 	}

@@ -11,7 +11,7 @@ import (
 
 func TestKeyMapEvictAndRecreate(t *testing.T) {
 	km := newKeyMap()
-	mk := func(id string) *keyState { return newKeyState(id, 1, 0) }
+	mk := func(id []byte) *keyState { return newKeyState(id, 1, 0) }
 	ids := make([][]byte, 1000)
 	for i := range ids {
 		ids[i] = fmt.Appendf(nil, "r\x00k%d", i)
@@ -28,7 +28,7 @@ func TestKeyMapEvictAndRecreate(t *testing.T) {
 		}
 	}
 	k := km.get(ids[7])
-	k.evicted.Store(true)
+	k.flags.set(flagEvicted, true)
 	km.remove(k)
 	k2 := km.getOrCreate(ids[7], mk)
 	if k2 == k {
@@ -56,7 +56,7 @@ func TestKeyMapEvictAndRecreate(t *testing.T) {
 func TestAllowAllocatesNothingOnLeasedKey(t *testing.T) {
 	km := newKeyMap()
 	id := []byte("r\x00tenant=acme")
-	k := km.getOrCreate(id, func(id string) *keyState { return newKeyState(id, 1, 0) })
+	k := km.getOrCreate(id, func(id []byte) *keyState { return newKeyState(id, 1, 0) })
 	k.slots.install(0, math.MaxInt64, 1<<40)
 	allocs := testing.AllocsPerRun(1000, func() {
 		if k := km.get(id); k != nil {
@@ -70,7 +70,7 @@ func TestAllowAllocatesNothingOnLeasedKey(t *testing.T) {
 
 func TestKeyMapShrinksAfterEviction(t *testing.T) {
 	km := newKeyMap()
-	mk := func(id string) *keyState { return newKeyState(id, 1, 0) }
+	mk := func(id []byte) *keyState { return newKeyState(id, 1, 0) }
 	ids := make([][]byte, 10_000)
 	for i := range ids {
 		ids[i] = fmt.Appendf(nil, "r\x00k%d", i)
@@ -81,7 +81,7 @@ func TestKeyMapShrinksAfterEviction(t *testing.T) {
 			continue
 		}
 		k := km.get(id)
-		k.evicted.Store(true)
+		k.flags.set(flagEvicted, true)
 		km.remove(k)
 	}
 	if got := km.len(); got != 100 {
@@ -103,7 +103,7 @@ func TestKeyMapShrinksAfterEviction(t *testing.T) {
 		for g := range tab.groups {
 			for j := range tab.groups[g].keys {
 				if k := tab.groups[g].keys[j].Load(); k != nil && k.isEvicted() {
-					t.Errorf("shard %d: the table keeps evicted %q", i, k.id)
+					t.Errorf("shard %d: the table keeps evicted %q", i, k.id())
 				}
 			}
 		}
@@ -118,7 +118,7 @@ func TestKeyMapConcurrentReads(t *testing.T) {
 	seed := rand.Uint64()
 	t.Logf("seed %d", seed)
 	km := newKeyMap()
-	mk := func(id string) *keyState { return newKeyState(id, 1, 0) }
+	mk := func(id []byte) *keyState { return newKeyState(id, 1, 0) }
 	const kept, churned = 500, 3000
 	ids := make([][]byte, kept+churned)
 	for i := range ids {
@@ -139,8 +139,8 @@ func TestKeyMapConcurrentReads(t *testing.T) {
 				i := rng.IntN(len(ids))
 				k := km.get(ids[i])
 				switch {
-				case k != nil && k.id != string(ids[i]):
-					errs <- fmt.Sprintf("get(%q) returned %q", ids[i], k.id)
+				case k != nil && k.id() != string(ids[i]):
+					errs <- fmt.Sprintf("get(%q) returned %q", ids[i], k.id())
 					return
 				case i < kept && (k == nil || k.isEvicted()):
 					errs <- fmt.Sprintf("get(%q), held throughout, got %v", ids[i], k)
@@ -155,7 +155,7 @@ func TestKeyMapConcurrentReads(t *testing.T) {
 		// Grow to most of the churned keys, then shrink to few, and again.
 		i := kept + rng.IntN(churned)
 		if k := held[i]; k != nil {
-			k.evicted.Store(true)
+			k.flags.set(flagEvicted, true)
 			km.remove(k)
 			delete(held, i)
 		} else {

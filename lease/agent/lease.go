@@ -2,6 +2,7 @@ package agent
 
 import (
 	"fmt"
+	"math"
 	"time"
 
 	leasev1 "github.com/ration-dev/ration/lease/v1"
@@ -56,7 +57,7 @@ func (c *core) leaseDone(f *flight, req *leasev1.LeaseRequest, wants []int64, se
 		if k.flight == f {
 			k.flight = nil
 		}
-		k.queued.Store(false)
+		k.flags.set(flagQueued, false)
 		k.mu.Unlock()
 	}
 	f.err = err
@@ -75,7 +76,10 @@ func (c *core) applyLocked(k *keyState, r *policy.Rule, g *leasev1.LeaseGrant, s
 	exp := sent + int64(ttl)
 	k.net += granted
 	c.ctr.granted.Add(granted)
-	if k.evicted.Load() {
+	if c.onGrant != nil && granted > 0 {
+		c.onGrant(c.rules.of(r).name, granted)
+	}
+	if k.isEvicted() {
 		// Closed or evicted meanwhile: nobody will spend these.
 		c.dropLocked(k, granted)
 		return
@@ -84,10 +88,11 @@ func (c *core) applyLocked(k *keyState, r *policy.Rule, g *leasev1.LeaseGrant, s
 		if exp > now {
 			c.dropLocked(k, k.slots.install(now, exp, granted))
 			if granted >= cacheMinLease && len(c.stripes) > 1 {
-				sc := k.cache.Load()
+				rs := k.rareLocked()
+				sc := rs.cache.Load()
 				if sc == nil {
 					sc = &stripeCache{e: make([]cacheEntry, len(c.stripes))}
-					k.cache.Store(sc)
+					rs.cache.Store(sc)
 				}
 				sc.batch.Store(max(granted/int64(4*len(c.stripes)), 1))
 			}
@@ -102,14 +107,14 @@ func (c *core) applyLocked(k *keyState, r *policy.Rule, g *leasev1.LeaseGrant, s
 		rate, start, capacity := c.emergencyParams(k, r, r.Cost)
 		e.idle(now, rate, start, capacity)
 	}
-	k.hasGrant = true
-	k.regionRate, k.capacity, k.ttl = g.GetRate(), g.GetCapacity(), ttl
-	k.remaining.Store(int64(min(max(g.GetRemaining(), 0), maxLeaseTokens)))
+	k.setGrantLocked(g.GetRate(), g.GetCapacity(), ttl)
+	k.remaining.Store(math.Float32bits(float32(min(max(g.GetRemaining(), 0), maxLeaseTokens))))
 
 	lead := c.lead.Load()
-	k.lowWater.Store(lowWater(k.rate.rate, time.Duration(lead), r.Cost))
-	hold := holdAfter(granted, want, int64(g.GetRetryAfter().AsDuration()), int64(c.cfg.LeasePeriod), k.regionRate, k.capacity)
+	k.lowWater.Store(int32(min(lowWater(float64(k.rate.rate), time.Duration(lead), r.Cost), math.MaxInt32)))
+	hold := holdAfter(granted, want, int64(g.GetRetryAfter().AsDuration()), int64(c.cfg.LeasePeriod), g.GetRate(), g.GetCapacity())
 	if hold > 0 {
+		k.rareLocked() // before the deny cache entry: see keyRare.denied
 		du := now + hold
 		if r.FixedWindow() {
 			// A deny cache entry never outlives its window (by this
@@ -219,8 +224,8 @@ func (c *core) leaseRequest(f *flight, sent int64) (*leasev1.LeaseRequest, []int
 		k.mu.Lock()
 		asked := k.askedLocked()
 		k.rate.observe(sent, asked, c.params)
-		capacity := k.capacity
-		if !k.hasGrant {
+		capacity := float64(k.capacity)
+		if !k.flags.has(flagGranted) {
 			capacity = float64(r.Burst)
 		}
 		var waiting int64
@@ -228,18 +233,18 @@ func (c *core) leaseRequest(f *flight, sent int64) (*leasev1.LeaseRequest, []int
 		if rs != nil && sent-rs.unservedAt <= int64(c.cfg.RoundTripTimeout) {
 			waiting = rs.unserved // they are about to ask again, or are asking
 		}
-		want := leaseSize(k.rate.rate, c.cfg.LeasePeriod, lead, f.needs[i], waiting, r.Cost, capacity, agents, k.lastWant)
+		want := leaseSize(float64(k.rate.rate), c.cfg.LeasePeriod, lead, f.needs[i], waiting, r.Cost, capacity, agents, int64(k.lastWant))
 		// The size before a window's end clips it caps the next lease, so
 		// that the next window's leases do not start small.
-		k.lastWant = want
+		k.lastWant = float32(want)
 		if rs != nil {
 			rs.unserved = 0
 		}
 		if r.FixedWindow() {
-			want = c.windowLease(r, sent, want, k.rate.rate, lead, f.needs[i], waiting)
+			want = c.windowLease(r, sent, want, float64(k.rate.rate), lead, f.needs[i], waiting)
 		}
 		wants[i] = want
-		admitted := asked - k.denied.Load()
+		admitted := asked - k.denied()
 		if f.sync {
 			// The asking request is not decided yet, so not counted in
 			// asked: report it now (a cold key's first call would carry

@@ -146,8 +146,8 @@ func TestIdleCheckReturnsOnlyExpiringLeases(t *testing.T) {
 			set := mustPolicy(t, "rules:\n  - "+perDay+"\n")
 			d.SetPolicy(set)
 			c := &d.c
-			k := c.keys.getOrCreate([]byte("r\x00tenant=acme"), func(id string) *keyState { return newKeyState(id, 1, now) })
-			k.hasGrant, k.regionRate, k.ttl = true, tt.regionRate, 100*time.Millisecond
+			k := c.keys.getOrCreate([]byte("r\x00tenant=acme"), func(id []byte) *keyState { return newKeyState(id, 1, now) })
+			k.setGrantLocked(tt.regionRate, 0, 100*time.Millisecond)
 			k.slots.install(now, now+5*ms, 5)
 			k.slots.install(now, now+100*ms, 7)
 			k.checkedAsked, k.checkedAt = k.askedLocked(), now-ms // unused since

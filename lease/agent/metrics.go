@@ -14,9 +14,17 @@ type metrics struct {
 	reg     prometheus.Registerer
 	stats   func() Stats
 	latency prometheus.Histogram // nil without a registry
+	// leaseTokens is the tokens of each grant by rule, observed as a grant
+	// arrives (off the request path); nil without a registry.
+	leaseTokens *prometheus.HistogramVec
 
 	decisions, syncDecisions, calls, callErrors, items, tokens, fallbacks, breaker, keys, agents, policies *prometheus.Desc
 }
+
+// decisionsHelp is ration_agent_decisions_total's help. Its series exist
+// once non-zero: fourteen per rule, most of them zero, would be many
+// series for a large policy.
+const decisionsHelp = "Decisions by the rule that decided them (" + RuleNone + ": none did; " + RuleOther + ": rules beyond the first 1024 names), the path that made them and their outcome."
 
 func newMetrics(reg prometheus.Registerer, stats func() Stats) (*metrics, error) {
 	m := &metrics{reg: reg, stats: stats}
@@ -26,7 +34,7 @@ func newMetrics(reg prometheus.Registerer, stats func() Stats) (*metrics, error)
 	d := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc("ration_agent_"+name, help, labels, nil)
 	}
-	m.decisions = d("decisions_total", "Decisions by the path that made them and their outcome.", "path", "outcome")
+	m.decisions = d("decisions_total", decisionsHelp, "rule", "path", "outcome")
 	m.syncDecisions = d("sync_decisions_total", "Decisions that waited for a round trip to the region.")
 	m.calls = d("round_trips_total", "Calls to the region's lease API by method (a Lease call may carry many keys).", "method")
 	m.callErrors = d("round_trip_errors_total", "Calls to the region's lease API that failed.")
@@ -42,20 +50,37 @@ func newMetrics(reg prometheus.Registerer, stats func() Stats) (*metrics, error)
 		Help:    "Time to decide a request (sampled: one decision in 64 per stripe).",
 		Buckets: []float64{50e-9, 100e-9, 250e-9, 500e-9, 1e-6, 5e-6, 25e-6, 100e-6, 500e-6, 1e-3, 5e-3, 25e-3},
 	})
-	if err := reg.Register(m); err != nil {
-		return nil, fmt.Errorf("agent: registering metrics: %w", err)
-	}
-	if err := reg.Register(m.latency); err != nil {
-		reg.Unregister(m)
-		return nil, fmt.Errorf("agent: registering metrics: %w", err)
+	m.leaseTokens = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "ration_agent_lease_tokens",
+		Help:    "Tokens of each lease granted to a key, by rule (" + RuleOther + ": rules beyond the first 1024 names); grants of none are not observed.",
+		Buckets: prometheus.ExponentialBuckets(1, 4, 12), // 1 to 4^11 (about 4M)
+	}, []string{"rule"})
+	var done []prometheus.Collector
+	for _, c := range []prometheus.Collector{m, m.latency, m.leaseTokens} {
+		if err := reg.Register(c); err != nil {
+			for _, d := range done {
+				reg.Unregister(d)
+			}
+			return nil, fmt.Errorf("agent: registering metrics: %w", err)
+		}
+		done = append(done, c)
 	}
 	return m, nil
+}
+
+// observeGrant records a grant of n tokens on a key of rule; a no-op
+// without a registry.
+func (m *metrics) observeGrant(rule string, n int64) {
+	if m.leaseTokens != nil && n > 0 {
+		m.leaseTokens.WithLabelValues(rule).Observe(float64(n))
+	}
 }
 
 func (m *metrics) unregister() {
 	if m.reg != nil {
 		m.reg.Unregister(m)
 		m.reg.Unregister(m.latency)
+		m.reg.Unregister(m.leaseTokens)
 	}
 }
 
@@ -75,9 +100,14 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	gauge := func(d *prometheus.Desc, v float64) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v)
 	}
-	for p := Path(0); p < numPaths; p++ {
-		counter(m.decisions, float64(s.Decisions[p][0]), p.String(), "denied")
-		counter(m.decisions, float64(s.Decisions[p][1]), p.String(), "allowed")
+	for rule, d := range s.DecisionsByRule {
+		for p := Path(0); p < numPaths; p++ {
+			for o, outcome := range [2]string{"denied", "allowed"} {
+				if d[p][o] > 0 {
+					counter(m.decisions, float64(d[p][o]), rule, p.String(), outcome)
+				}
+			}
+		}
 	}
 	counter(m.syncDecisions, float64(s.SyncDecisions))
 	counter(m.calls, float64(s.LeaseCalls), "lease")

@@ -78,7 +78,7 @@ func (c *core) renewBatch(pol *policy.Set, keys []*keyState) (f *flight, rest []
 		used++
 		r := pol.Rule(k.rule())
 		k.mu.Lock()
-		if r != nil && k.flight == nil && !k.evicted.Load() {
+		if r != nil && k.flight == nil && !k.isEvicted() {
 			if f == nil {
 				f = &flight{done: make(chan struct{})}
 			}
@@ -107,14 +107,14 @@ func (c *core) renewBatch(pol *policy.Set, keys []*keyState) (f *flight, rest []
 func (c *core) check(k *keyState, pol *policy.Set, now int64, rets *returnBatch) action {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if k.evicted.Load() {
+	if k.isEvicted() {
 		return actNone
 	}
 	c.dropLocked(k, k.collect(now))
 	active := false
 	asked := k.askedLocked()
 	if dt := now - k.checkedAt; dt > 0 {
-		k.recentRate = float64(asked-k.checkedAsked) / (float64(dt) / 1e9)
+		k.rate.recent = float32(float64(asked-k.checkedAsked) / (float64(dt) / 1e9))
 	}
 	if asked != k.checkedAsked {
 		k.lastActive, active = max(k.lastActive, now), true
@@ -126,7 +126,7 @@ func (c *core) check(k *keyState, pol *policy.Set, now int64, rets *returnBatch)
 	case pol.Rule(k.rule()) == nil:
 		c.evictLocked(k, now, rets) // the rule is gone
 		return actNone
-	case active || k.queued.Load():
+	case active || k.flags.has(flagQueued):
 		return c.checkActive(k, pol.Rule(k.rule()), now, rets)
 	case now-k.lastActive >= int64(c.cfg.IdleAfter):
 		if at := c.keepForEmergency(k, pol.Rule(k.rule()), now); at > now && at < math.MaxInt64 {
@@ -172,17 +172,17 @@ func (c *core) checkActive(k *keyState, r *policy.Rule, now int64, rets *returnB
 	live := k.liveTokens(now)
 	horizon := now + c.renewLead() + int64(c.tick())
 	lasting := k.liveTokens(horizon)
-	if k.queued.Load() && lasting >= k.lowWater.Load() {
-		k.queued.Store(false) // the other slot still holds enough
+	if k.flags.has(flagQueued) && lasting >= int64(k.lowWater.Load()) {
+		k.flags.set(flagQueued, false) // the other slot still holds enough
 	}
 	switch {
-	case k.queued.Load():
-	case live > 0 && lasting < k.lowWater.Load():
+	case k.flags.has(flagQueued):
+	case live > 0 && lasting < int64(k.lowWater.Load()):
 		// A lease is about to expire. What the key will not spend before
 		// then goes back to the region instead of being dropped, and the
 		// key is renewed only if it is still spending.
 		c.returnSurplusLocked(k, r, now, horizon, lasting, rets)
-		if k.recentRate*c.cfg.LeaseTTL.Seconds() < float64(r.Cost) {
+		if float64(k.rate.recent)*c.cfg.LeaseTTL.Seconds() < float64(r.Cost) {
 			next := k.lastActive + int64(c.cfg.IdleAfter)
 			if lasting > 0 {
 				// A later lease still holds tokens: check it before it expires.
@@ -238,7 +238,7 @@ func (c *core) returnSurplusLocked(k *keyState, r *policy.Rule, now, horizon, la
 		if exp <= now || exp > horizon {
 			continue
 		}
-		use := min(int64(math.Ceil(k.recentRate*float64(exp-now)/1e9)), spare)
+		use := min(int64(math.Ceil(float64(k.rate.recent)*float64(exp-now)/1e9)), spare)
 		if surplus := balance(k.slots.word[i].Load()) - use; surplus > floor {
 			n := k.slots.takeUpTo(i, surplus)
 			c.giveBackLocked(k, r, now, n, rets)
@@ -250,7 +250,7 @@ func (c *core) returnSurplusLocked(k *keyState, r *policy.Rule, now, horizon, la
 // refills in a lease TTL, so that a drop costs no more than the lease term
 // of the bound already counts.
 func (c *core) spareLocked(k *keyState) int64 {
-	return int64(k.regionRate * k.ttl.Seconds())
+	return int64(float64(k.regionRate) * float64(k.ttl))
 }
 
 // keepForEmergency returns until when an idle key must stay in memory for
@@ -275,7 +275,7 @@ func (c *core) keepForEmergency(k *keyState, r *policy.Rule, now int64) int64 {
 
 // evictLocked forgets k, returning its live tokens.
 func (c *core) evictLocked(k *keyState, now int64, rets *returnBatch) {
-	k.evicted.Store(true)
+	k.flags.set(flagEvicted, true)
 	live, dropped := k.drain(now)
 	c.dropLocked(k, dropped)
 	c.giveBackLocked(k, c.pol.Load().Rule(k.rule()), now, live, rets)

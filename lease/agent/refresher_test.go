@@ -20,7 +20,7 @@ func TestRefresherMakesOneCallAtATime(t *testing.T) {
 	c.setPolicy(set)
 	for i := range 2500 {
 		id := fmt.Appendf(nil, "r\x00tenant=t%d", i)
-		k := c.keys.getOrCreate(id, func(id string) *keyState { return newKeyState(id, 1, 0) })
+		k := c.keys.getOrCreate(id, func(id []byte) *keyState { return newKeyState(id, 1, 0) })
 		k.lowWater.Store(1) // as a grant sets it: the key spent below it
 		c.queueRefresh(k)
 	}

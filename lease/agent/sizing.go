@@ -16,9 +16,12 @@ import (
 // path: the refresher and the slow path observe the key's asked total when
 // they size a lease.
 type spendRate struct {
-	rate  float64 // tokens per second
 	at    int64   // time of the last observation, agent nanos
 	asked int64   // cumulative asked tokens at that time; unobserved before the first
+	rate  float32 // tokens per second
+	// recent is the tokens per second asked between the key's last two
+	// checks (core.check sets it): beside rate, so that the two fill a word.
+	recent float32
 }
 
 // unobserved marks a spendRate's asked before its first observation (a
@@ -56,12 +59,13 @@ func (e *spendRate) observe(now, asked int64, p rateParams) {
 	}
 	eff := max(time.Duration(dt), p.window)
 	inst := float64(asked-e.asked) / eff.Seconds()
+	rate := float64(e.rate)
 	tau := p.down
-	if inst > e.rate {
+	if inst > rate {
 		tau = p.up
 	}
 	alpha := 1 - math.Exp(-float64(eff)/float64(tau))
-	e.rate += alpha * (inst - e.rate)
+	e.rate = float32(rate + alpha*(inst-rate))
 	e.at, e.asked = now, asked
 }
 

@@ -19,7 +19,7 @@ func TestSpendRateFastUpSlowDown(t *testing.T) {
 	for i := int64(2); i <= 10; i++ {
 		e.observe(i*50*ms, i*50, p)
 	}
-	if math.Abs(e.rate-1000) > 1 {
+	if math.Abs(float64(e.rate)-1000) > 1 {
 		t.Errorf("steady 1000/s got %.1f", e.rate)
 	}
 	// Demand stops: after 100ms the estimate has fallen by under 10%.
@@ -31,7 +31,7 @@ func TestSpendRateFastUpSlowDown(t *testing.T) {
 	b := newSpendRate()
 	b.observe(0, 0, p)
 	b.observe(1000, 10, p) // 10 tokens in 1µs
-	if b.rate > 10/p.window.Seconds() {
+	if float64(b.rate) > 10/p.window.Seconds() {
 		t.Errorf("burst read as %.0f/s, want at most %.0f/s", b.rate, 10/p.window.Seconds())
 	}
 }

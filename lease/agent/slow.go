@@ -80,7 +80,7 @@ func (c *core) slowSettle(s *scratch, now int64, expired bool) (decided bool) {
 			// The region just granted too little: a denial on the lease
 			// path; later requests meet the deny cache.
 			rr.done, rr.path, rr.retry = true, PathLease, c.denyRetry(rr, du, now)
-			rr.k.denied.Add(rr.need)
+			rr.k.addDenied(rr.need)
 			if !rr.rule.Shadow {
 				return true
 			}
@@ -107,7 +107,7 @@ func (c *core) giveUp(s *scratch) {
 	for i := range s.res {
 		if rr := &s.res[i]; !rr.done {
 			rr.done, rr.path, rr.retry = true, PathLease, int64(time.Millisecond)
-			rr.k.denied.Add(rr.need)
+			rr.k.addDenied(rr.need)
 		}
 	}
 }
@@ -141,7 +141,7 @@ func (c *core) ensureKey(s *scratch, rr *ruleResult, now int64) {
 		return
 	}
 	nameLen, created := rr.nameLen, false
-	rr.k = c.keys.getOrCreate(s.buf[rr.start:rr.end], func(id string) *keyState {
+	rr.k = c.keys.getOrCreate(s.buf[rr.start:rr.end], func(id []byte) *keyState {
 		created = true
 		return newKeyState(id, nameLen, now)
 	})
@@ -173,7 +173,7 @@ func (c *core) joinOrStart(s *scratch, now int64) *flight {
 			c.ensureKey(s, rr, now)
 			k := rr.k
 			k.mu.Lock()
-			if k.evicted.Load() {
+			if k.isEvicted() {
 				k.mu.Unlock()
 				continue
 			}

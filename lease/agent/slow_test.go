@@ -76,7 +76,7 @@ rules:
 			c, s := &d.c, d.newScratch()
 			r := set.Rule(tt.rule)
 			id := []byte(tt.rule + "\x00tenant=acme")
-			k := c.keys.getOrCreate(id, func(id string) *keyState { return newKeyState(id, len(tt.rule), 0) })
+			k := c.keys.getOrCreate(id, func(id []byte) *keyState { return newKeyState(id, len(tt.rule), 0) })
 			if tt.lease > 0 {
 				k.slots.install(now, now+100*ms, tt.lease)
 			}

@@ -20,7 +20,7 @@ func TestConcurrentSpendsNeverExceedTheLease(t *testing.T) {
 	k.slots.install(0, 1<<62, first)
 	sc := &stripeCache{e: make([]cacheEntry, 4)}
 	sc.batch.Store(64)
-	k.cache.Store(sc)
+	k.rareState().cache.Store(sc)
 	var spent atomic.Int64
 	var wg sync.WaitGroup
 	for g := 0; g < 8; g++ {

@@ -5,14 +5,14 @@ import (
 	"time"
 )
 
-// stripe holds decision counters written by the request path. Each pooled
-// scratch is tied to one stripe, and sync.Pool hands a P its own scratch,
-// so counting a decision is an uncontended atomic add rather than a cache
-// line bouncing between cores.
+// stripe holds a counter written by the request path. Each pooled scratch
+// is tied to one stripe, and sync.Pool hands a P its own scratch, so
+// counting a decision is an uncontended atomic add rather than a cache line
+// bouncing between cores. The decisions themselves are counted by rule, on
+// the same stripes (ruleStats).
 type stripe struct {
-	decisions [numPaths][2]atomic.Uint64 // [path][allowed]
-	synced    atomic.Uint64
-	_         [cacheLine]byte
+	synced atomic.Uint64
+	_      [cacheLine]byte
 }
 
 // counters are the agent's cumulative events off the request path.
@@ -29,6 +29,10 @@ type Stats struct {
 	// Decisions counts decisions by path, as [path][0] denied and
 	// [path][1] allowed.
 	Decisions [numPaths][2]uint64
+	// DecisionsByRule counts them, the same way, by the rule that decided
+	// (Decision.Rule): RuleNone for decisions no rule decided, RuleOther
+	// for rules beyond the first 1024 names the agent saw.
+	DecisionsByRule map[string][numPaths][2]uint64
 	// SyncDecisions counts decisions that waited for a round trip.
 	SyncDecisions uint64
 	// LeaseCalls counts Lease calls (each may carry many keys) and
@@ -87,13 +91,15 @@ func (s Stats) SyncShare() float64 {
 // stats returns the core's counters.
 func (c *core) stats() Stats {
 	var s Stats
-	for i := range c.stripes {
-		st := &c.stripes[i]
-		for p := range st.decisions {
-			s.Decisions[p][0] += st.decisions[p][0].Load()
-			s.Decisions[p][1] += st.decisions[p][1].Load()
+	s.DecisionsByRule = c.rules.snapshot()
+	for _, d := range s.DecisionsByRule {
+		for p := range d {
+			s.Decisions[p][0] += d[p][0]
+			s.Decisions[p][1] += d[p][1]
 		}
-		s.SyncDecisions += st.synced.Load()
+	}
+	for i := range c.stripes {
+		s.SyncDecisions += c.stripes[i].synced.Load()
 	}
 	t := &c.ctr
 	s.LeaseCalls, s.LeaseItems, s.ReturnCalls, s.ReturnItems = t.leaseCalls.Load(), t.leaseItems.Load(), t.returnCalls.Load(), t.returnItems.Load()

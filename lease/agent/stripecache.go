@@ -40,7 +40,7 @@ type stripeCache struct {
 // fail) from the slots. It returns where the tokens came from (a slot index
 // or cacheSlot + entry) and the word after the spend, for a put-back.
 func (c *core) take(k *keyState, idx int, now, n int64) (int, int64, bool) {
-	sc := k.cache.Load()
+	sc := k.cache()
 	if sc == nil {
 		i, w, _, ok := k.slots.spend(now, n)
 		return i, w, ok
@@ -106,7 +106,7 @@ func (c *core) refill(k *keyState, e *cacheEntry, exp, b int64) {
 // putBackCache returns n tokens to k's entry j, as putBack does for a
 // slot.
 func (k *keyState) putBackCache(j int, after, n int64) bool {
-	c := k.cache.Load()
+	c := k.cache()
 	if c != nil && addSameGen(&c.e[j].word, after, n) {
 		return true
 	}
@@ -149,7 +149,7 @@ func addSameGen(word *atomic.Int64, w, n int64) bool {
 // held returns every token k holds, spendable or not yet collected.
 func (k *keyState) held() int64 {
 	n := k.slots.total()
-	if c := k.cache.Load(); c != nil {
+	if c := k.cache(); c != nil {
 		for i := range c.e {
 			n += max(balance(c.e[i].word.Load()), 0)
 		}
@@ -160,7 +160,7 @@ func (k *keyState) held() int64 {
 // liveTokens returns k's tokens spendable at now.
 func (k *keyState) liveTokens(now int64) int64 {
 	n := k.slots.live(now)
-	if c := k.cache.Load(); c != nil {
+	if c := k.cache(); c != nil {
 		for i := range c.e {
 			if c.e[i].exp.Load() > now {
 				n += max(balance(c.e[i].word.Load()), 0)
@@ -173,7 +173,7 @@ func (k *keyState) liveTokens(now int64) int64 {
 // collect empties what expired at now and returns it (dropped at expiry).
 func (k *keyState) collect(now int64) int64 {
 	n := k.slots.collect(now)
-	if c := k.cache.Load(); c != nil {
+	if c := k.cache(); c != nil {
 		for i := range c.e {
 			if c.e[i].exp.Load() <= now && balance(c.e[i].word.Load()) > 0 {
 				n += emptyWord(&c.e[i].word, &k.slots.lost)
@@ -186,7 +186,7 @@ func (k *keyState) collect(now int64) int64 {
 // drain empties everything: live tokens to return, expired ones dropped.
 func (k *keyState) drain(now int64) (live, dropped int64) {
 	live, dropped = k.slots.drain(now)
-	if c := k.cache.Load(); c != nil {
+	if c := k.cache(); c != nil {
 		for i := range c.e {
 			expired := c.e[i].exp.Load() <= now
 			if n := emptyWord(&c.e[i].word, &k.slots.lost); expired {
@@ -202,7 +202,7 @@ func (k *keyState) drain(now int64) (live, dropped int64) {
 // firstExpiry is the earliest expiry among k's live tokens at now, or now.
 func (k *keyState) firstExpiry(now int64) int64 {
 	first := k.slots.firstExpiry(now)
-	if c := k.cache.Load(); c != nil {
+	if c := k.cache(); c != nil {
 		for i := range c.e {
 			if e := c.e[i].exp.Load(); e > now && balance(c.e[i].word.Load()) > 0 && (first == now || e < first) {
 				first = e
@@ -227,7 +227,7 @@ func (k *keyState) consolidateLocked(now int64) (dropped int64) {
 	for i := range k.slots.word {
 		consider(k.slots.exp[i].Load(), k.slots.word[i].Load())
 	}
-	if c := k.cache.Load(); c != nil {
+	if c := k.cache(); c != nil {
 		for i := range c.e {
 			consider(c.e[i].exp.Load(), c.e[i].word.Load())
 		}

@@ -124,6 +124,7 @@ func (c *core) noteDry(rule, key string, retry time.Duration, now int64) bool {
 		_, end := c.windowAt(r, c.windowOf(r), now)
 		du = min(du, end)
 	}
+	k.rareState() // before the deny cache entry: see keyRare.denied
 	for {
 		old := k.denyUntil.Load()
 		if old >= du || k.denyUntil.CompareAndSwap(old, du) {
