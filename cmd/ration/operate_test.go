@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/ration-dev/ration/internal/adminapi"
-	"github.com/ration-dev/ration/internal/redistest"
 	"github.com/ration-dev/ration/internal/regiond"
 	"github.com/ration-dev/ration/lease/agent"
 	"github.com/ration-dev/ration/policy"
@@ -71,23 +70,9 @@ func TestOperateThreeRegions(t *testing.T) {
 	ds := map[string]*regiond.Daemon{}
 	var admins []string
 	for _, r := range regions {
-		d, err := regiond.New(regiond.Config{
-			Region: r, Regions: regions, Replica: r + "-0", Listen: "127.0.0.1:0", Admin: "127.0.0.1:0",
-			RedisURL: redistest.StartServer(t).URL(), NATSURL: ns.ClientURL(), PolicyYAML: []byte(operatePolicy),
-			AdminTokenFile: tokenFile, SyncPeriod: 500 * time.Millisecond, DecideAfter: 50 * time.Millisecond,
-			StoreTimeout: time.Second, NATSReconnectWait: 20 * time.Millisecond,
-			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := d.Start(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			_ = d.Shutdown(ctx)
+		d := startRegion(t, regiond.Config{
+			Region: r, Regions: regions, NATSURL: ns.ClientURL(), PolicyYAML: []byte(operatePolicy),
+			AdminTokenFile: tokenFile, DecideAfter: 50 * time.Millisecond,
 		})
 		ds[r] = d
 		admins = append(admins, d.AdminAddr())

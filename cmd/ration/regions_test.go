@@ -41,23 +41,8 @@ func TestThreeRegionsOneStore(t *testing.T) {
 	regs := map[*regiond.Daemon]*prometheus.Registry{}
 	for _, r := range regions {
 		reg := prometheus.NewRegistry()
-		d, err := regiond.New(regiond.Config{
-			Registry: reg,
-			Region:   r, Regions: regions, Replica: r + "-0", Listen: "127.0.0.1:0", Admin: "127.0.0.1:0",
-			RedisURL: redistest.StartServer(t).URL(), NATSURL: url, PolicyFile: "nats-kv://ration-policy",
-			SyncPeriod: 500 * time.Millisecond, StoreTimeout: time.Second, NATSReconnectWait: 20 * time.Millisecond,
-			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := d.Start(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			_ = d.Shutdown(ctx)
+		d := startRegion(t, regiond.Config{
+			Registry: reg, Region: r, Regions: regions, NATSURL: url, PolicyFile: "nats-kv://ration-policy",
 		})
 		ds = append(ds, d)
 		regs[d] = reg
@@ -216,4 +201,28 @@ func refused(t *testing.T, reg *prometheus.Registry) float64 {
 		}
 	}
 	return n
+}
+
+// startRegion starts a regiond of cfg's region on loopback, on a real
+// redis-server of its own, with the tests' timings, quiet, and shuts it
+// down when the test ends.
+func startRegion(t *testing.T, cfg regiond.Config) *regiond.Daemon {
+	t.Helper()
+	cfg.Replica, cfg.Listen, cfg.Admin = cfg.Region+"-0", "127.0.0.1:0", "127.0.0.1:0"
+	cfg.RedisURL = redistest.StartServer(t).URL()
+	cfg.SyncPeriod, cfg.StoreTimeout, cfg.NATSReconnectWait = 500*time.Millisecond, time.Second, 20*time.Millisecond
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	d, err := regiond.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = d.Shutdown(ctx)
+	})
+	return d
 }
