@@ -181,7 +181,9 @@ type regiondProc struct {
 }
 
 // startRegiond execs the regiond binary and waits until it has printed
-// its addresses and answers /readyz.
+// its addresses; waitReady waits for its /readyz. A regiond is ready only
+// once it has heard every other region (or its grace passed), so start
+// them all before waiting for any.
 func startRegiond(ctx context.Context, dir, bin string, args []string, region string) (*regiondProc, error) {
 	c, err := startChild(dir, "regiond-"+region, bin, args...)
 	if err != nil {
@@ -192,22 +194,24 @@ func startRegiond(ctx context.Context, dir, bin string, args []string, region st
 		p.lease, p.admin = regiondAddrs(c.outPath)
 		return p.admin != ""
 	})
-	if err == nil {
-		hc := &http.Client{Timeout: time.Second}
-		err = c.waitFor(ctx, "did not answer /readyz", func() bool {
-			resp, err := hc.Get("http://" + p.admin + "/readyz")
-			if err != nil {
-				return false
-			}
-			resp.Body.Close()
-			return resp.StatusCode == http.StatusOK
-		})
-	}
 	if err != nil {
 		c.stop(time.Second)
 		return nil, err
 	}
 	return p, nil
+}
+
+// waitReady waits until p answers /readyz with 200.
+func (p *regiondProc) waitReady(ctx context.Context) error {
+	hc := &http.Client{Timeout: time.Second}
+	return p.waitFor(ctx, "did not answer /readyz", func() bool {
+		resp, err := hc.Get("http://" + p.admin + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
 }
 
 // regiondAddrs reads the lease and admin addresses from regiond's first

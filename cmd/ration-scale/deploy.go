@@ -66,6 +66,11 @@ func startDeployment(ctx context.Context, o options, dir string) (*deployment, e
 		}
 	}
 	for _, t := range d.targets {
+		if err := t.daemon.waitReady(ctx); err != nil {
+			return d, err
+		}
+	}
+	for _, t := range d.targets {
 		if err := startAgents(ctx, o, t); err != nil {
 			return d, err
 		}

@@ -93,6 +93,9 @@ func TestAdminAPI(t *testing.T) {
 	}
 	d := startDaemon(t, Config{Region: "eu", Replica: "eu-0", AdminTokenFile: tokenFile, PolicyYAML: []byte(adminPolicy)})
 	c := client(t, d)
+	// acme's agent asked for 500 tokens since its last report and admitted
+	// 100 itself; 100 of the rest wait for this call, which grants them: 300
+	// were denied (service.noteItem).
 	leaseItems(t, c,
 		&leasev1.LeaseItem{Rule: "per-tenant", Key: "tenant=acme", Want: 100, Demand: 500, Admitted: 100},
 		&leasev1.LeaseItem{Rule: "per-tenant", Key: "tenant=globex", Want: 50, Demand: 50, Admitted: 50},
@@ -118,8 +121,8 @@ func TestAdminAPI(t *testing.T) {
 	if k.Exchange != nil || !strings.Contains(k.Note, "no exchange") {
 		t.Errorf("exchange of a single region: got %+v, note %q", k.Exchange, k.Note)
 	}
-	if r := k.Recent; !r.Tracked || r.Denied < 400 || r.Admitted < 100 || r.Window <= 0 {
-		t.Errorf("recent: got %+v, want 400 denied and 100 admitted, tracked", r)
+	if r := k.Recent; !r.Tracked || r.Denied < 300 || r.Admitted < 100 || r.Window <= 0 {
+		t.Errorf("recent: got %+v, want 300 denied and 100 admitted, tracked", r)
 	}
 
 	var plain adminapi.Key // the slash left unescaped
@@ -141,12 +144,12 @@ func TestAdminAPI(t *testing.T) {
 	var top adminapi.Top
 	adminGet(t, d, adminTokenValue, adminapi.PathTop+"?by=denied&rule=per-tenant", &top)
 	if top.By != "denied" || top.Rule != "per-tenant" || len(top.Keys) != 1 || top.Keys[0].StoreKey != "per-tenant/tenant=acme" ||
-		top.Keys[0].Key != "tenant=acme" || top.Keys[0].Count < 400 || top.Window <= 0 {
+		top.Keys[0].Key != "tenant=acme" || top.Keys[0].Count < 300 || top.Window <= 0 {
 		t.Errorf("top by denied: got %+v, want acme alone", top)
 	}
 	adminGet(t, d, adminTokenValue, adminapi.PathTop+"?by=demand&n=2", &top)
 	if len(top.Keys) != 2 || top.Keys[0].StoreKey != "per-tenant/tenant=acme" || top.Keys[1].StoreKey != "per-ip/ip=10.0.0.1" {
-		t.Errorf("top 2 by demand: got %+v, want acme (500) then the ip (130)", top.Keys)
+		t.Errorf("top 2 by demand: got %+v, want acme (400) then the ip (130)", top.Keys)
 	}
 
 	var st adminapi.Status
@@ -181,7 +184,7 @@ func TestAdminAPI(t *testing.T) {
 		pairs []string
 		want  float64
 	}{
-		{"ration_lease_denied_tokens_total", []string{"rule", "per-tenant", "source", "agent"}, 400},
+		{"ration_lease_denied_tokens_total", []string{"rule", "per-tenant", "source", "agent"}, 300},
 		{"ration_lease_denied_tokens_total", []string{"rule", "per-ip", "source", "agent"}, 30},
 		{"ration_lease_denied_tokens_total", []string{"rule", "per-ip", "source", "region"}, 100},
 		{"ration_policy_rule_limit", []string{"rule", "per-tenant"}, 1},
@@ -284,6 +287,9 @@ func TestReadyGraceAlone(t *testing.T) {
 func TestAdminKeyOnRedis(t *testing.T) {
 	d := startDaemon(t, Config{RedisURL: redistest.StartServer(t).URL(), PolicyYAML: []byte(adminPolicy), StoreTimeout: time.Second})
 	c := client(t, d)
+	// acme's agent asked for 500 tokens since its last report and admitted
+	// 100 itself; 100 of the rest wait for this call, which grants them: 300
+	// were denied (service.noteItem).
 	leaseItems(t, c, &leasev1.LeaseItem{Rule: "per-tenant", Key: "tenant=acme", Want: 100, Demand: 100, Admitted: 100})
 	var k adminapi.Key
 	if code, e := adminGet(t, d, "", keyPath("per-tenant/tenant=acme"), &k); code != 200 {
