@@ -227,11 +227,8 @@ func (s *State) steady(now time.Time, ks *keyState, pol KeyPolicy) bool {
 // inPlaceOver reports whether the key is in place (inPlace) at every point
 // of the box of smoothed demands between lo and hi (steady's): an ask
 // rises with its need, so the asks fit and are held at every point if they
-// are at hi; a target, a bare target and the headroom's shift between them
-// (heldNear) each rise with their own need and fall with the others', so
-// their extremes are at the same corners of the box (give or take 1 ppm).
-// Where the shift exceeds the band at both corners it does everywhere, and
-// the bare target need not be held.
+// are at hi; a bare target rises with its own need and falls with the
+// others', so its extremes are at the box's corners (give or take 1 ppm).
 func (s *State) inPlaceOver(lo, hi []float64, total int64, pol KeyPolicy) bool {
 	band := s.cfg.SettledPPM - 2
 	if band < 0 {
@@ -251,34 +248,17 @@ func (s *State) inPlaceOver(lo, hi []float64, total int64, pol KeyPolicy) bool {
 			return false
 		}
 	}
-	bare, bt := s.bare[:0], s.bt[:len(s.live)]
-	for range s.live {
-		bare = append(bare, 0)
-	}
-	s.bare = bare
 	for i, k := range s.live {
-		var shift, off [2]int64 // per corner: target - bare target, share - bare target
-		for c, up := range [2]bool{true, false} {
+		for _, up := range [2]bool{true, false} {
 			for j := range s.live {
 				e := lo[j]
 				if (j == i) == up {
 					e = hi[j]
 				}
-				need[j], bare[j] = s.rateNeed(e, pol), s.rateShare(e, pol)
+				need[j] = s.rateShare(e, pol) // bare, as inPlace's band
 			}
 			s.tg.fill(lt, total, need, s.cfg.FloorPPM, s.weights)
-			s.bareTg.fill(bt, total, bare, s.cfg.FloorPPM, s.weights)
 			if d := s.v[k] - lt[i]; d > band || -d > band {
-				return false
-			}
-			shift[c], off[c] = lt[i]-bt[i], s.v[k]-bt[i]
-		}
-		wide := band + 8 // SettledPPM and more than the rounding of both targets
-		if shift[0] > wide && shift[1] > wide || shift[0] < -wide && shift[1] < -wide {
-			continue
-		}
-		for _, d := range off {
-			if d > band || -d > band {
 				return false
 			}
 		}

@@ -85,7 +85,6 @@ type State struct {
 	need     []float64
 	bare     []float64 // need without the noise headroom (transfers.go)
 	bareTg   targeter  // targets of bare (transfers.go)
-	bt       []int64   // bare targets (transfers.go, rest.go)
 	headroom bool      // some need of the key at hand has headroom: bare differs
 	weights  []int64
 	lt       []int64
@@ -272,7 +271,6 @@ func New(cfg Config) (*State, error) {
 		t:           make([]int64, n),
 		need:        make([]float64, 0, n),
 		bare:        make([]float64, 0, n),
-		bt:          make([]int64, n),
 		weights:     make([]int64, 0, n),
 		lt:          make([]int64, n),
 		gifts:       make([]int64, n),
