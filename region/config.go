@@ -125,11 +125,12 @@ type Config struct {
 	MinTransferPPM int64
 	// SettledPPM: a key whose every live region holds at least its ask
 	// (need plus headroom) moves no share while every share is within
-	// SettledPPM of its target (docs/DESIGN.md, "Settled keys"), rather
-	// than following each move of its targets, most of which, for keys of
-	// a few requests an epoch, are noise. Below the convergence tolerance
-	// the tests and the simulator measure (50,000). Default 40,000;
-	// negative: keys follow their targets always.
+	// SettledPPM of its target for the demand itself, without the
+	// headroom (docs/DESIGN.md, "Settled keys"), rather than following
+	// each move of its targets, most of which, for keys of a few requests
+	// an epoch, are noise. Below the convergence tolerance the tests and
+	// the simulator measure (50,000). Default 40,000; negative: keys
+	// follow their targets always.
 	SettledPPM int64
 	// StaleAfter is how long a region (or a replica's tallies) counts as
 	// heard after its last report. A region not heard for StaleAfter is

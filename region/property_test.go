@@ -429,3 +429,15 @@ func TestPropertyTokensMoveWithShare(t *testing.T) {
 		})
 	}
 }
+
+// TestRetireOnFirmViews replays a run in which a region retired a key
+// above its initial share because its view of a peer counted a reclaim
+// from a region that had just retired without applying it: that peer gave
+// the reclaim up when it settled against the exit record and fell below
+// its initial share, which nobody then owed it, and 66,097 ppm of
+// reclaim/f were lost for good (the shares summed to 933,903). A region
+// now counts a peer's reclaims from regions that left the generation as
+// given up before it retires above its initial share.
+func TestRetireOnFirmViews(t *testing.T) {
+	escrowRunWith(t, 1796169453764711235, 4, 1200/3, deltaHarshFaults)
+}

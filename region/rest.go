@@ -227,8 +227,8 @@ func (s *State) steady(now time.Time, ks *keyState, pol KeyPolicy) bool {
 // inPlaceOver reports whether the key is in place (inPlace) at every point
 // of the box of smoothed demands between lo and hi (steady's): an ask
 // rises with its need, so the asks fit and are held at every point if they
-// are at hi; a target rises with its own need and falls with the others',
-// so its extremes are at the box's corners (give or take 1 ppm).
+// are at hi; a bare target rises with its own need and falls with the
+// others', so its extremes are at the box's corners (give or take 1 ppm).
 func (s *State) inPlaceOver(lo, hi []float64, total int64, pol KeyPolicy) bool {
 	band := s.cfg.SettledPPM - 2
 	if band < 0 {
@@ -255,7 +255,7 @@ func (s *State) inPlaceOver(lo, hi []float64, total int64, pol KeyPolicy) bool {
 				if (j == i) == up {
 					e = hi[j]
 				}
-				need[j] = s.rateNeed(e, pol)
+				need[j] = s.rateShare(e, pol) // bare, as inPlace's band
 			}
 			s.tg.fill(lt, total, need, s.cfg.FloorPPM, s.weights)
 			if d := s.v[k] - lt[i]; d > band || -d > band {

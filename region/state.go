@@ -83,6 +83,9 @@ type State struct {
 	live     []int
 	recv     []bool // per region: a live peer in our generation, which can receive gifts
 	need     []float64
+	bare     []float64 // need without the noise headroom (transfers.go)
+	bareTg   targeter  // targets of bare (transfers.go)
+	headroom bool      // some need of the key at hand has headroom: bare differs
 	weights  []int64
 	lt       []int64
 	gifts    []int64
@@ -267,6 +270,7 @@ func New(cfg Config) (*State, error) {
 		v:           make([]int64, n),
 		t:           make([]int64, n),
 		need:        make([]float64, 0, n),
+		bare:        make([]float64, 0, n),
 		weights:     make([]int64, 0, n),
 		lt:          make([]int64, n),
 		gifts:       make([]int64, n),
