@@ -125,6 +125,48 @@ func RunID(t testing.TB, s *Server) string {
 	return ""
 }
 
+// CutReplication stops the replica from receiving the primary's stream,
+// as a network fault would: it closes the link (CLIENT KILL TYPE replica
+// on the primary) and first gives the replica a masterauth the primary
+// refuses, so that its reconnections fail. Every write from then on is
+// lost if the primary dies: the writes asynchronous replication had not
+// delivered. Sentinel still counts the replica as up and may promote it.
+func (s *Sentinel) CutReplication(t testing.TB) {
+	t.Helper()
+	if _, err := command(s.Replica.Addr(), "CONFIG", "SET", "masterauth", "refused-by-the-primary"); err != nil {
+		t.Fatalf("redistest: set the replica's masterauth: %v", err)
+	}
+	if _, err := command(s.Primary.Addr(), "CLIENT", "KILL", "TYPE", "replica"); err != nil {
+		t.Fatalf("redistest: close the replication link: %v", err)
+	}
+	waitUntil(t, time.Now().Add(readyTimeout), "replica "+s.Replica.Addr()+" cut off", func() (bool, error) {
+		info, err := command(s.Replica.Addr(), "INFO", "replication")
+		return strings.Contains(info, "master_link_status:down"), err
+	})
+}
+
+// ReplOffset is the master_repl_offset of a server's INFO replication:
+// the bytes of the replication stream it has produced (a primary) or
+// received (a replica).
+func ReplOffset(t testing.TB, s *Server) int64 {
+	t.Helper()
+	info, err := command(s.Addr(), "INFO", "replication")
+	if err != nil {
+		t.Fatalf("redistest: INFO replication of %s: %v", s.Addr(), err)
+	}
+	for line := range strings.Lines(info) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "master_repl_offset:"); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				t.Fatalf("redistest: master_repl_offset %q of %s: %v", v, s.Addr(), err)
+			}
+			return n
+		}
+	}
+	t.Fatalf("redistest: INFO replication of %s has no master_repl_offset", s.Addr())
+	return 0
+}
+
 // waitUntil polls cond until it holds, failing t at deadline with cond's
 // last error.
 func waitUntil(t testing.TB, deadline time.Time, what string, cond func() (bool, error)) {
