@@ -25,7 +25,7 @@ import (
 // eu's regiond follows it without a restart:
 //
 //   - eu's leases fail (Unavailable) only until the promotion and succeed
-//     again within recoverBound of the kill;
+//     again within recoverBound of the kill; eu is ready again;
 //   - the store's incarnation changes from the primary's run_id to the
 //     replica's (run_id belongs to the process and is not replicated, so
 //     every promotion changes it, whatever asynchronous replication lost),
@@ -113,6 +113,7 @@ func TestSentinelFailoverUnderLoad(t *testing.T) {
 	if got := incarnation(); got != replica {
 		t.Errorf("eu's incarnation after the failover %q, want the replica's run_id %q", got, replica)
 	}
+	waitFor(t, func() bool { code, _ := get(t, "http://"+eu.AdminAddr()+"/readyz"); return code == 200 })
 	admin := "http://" + eu.AdminAddr() + "/metrics"
 	resyncs := regexp.MustCompile(`(?m)^ration_exchange_store_resyncs_total (\d+)$`)
 	waitFor(t, func() bool {
@@ -153,8 +154,8 @@ type probe struct {
 	mu      sync.Mutex
 	rate    int64
 	granted int64
-	fails   []time.Time // when each failed call returned
-	oks     []time.Time // when each successful call returned
+	fails   []time.Time   // when each failed call returned
+	oks     []time.Time   // when each successful call returned
 	slowest time.Duration // of the failed calls
 	done    chan struct{}
 	wg      sync.WaitGroup
