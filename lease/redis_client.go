@@ -27,7 +27,11 @@ const (
 //   - a redis:// or rediss:// (TLS) URL, or unix:///path/to/socket: one node;
 //   - a comma-separated list of cluster nodes, each host:port or a
 //     redis:// / rediss:// URL: a Redis Cluster client seeded with all of
-//     them (user, password and TLS come from the first URL in the list).
+//     them (user, password and TLS come from the first URL in the list);
+//   - redis-sentinel://[user:password@]host:port[,host:port…]/MASTER[?db=N]
+//     (rediss-sentinel:// for TLS): a failover client that asks the
+//     sentinels for MASTER's address and follows its promotions, without a
+//     restart (see parseRedisSentinel for its options).
 //
 // The caller owns the client and closes it.
 func NewRedisClient(addr string) (redis.UniversalClient, error) {
@@ -39,6 +43,18 @@ func NewRedisClient(addr string) (redis.UniversalClient, error) {
 // node by the address it is dialled at), whatever the URL's scheme; nil:
 // as the URL says.
 func NewRedisClientTLS(addr string, dial func(ctx context.Context, network, addr string) (net.Conn, error)) (redis.UniversalClient, error) {
+	if isSentinelAddr(addr) {
+		failover, err := parseRedisSentinel(addr)
+		if err != nil {
+			return nil, err
+		}
+		if dial != nil {
+			// go-redis dials the sentinels and the master with this one
+			// dialer, so both are verified by the address dialled.
+			failover.Dialer, failover.TLSConfig = dial, nil
+		}
+		return redis.NewFailoverClient(failover), nil
+	}
 	single, cluster, err := parseRedisAddr(addr)
 	if err != nil {
 		return nil, err
@@ -55,8 +71,9 @@ func NewRedisClientTLS(addr string, dial func(ctx context.Context, network, addr
 	return redis.NewClient(single), nil
 }
 
-// parseRedisAddr is NewRedisClient's parser: exactly one of the options it
-// returns is non-nil when err is nil.
+// parseRedisAddr is NewRedisClient's parser of single-node and cluster
+// addresses (a Sentinel address is parseRedisSentinel's): exactly one of
+// the options it returns is non-nil when err is nil.
 func parseRedisAddr(addr string) (*redis.Options, *redis.ClusterOptions, error) {
 	addr = strings.TrimSpace(addr)
 	if addr == "" {

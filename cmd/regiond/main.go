@@ -64,7 +64,7 @@ func run(args []string) error {
 	fs.StringVar(&cfg.AdminTokenFile, "admin-token-file", "", "file holding a bearer token (at least 16 bytes) that /metrics requires; /healthz and /readyz stay open")
 	fs.BoolVar(&cfg.Insecure, "insecure", false, "allow a plaintext lease API on an address that is not loopback")
 	fs.StringVar(&cfg.Admin, "admin", "127.0.0.1:7071", "admin HTTP address (/healthz, /readyz, /metrics); - disables it")
-	fs.StringVar(&cfg.RedisURL, "redis", "", "Redis URL (redis://host:port/db, rediss://…, or host:port,host:port for a cluster); empty uses the embedded memory store")
+	fs.StringVar(&cfg.RedisURL, "redis", "", "Redis URL (redis://host:port/db, rediss://…; host:port,host:port for a cluster; redis-sentinel://[user:pass@]host:26379,host:26379/MASTER?db=0 for Sentinel, rediss-sentinel:// over TLS); empty uses the embedded memory store")
 	fs.StringVar(&cfg.RedisCA, "redis-ca", "", "CA bundle (PEM) that verifies Redis's certificate: connect over TLS")
 	fs.StringVar(&cfg.RedisCert, "redis-cert", "", "client certificate (PEM) for a Redis with tls-auth-clients")
 	fs.StringVar(&cfg.RedisKey, "redis-key", "", "key (PEM) of -redis-cert")

@@ -47,8 +47,12 @@ type Config struct {
 	// "127.0.0.1:7071"; "-" disables it).
 	Admin string
 	// RedisURL selects the allocator store: empty means the embedded memory
-	// store; otherwise redis://, rediss:// or a comma-separated list of
-	// Redis Cluster addresses.
+	// store; otherwise redis://, rediss://, a comma-separated list of
+	// Redis Cluster addresses, or a Redis under Sentinel:
+	// redis-sentinel://[user:password@]host:port[,host:port…]/MASTER?db=N
+	// (rediss-sentinel:// over TLS; options sentinel_username,
+	// sentinel_password, dial_timeout, read_timeout, write_timeout), which
+	// follows the master's promotions without a restart.
 	RedisURL string
 	// RedisCA, RedisCert and RedisKey connect to Redis over TLS (whatever
 	// RedisURL's scheme): RedisCA verifies the server (default: the
