@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"maps"
 	"strconv"
 	"strings"
 	"sync"
@@ -174,11 +175,10 @@ func (c *cluster) waitShares(what string, within time.Duration, ok func(map[stri
 	c.t.Helper()
 	deadline := time.Now().Add(within)
 	for {
-		sh := map[string]int64{}
+		sh := c.shares(testKey)
 		var sum int64
-		for _, r := range c.regions {
-			sh[r] = c.share(r, testKey)
-			sum += sh[r]
+		for _, v := range sh {
+			sum += v
 		}
 		if sum > region.PPM {
 			c.t.Fatalf("%s: shares %v sum to %d ppm, more than %d", what, sh, sum, region.PPM)
@@ -190,6 +190,31 @@ func (c *cluster) waitShares(what string, within time.Duration, ok func(map[stri
 			c.t.Fatalf("%s: not reached within %v; shares %v", what, within, sh)
 		}
 		time.Sleep(c.period / 5) // polling interval, not a wait for an event
+	}
+}
+
+// shares reads key's share in every region's store at one instant: the
+// stores are read one after another, so a read of the giver before its
+// lowering and of the receiver after its raise would sum both sides of a
+// gift that never coexisted. It reads them all twice and retries until both
+// passes agree (as regiond's end-to-end tests do).
+func (c *cluster) shares(key string) map[string]int64 {
+	c.t.Helper()
+	read := func() map[string]int64 {
+		sh := map[string]int64{}
+		for _, r := range c.regions {
+			sh[r] = c.share(r, key)
+		}
+		return sh
+	}
+	for i := 0; ; i++ {
+		a, b := read(), read()
+		if maps.Equal(a, b) {
+			return a
+		}
+		if i == 100 {
+			c.t.Fatalf("shares never stood still: %v then %v", a, b)
+		}
 	}
 }
 
@@ -313,8 +338,8 @@ func TestTakeOver(t *testing.T) {
 
 	deadline := time.Now().Add(10 * time.Second)
 	for !other.x.Leader() {
-		if s := c.share("eu", testKey); s < before-50_000 || s+c.share("us", testKey) > region.PPM {
-			t.Fatalf("during the take-over eu holds %d ppm (before %d), us %d", s, before, c.share("us", testKey))
+		if sh := c.shares(testKey); sh["eu"] < before-50_000 || sh["eu"]+sh["us"] > region.PPM {
+			t.Fatalf("during the take-over eu holds %d ppm (before %d), us %d", sh["eu"], before, sh["us"])
 		}
 		if time.Now().After(deadline) {
 			t.Fatal("no take-over within 10s")
