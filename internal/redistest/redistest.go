@@ -5,7 +5,8 @@
 // nothing), else a redis-server started for the test on a free loopback
 // port, without persistence, and killed when the test ends. StartServer
 // always starts one, for tests that stop, pause or restart it; StartCluster
-// starts a small Redis Cluster.
+// starts a small Redis Cluster; StartSentinel a primary, a replica and three
+// sentinels (quorum 2) for failover tests.
 //
 // When redis-server is not installed and RATION_REDIS_URL is unset, tests
 // fail if CI=true and are skipped otherwise.
