@@ -170,8 +170,12 @@ func (m *dryMemory) note(key string, g *lease.Grant, l lease.Limit, at int64, li
 		// tells.
 		wait = time.Duration(min((float64(l.Cost)-max(g.Tokens, 0))/g.Rate*1e9, float64(lease.MaxRetryAfter)))
 	}
-	// The store's hints are rounded up to its microsecond clock.
-	wait -= time.Microsecond
+	// The hint is the store's, rounded up to its microsecond clock, and
+	// counted here from the answer's arrival: the remembered time is never
+	// before the bucket holds a cost again. (A microsecond less, as this
+	// once took, let a probe reach a bucket a rounding short of its token:
+	// a store operation that admitted nothing, TestEndToEndLongTail's extra
+	// script call.)
 	if wait <= 0 || limit <= 0 {
 		m.forget(key)
 		return 0, false
