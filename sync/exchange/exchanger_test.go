@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -238,8 +239,7 @@ func TestShareFollowsDemand(t *testing.T) {
 		return near(sh["eu"], target[2]) && near(sh["us"], target[1])
 	})
 
-	body := gather(t, reps["eu"].reg)
-	for _, m := range []string{
+	want := []string{
 		`ration_exchange_leader 1`,
 		`ration_exchange_share_ppm{key="r/tenant=acme",region="eu"}`,
 		`ration_exchange_share_ppm{key="r/tenant=acme",region="us"}`,
@@ -247,10 +247,20 @@ func TestShareFollowsDemand(t *testing.T) {
 		`ration_exchange_epochs_total{role="holder"}`,
 		`ration_exchange_transfers_ppm_total{direction="given"}`,
 		`ration_exchange_dropped_total{reason="corrupt"} 0`,
-	} {
-		if !strings.Contains(body, m) {
-			t.Errorf("eu's metrics lack %q", m)
+	}
+	// The share gauges are set at eu's epochs from the reports it heard:
+	// the shares can reach their targets an epoch before eu's next one.
+	var body string
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		body = gather(t, reps["eu"].reg)
+		missing := slices.IndexFunc(want, func(m string) bool { return !strings.Contains(body, m) })
+		if missing < 0 {
+			break
 		}
+		if time.Now().After(deadline) {
+			t.Fatalf("eu's metrics lack %q", want[missing])
+		}
+		time.Sleep(c.period / 5) // polling a condition with a deadline
 	}
 	if strings.Contains(body, `ration_exchange_transfers_ppm_total{direction="given"} 0`+"\n") {
 		t.Errorf("eu gave no share, want some")
