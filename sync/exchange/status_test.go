@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ration-dev/ration/region"
 )
 
 // TestStatusAndInspect: two regions with demand in eu; eu's holder reports
@@ -15,7 +17,11 @@ import (
 func TestStatusAndInspect(t *testing.T) {
 	c := newCluster(t, 50*time.Millisecond, "eu", "us")
 	reps, _ := c.runDemand(map[string]int64{"eu": 900, "us": 100})
-	c.waitShares("eu takes more share", 10*time.Second, func(sh map[string]int64) bool { return sh["eu"] > sh["us"] })
+	// eu above its initial half: us's lowering alone (the gift's first
+	// half) leaves eu's applied share where it was.
+	c.waitShares("eu takes more share", 10*time.Second, func(sh map[string]int64) bool {
+		return sh["eu"] > region.PPM/2 && sh["eu"] > sh["us"]
+	})
 
 	eu := reps["eu"].x
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -41,9 +47,21 @@ func TestStatusAndInspect(t *testing.T) {
 		t.Errorf("status: got %+v, want period %v, an epoch and one key", st, c.period)
 	}
 
-	ks, err := eu.Inspect(ctx, testKey)
-	if err != nil {
-		t.Fatal(err)
+	// The view lists us's share as us's latest report did: poll until the
+	// report after its lowering has arrived.
+	var ks KeyState
+	for {
+		var err error
+		if ks, err = eu.Inspect(ctx, testKey); err != nil {
+			t.Fatal(err)
+		}
+		if v := ks.View; len(v.Regions) == 2 && v.Regions[0].SharePPM > v.Regions[1].SharePPM {
+			break
+		}
+		if ctx.Err() != nil {
+			break // the checks below say what is wrong
+		}
+		time.Sleep(c.period / 5) // polling interval, not a wait for an event
 	}
 	v := ks.View
 	if !ks.Holder || !v.Known || len(v.Regions) != 2 {
