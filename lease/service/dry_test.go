@@ -116,7 +116,7 @@ func TestDryMemoryDeniesOnlyWhatTheStoreWould(t *testing.T) {
 	var stores [2]*lease.MemoryStore
 	for i, dryFor := range []time.Duration{0, -1} {
 		stores[i] = lease.NewMemoryStore(lease.MemoryConfig{Clock: clk.Now})
-		s, err := New(Config{Region: "eu", Store: stores[i], Policy: pol, Clock: clk.Now, DryFor: dryFor, ShareRetryAfter: 300 * time.Millisecond, InitialShare: 500_000})
+		s, err := New(Config{Region: "eu", Store: stores[i], Policy: pol, Clock: clk.Now, DryFor: dryFor, ShareRetryAfter: 300 * time.Millisecond, InitialShare: 500_000, StoreTimeout: 10 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}

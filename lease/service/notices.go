@@ -118,7 +118,11 @@ func (s *Service) WatchDry(req *leasev1.WatchDryRequest, stream leasev1.LeaseSer
 			}
 		}
 		timer.Stop()
-		if err := stream.Send(s.dryNotice(batch)); err != nil {
+		n := s.dryNotice(batch)
+		if len(n.Keys) == 0 {
+			continue // every key of the batch can grant again by now
+		}
+		if err := stream.Send(n); err != nil {
 			return err
 		}
 	}

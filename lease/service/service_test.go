@@ -87,6 +87,12 @@ func start(t *testing.T, cfg Config) *fixture {
 	if cfg.Clock == nil {
 		cfg.Clock = clk.Now
 	}
+	if cfg.StoreTimeout == 0 {
+		// The store is in memory and time is the fake clock's: the real
+		// deadline only fails calls that a loaded machine (-race, CI)
+		// delays past the default 50ms.
+		cfg.StoreTimeout = 10 * time.Second
+	}
 	svc, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
