@@ -44,17 +44,11 @@ type topRegionJSON struct {
 	adminapi.Top
 }
 
-// mergedKey is one key of the ranking, summed over the regions.
+// mergedKey is one key of the ranking, summed over the regions (Error,
+// the sum of the regions' errors, bounds the overcount).
 type mergedKey struct {
-	Rank     int    `json:"rank"`
-	StoreKey string `json:"store_key"`
-	Rule     string `json:"rule"`
-	Key      string `json:"key"`
-	Count    uint64 `json:"count"`
-	// Error bounds the overcount: the sum of the regions' errors.
-	Error    uint64 `json:"error"`
-	Admitted uint64 `json:"admitted"`
-	Denied   uint64 `json:"denied"`
+	Rank int `json:"rank"`
+	adminapi.TopKey
 	// Regions is the count in each region whose top holds the key, by
 	// the column's label (the region, or region/replica when one region
 	// answered twice).
@@ -129,7 +123,7 @@ func mergeTop(ts []topRegionJSON, n int) []mergedKey {
 		for _, k := range ts[i].Keys {
 			m := byKey[k.StoreKey]
 			if m == nil {
-				m = &mergedKey{StoreKey: k.StoreKey, Rule: k.Rule, Key: k.Key, Regions: map[string]uint64{}}
+				m = &mergedKey{TopKey: adminapi.TopKey{StoreKey: k.StoreKey, Rule: k.Rule, Key: k.Key}, Regions: map[string]uint64{}}
 				byKey[k.StoreKey] = m
 			}
 			m.Count += k.Count

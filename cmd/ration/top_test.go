@@ -66,7 +66,7 @@ notes:
 	}
 	var got topJSON
 	decode(t, out, &got)
-	want := []mergedKey{{Rank: 1, StoreKey: "per-tenant/acme", Rule: "per-tenant", Key: "acme", Count: 2565, Error: 12, Admitted: 50810, Denied: 2565,
+	want := []mergedKey{{Rank: 1, TopKey: adminapi.TopKey{StoreKey: "per-tenant/acme", Rule: "per-tenant", Key: "acme", Count: 2565, Error: 12, Admitted: 50810, Denied: 2565},
 		Regions: map[string]uint64{"us": 2410, "eu": 150, "ap": 5}}}
 	if d := cmp.Diff(want, got.Keys); d != "" {
 		t.Errorf("-n 1 -o json keys (-want +got):\n%s", d)
