@@ -184,40 +184,25 @@ func (dep *deployment) load(rates map[string]int64) *load {
 		l.wg.Add(1)
 		go func() {
 			defer l.wg.Done()
-			tick := time.NewTicker(10 * time.Millisecond)
-			defer tick.Stop()
-			last := time.Now()
-			var owed float64
-			for {
-				select {
-				case <-l.stop:
-					return
-				case now := <-tick.C:
-					l.mu.Lock()
-					rate, d := l.rates[r], l.target[r]
-					l.mu.Unlock()
-					owed += float64(rate) * now.Sub(last).Seconds()
-					last = now
-					n := int64(owed)
-					if n <= 0 {
-						continue
-					}
-					owed -= float64(n)
-					ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-					resp, err := clients[d].Lease(ctx, &leasev1.LeaseRequest{
-						Agent: &leasev1.Agent{Id: "load-" + r},
-						Items: []*leasev1.LeaseItem{{Rule: "per-tenant", Key: "tenant=acme", Want: n, Demand: n}},
-					})
-					cancel()
-					if err != nil {
-						owed += float64(n) // not reported: report it next time
-						continue
-					}
-					for _, g := range resp.GetGrants() {
-						l.granted[r].Add(g.GetGranted())
-					}
+			rate := func() int64 { l.mu.Lock(); defer l.mu.Unlock(); return l.rates[r] }
+			pace(l.stop, rate, func(n int64) bool {
+				l.mu.Lock()
+				d := l.target[r]
+				l.mu.Unlock()
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				resp, err := clients[d].Lease(ctx, &leasev1.LeaseRequest{
+					Agent: &leasev1.Agent{Id: "load-" + r},
+					Items: []*leasev1.LeaseItem{{Rule: "per-tenant", Key: "tenant=acme", Want: n, Demand: n}},
+				})
+				cancel()
+				if err != nil {
+					return false // not reported: report it next time
 				}
-			}
+				for _, g := range resp.GetGrants() {
+					l.granted[r].Add(g.GetGranted())
+				}
+				return true
+			})
 		}()
 	}
 	dep.t.Cleanup(func() { close(l.stop); l.wg.Wait() })

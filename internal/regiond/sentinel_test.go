@@ -166,49 +166,32 @@ func startProbe(t *testing.T, c leasev1.LeaseServiceClient, rate int64) *probe {
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
-		tick := time.NewTicker(10 * time.Millisecond)
-		defer tick.Stop()
-		last := time.Now()
-		var owed float64
-		for {
-			select {
-			case <-p.done:
-				return
-			case now := <-tick.C:
-				p.mu.Lock()
-				rate := p.rate
-				p.mu.Unlock()
-				owed += float64(rate) * now.Sub(last).Seconds()
-				last = now
-				n := int64(owed)
-				if n <= 0 {
-					continue
+		rate := func() int64 { p.mu.Lock(); defer p.mu.Unlock(); return p.rate }
+		pace(p.done, rate, func(n int64) bool {
+			sent := time.Now()
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			resp, err := c.Lease(ctx, &leasev1.LeaseRequest{
+				Agent: &leasev1.Agent{Id: "probe"},
+				Items: []*leasev1.LeaseItem{{Rule: "per-tenant", Key: "tenant=acme", Want: n, Demand: n}},
+			})
+			cancel()
+			at := time.Now()
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			if err != nil {
+				if code := status.Code(err); code != codes.Unavailable && code != codes.DeadlineExceeded {
+					t.Errorf("lease: got %v, want Unavailable while the store fails over", err)
 				}
-				sent := time.Now()
-				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-				resp, err := c.Lease(ctx, &leasev1.LeaseRequest{
-					Agent: &leasev1.Agent{Id: "probe"},
-					Items: []*leasev1.LeaseItem{{Rule: "per-tenant", Key: "tenant=acme", Want: n, Demand: n}},
-				})
-				cancel()
-				at := time.Now()
-				p.mu.Lock()
-				if err != nil {
-					if code := status.Code(err); code != codes.Unavailable && code != codes.DeadlineExceeded {
-						t.Errorf("lease: got %v, want Unavailable while the store fails over", err)
-					}
-					p.fails = append(p.fails, at)
-					p.slowest = max(p.slowest, at.Sub(sent))
-				} else {
-					owed -= float64(n)
-					p.oks = append(p.oks, at)
-					for _, g := range resp.GetGrants() {
-						p.granted += g.GetGranted()
-					}
-				}
-				p.mu.Unlock()
+				p.fails = append(p.fails, at)
+				p.slowest = max(p.slowest, at.Sub(sent))
+				return false
 			}
-		}
+			p.oks = append(p.oks, at)
+			for _, g := range resp.GetGrants() {
+				p.granted += g.GetGranted()
+			}
+			return true
+		})
 	}()
 	t.Cleanup(p.stop)
 	return p
