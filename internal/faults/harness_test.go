@@ -246,7 +246,7 @@ func waitUntil(t *testing.T, within time.Duration, what string, cond func() bool
 // targets and the fleet admits what the rule allows; it returns when.
 func (w *world) steady() {
 	w.t.Helper()
-	waitUntil(w.t, 30*time.Second, "the shares reach their targets and the fleet admits at L", w.recovered)
+	waitUntil(w.t, 30*time.Second, "the shares reach their targets and the fleet admits at L", w.healthy)
 	// A stretch of steady state before the fault, for the windows.
 	w.run(2 * time.Second)
 }
@@ -254,23 +254,30 @@ func (w *world) steady() {
 // run lets the deployment run for d: a phase of the scenario.
 func (w *world) run(d time.Duration) { <-time.After(d) }
 
-// recovered is the recovery criterion: the fleet admitted at least 90%
-// of L over the last second (demand is 1.5 L) and every share is within
-// 5% of its target.
-func (w *world) recovered() bool {
+// recoverySpan is the stretch over which recovery is judged.
+const recoverySpan = 500 * time.Millisecond
+
+// healthy reports whether the deployment is as the fault found it: the
+// fleet admitted at least 90% of L over the recoverySpan before now
+// (demand is 1.5 L) and every share is within 5% of its target.
+func (w *world) healthy() bool {
 	now := time.Now()
-	return float64(w.rec.admitted(now.Add(-time.Second), now)) >= 0.9*limit && w.converged()
+	return float64(w.rec.admitted(now.Add(-recoverySpan), now)) >= 0.9*limit*recoverySpan.Seconds() && w.converged()
 }
 
-// row measures a fault: it waits until the deployment recovered after
-// ended (the fault's end: a heal, a restart, or the instant of a kill),
-// runs on for a window's length, and logs and checks the row: the worst
-// ratio of a window of 1 s or 10 s that meets [began, recovery], and the
-// recovery time from ended.
+// row measures a fault that began at began and ended at ended (a heal, a
+// restart, or, for a kill, the kill itself). Its recovery time runs from
+// ended to the start of the first recoverySpan, wholly after ended, at
+// whose end the deployment is healthy. Once recovered it runs on for a
+// window's length, then logs and checks the row: the worst ratio
+// admitted ÷ (L·W + B) of the windows of 1 s and 10 s that meet [began,
+// recovery].
 func (w *world) row(name string, began, ended time.Time) {
 	w.t.Helper()
-	rec := ended.Add(waitUntil(w.t, 60*time.Second, name+": recovery", w.recovered))
-	recovery := rec.Sub(ended)
+	w.run(time.Until(ended.Add(recoverySpan)))
+	waitUntil(w.t, 60*time.Second, name+": recovery", w.healthy)
+	rec := time.Now().Add(-recoverySpan)
+	recovery := max(rec.Sub(ended), 0)
 	w.run(ratioWindows[len(ratioWindows)-1] + time.Second)
 	ratio, win, at := w.rec.worst(began, rec)
 	w.t.Logf("worst window: %v from %v after the fault began (%d admitted, L·W + B = %.0f)",
@@ -365,7 +372,9 @@ func (w *world) startGateway(r string, cfg agent.Config) *gateway {
 func (w *world) newAgent(g *gateway, cfg agent.Config) *agent.Agent {
 	w.t.Helper()
 	cfg.Logger = quiet()
-	cfg.AgentID = "gateway-" + g.region
+	if cfg.AgentID == "" {
+		cfg.AgentID = "gateway-" + g.region
+	}
 	cfg.RoundTripTimeout, cfg.RefreshTimeout = agentDeadline, agentDeadline
 	cfg.Clock = func() time.Time { return time.Now().Add(time.Duration(g.clock.Load())) }
 	a, err := agent.New(cfg)
