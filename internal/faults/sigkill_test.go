@@ -172,13 +172,18 @@ func shareReader(t *testing.T, url string) func(context.Context) (int64, error) 
 	if err != nil {
 		t.Fatal(err)
 	}
+	st0, err := region.New(region.Config{Self: "eu", Regions: regions})
+	if err != nil {
+		t.Fatal(err)
+	}
+	initial := st0.Initial("eu")
 	return func(ctx context.Context) (int64, error) {
 		out := []int64{0}
 		if err := st.Shares(ctx, []string{key}, out); err != nil {
 			return 0, fmt.Errorf("eu's share: %w", err)
 		}
 		if out[0] < 0 {
-			return region.PPM / int64(len(regions)), nil
+			return initial, nil
 		}
 		return out[0], nil
 	}
