@@ -1,6 +1,8 @@
 package faults
 
 import (
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -50,5 +52,20 @@ func TestFaultAgentClockStep(t *testing.T) {
 	w.run(3 * time.Second)
 	ended := time.Now()
 	g.clock.Add(-int64(clockStep))
+	before := g.agent().Stats()
 	w.row("agent-clock-step", began, ended)
+	logPaths(t, "from the step back to the row's end", before, g.agent().Stats())
+}
+
+// logPaths logs an agent's decisions between two Stats, by path.
+func logPaths(t *testing.T, what string, a, b agent.Stats) {
+	t.Helper()
+	var line []string
+	for p := range agent.PathShadow + 1 {
+		allowed, denied := b.Decisions[p][1]-a.Decisions[p][1], b.Decisions[p][0]-a.Decisions[p][0]
+		if allowed+denied > 0 {
+			line = append(line, fmt.Sprintf("%v %d allowed %d denied", p, allowed, denied))
+		}
+	}
+	t.Logf("eu's agent %s: %s", what, strings.Join(line, ", "))
 }
