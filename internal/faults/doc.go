@@ -6,8 +6,8 @@
 //
 //	fault=<name> ratio=<admitted ÷ (L·W + B), the worst window that meets the fault> recovery=<duration>
 //
-// The package has no code of its own beyond this comment; the tests skip
-// unless RATION_FAULTS=1, which `make faults` sets before it prints the
-// table. docs/DESIGN.md ("The bound") states the bound the ratio divides
+// The package has no code of its own beyond this comment. The fault tests
+// (TestFault*) skip unless RATION_FAULTS=1, which `make faults` sets before
+// it prints the table; TestWorstWindow, the rows' arithmetic, always runs. docs/DESIGN.md ("The bound") states the bound the ratio divides
 // by.
 package faults

@@ -279,7 +279,7 @@ func (w *world) row(name string, began, ended time.Time) {
 	rec := time.Now().Add(-recoverySpan)
 	recovery := max(rec.Sub(ended), 0)
 	w.run(ratioWindows[len(ratioWindows)-1] + time.Second)
-	ratio, win, at := w.rec.worst(began, rec)
+	ratio, win, at := w.rec.worst(began, rec, time.Now())
 	w.t.Logf("worst window: %v from %v after the fault began (%d admitted, L·W + B = %.0f)",
 		win, at.Sub(began).Round(time.Millisecond), w.rec.admitted(at, at.Add(win)), allowance(win))
 	w.t.Logf("fault=%s ratio=%.3f recovery=%v", name, ratio, recovery.Round(10*time.Millisecond))
@@ -320,10 +320,13 @@ func (r *recorder) admitted(from, to time.Time) int64 {
 }
 
 // worst returns the highest admitted ÷ (L·W + B) of the windows of every
-// length in ratioWindows that lie within the recording so far and meet
+// length in ratioWindows that lie within the recording until end and meet
 // [from, to], with that window's length and start.
-func (r *recorder) worst(from, to time.Time) (ratio float64, w time.Duration, at time.Time) {
-	end := r.index(time.Now())
+func (r *recorder) worst(from, to, end time.Time) (ratio float64, w time.Duration, at time.Time) {
+	return r.worstUntil(from, to, r.index(end))
+}
+
+func (r *recorder) worstUntil(from, to time.Time, end int) (ratio float64, w time.Duration, at time.Time) {
 	sum := make([]int64, end+1)
 	for i := range end {
 		sum[i+1] = sum[i] + r.slots[i].Load()
