@@ -4,7 +4,7 @@ GO ?= go
 TESTFLAGS ?= -race -count=1 -timeout 30m
 PERFTESTS = TestRefreshesAreBatched|TestEndToEndLongTail|TestBoundAndUtilisationUnderOverload|TestStoreOpsPerAdmittedAtSteadyState|TestEndToEndRegiondOnRedis|TestFault|TestColdKeysWhileDown|TestAllowIsAllocationFree
 
-.PHONY: run test test-short bench generate vet scale
+.PHONY: run test test-short bench generate vet scale faults
 
 # A local three-region deployment on embedded defaults (embedded NATS,
 # memory stores) with a load generator skewing demand between regions.
@@ -43,6 +43,15 @@ bench:
 # redis-server on PATH. Smaller: make scale SCALEFLAGS='-keys 100000 -duration 3m'
 scale:
 	$(GO) run ./cmd/ration-scale $(SCALEFLAGS)
+
+# The fault matrix (issue 18): one test per fault on real redis-server,
+# redis-sentinel, embedded NATS (a three-server cluster for the route cut)
+# and regiond processes, three regions under steady skewed load; prints
+# one row per fault with its ratio admitted ÷ (L·W + B) and its recovery
+# time. A few minutes; not part of test.
+faults:
+	./scripts/test-deps
+	GO=$(GO) ./scripts/faults
 
 generate:
 	$(GO) generate ./...

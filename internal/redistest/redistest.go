@@ -3,13 +3,15 @@
 // Start returns the URL of a Redis to test against: RATION_REDIS_URL when it
 // is set (a shared server: use KeyPrefix for distinct keys and flush
 // nothing), else a redis-server started for the test on a free loopback
-// port, without persistence, and killed when the test ends. StartServer
+// port, without persistence, and killed when the test ends, else, when a
+// Docker engine is reachable, a Redis container started through
+// testcontainers-go; the choice is logged once per test binary. StartServer
 // always starts one, for tests that stop, pause or restart it; StartCluster
 // starts a small Redis Cluster; StartSentinel a primary, a replica and three
 // sentinels (quorum 2) for failover tests.
 //
-// When redis-server is not installed and RATION_REDIS_URL is unset, tests
-// fail if CI=true and are skipped otherwise.
+// When none of those is available, tests fail if CI=true and are skipped
+// otherwise.
 package redistest
 
 import (
@@ -38,13 +40,20 @@ const EnvURL = "RATION_REDIS_URL"
 const readyTimeout = 10 * time.Second
 
 // Start returns a Redis URL for t: RATION_REDIS_URL if set, else the URL
-// of a redis-server started for t (see StartServer).
+// of a redis-server started for t (see StartServer), else that of a
+// container (testcontainers-go) when a Docker engine is reachable.
 func Start(t testing.TB) string {
 	t.Helper()
-	if u := os.Getenv(EnvURL); u != "" {
-		return u
+	switch theSource(t) {
+	case sourceEnv:
+		return os.Getenv(EnvURL)
+	case sourceLocal:
+		return StartServer(t).URL()
+	case sourceContainer:
+		return startContainer(t)
 	}
-	return StartServer(t).URL()
+	noRedis(t)
+	return ""
 }
 
 // KeyPrefix returns a key prefix unique to this test run, for tests that
@@ -76,9 +85,7 @@ type Server struct {
 	extra []string // more redis-server arguments
 	tls   *TLS     // nil: plain TCP
 
-	cmd  *exec.Cmd
-	done chan struct{} // closed once cmd has exited and been reaped
-	log  *os.File
+	proc *process // nil while stopped
 }
 
 // StartServer starts a redis-server on a free 127.0.0.1 port with
@@ -100,7 +107,9 @@ func startPending(t testing.TB, extra []string) *Server {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
-		msg := "redistest: redis-server not found in PATH and " + EnvURL + " is unset"
+		// A process is what these tests stop, pause and restart: neither
+		// RATION_REDIS_URL nor a container stands in for it.
+		msg := "redistest: redis-server not found in PATH"
 		if os.Getenv("CI") == "true" {
 			t.Fatalf("%s: install redis-server (Debian package redis-server)", msg)
 		}
@@ -159,13 +168,11 @@ func (s *Server) URL() string {
 // Stop kills the server (SIGKILL: a crash, not a shutdown) and waits for
 // it to exit. Stopping a stopped server does nothing.
 func (s *Server) Stop() {
-	if s.cmd == nil {
+	if s.proc == nil {
 		return
 	}
-	_ = s.cmd.Process.Kill()
-	<-s.done
-	s.cmd = nil
-	_ = s.log.Close()
+	s.proc.kill()
+	s.proc = nil
 }
 
 // Restart starts a stopped server again on the same port, with an empty
@@ -188,10 +195,10 @@ func (s *Server) Resume() { s.signal(syscall.SIGCONT) }
 
 func (s *Server) signal(sig syscall.Signal) {
 	s.t.Helper()
-	if s.cmd == nil {
+	if s.proc == nil {
 		s.t.Fatalf("redistest: signal %v to a stopped server", sig)
 	}
-	if err := s.cmd.Process.Signal(sig); err != nil {
+	if err := s.proc.cmd.Process.Signal(sig); err != nil {
 		s.t.Fatalf("redistest: signal %v: %v", sig, err)
 	}
 }
@@ -215,40 +222,63 @@ func (s *Server) start() error {
 		"--dir", s.dir,
 		"--daemonize", "no",
 	)
-	cmd := exec.Command(s.bin, append(args, s.extra...)...)
+	p, err := spawn(exec.Command(s.bin, append(args, s.extra...)...), log, logPath, "redis-server", s.port, s.ping)
+	if err != nil {
+		return err
+	}
+	s.proc = p
+	return nil
+}
+
+// process is a started redis-server (or sentinel) and its reaper.
+type process struct {
+	cmd  *exec.Cmd
+	done chan struct{} // closed once cmd has exited and been reaped
+	log  *os.File
+}
+
+// spawn starts cmd with its output in log (at logPath) and waits until
+// ping succeeds, failing if the process exits first or readyTimeout
+// passes (then it is killed). On error log is closed.
+func spawn(cmd *exec.Cmd, log *os.File, logPath, what string, port int, ping func() error) (*process, error) {
 	// An *os.File needs no copying goroutine; the log is read on failure.
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
 		_ = log.Close()
-		return fmt.Errorf("start redis-server: %w", err)
+		return nil, fmt.Errorf("start %s: %w", what, err)
 	}
-	done := make(chan struct{})
-	// Reaps the process; owned by s and finished by Stop, which kills it.
+	p := &process{cmd: cmd, done: make(chan struct{}), log: log}
+	// Reaps the process; owned by p and finished by kill.
 	go func() {
 		_ = cmd.Wait()
-		close(done)
+		close(p.done)
 	}()
-	s.cmd, s.done, s.log = cmd, done, log
-
 	deadline := time.Now().Add(readyTimeout)
 	for {
-		if s.ping() == nil {
-			return nil
+		if ping() == nil {
+			return p, nil
 		}
 		select {
-		case <-done:
-			s.cmd = nil
+		case <-p.done:
 			_ = log.Close()
 			out, _ := os.ReadFile(logPath)
-			return fmt.Errorf("redis-server on port %d exited before answering PING:\n%s", s.port, out)
+			return nil, fmt.Errorf("%s on port %d exited before answering PING:\n%s", what, port, out)
 		case <-time.After(5 * time.Millisecond): // poll interval
 		}
 		if time.Now().After(deadline) {
-			s.Stop()
+			p.kill()
 			out, _ := os.ReadFile(logPath)
-			return fmt.Errorf("redis-server on port %d did not answer PING within %v:\n%s", s.port, readyTimeout, out)
+			return nil, fmt.Errorf("%s on port %d did not answer PING within %v:\n%s", what, port, readyTimeout, out)
 		}
 	}
+}
+
+// kill kills the process (SIGKILL), waits until it is reaped and closes
+// its log.
+func (p *process) kill() {
+	_ = p.cmd.Process.Kill()
+	<-p.done
+	_ = p.log.Close()
 }
 
 // ping is Ping, over TLS for a TLS server.

@@ -206,9 +206,7 @@ func sentinelMaster(addr string) (map[string]string, error) {
 // sentinel needs its (writable) configuration file as the first argument.
 type sentinelProc struct {
 	port int
-	cmd  *exec.Cmd
-	done chan struct{}
-	log  *os.File
+	proc *process // nil once stopped
 }
 
 func (p *sentinelProc) addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(p.port)) }
@@ -257,46 +255,20 @@ sentinel parallel-syncs %[3]s 1
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(bin, conf, "--sentinel")
-	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
-		_ = log.Close()
-		return fmt.Errorf("start redis-server --sentinel: %w", err)
+	proc, err := spawn(exec.Command(bin, conf, "--sentinel"), log, logPath, "sentinel", p.port, func() error { return Ping(p.addr()) })
+	if err != nil {
+		return err
 	}
-	done := make(chan struct{})
-	// Reaps the process; owned by p and finished by stop, which kills it.
-	go func() {
-		_ = cmd.Wait()
-		close(done)
-	}()
-	p.cmd, p.done, p.log = cmd, done, log
-	deadline := time.Now().Add(readyTimeout)
-	for Ping(p.addr()) != nil {
-		select {
-		case <-done:
-			p.cmd = nil
-			_ = log.Close()
-			out, _ := os.ReadFile(logPath)
-			return fmt.Errorf("sentinel on port %d exited before answering PING:\n%s", p.port, out)
-		case <-time.After(5 * time.Millisecond): // poll interval
-		}
-		if time.Now().After(deadline) {
-			p.stop()
-			out, _ := os.ReadFile(logPath)
-			return fmt.Errorf("sentinel on port %d did not answer PING within %v:\n%s", p.port, readyTimeout, out)
-		}
-	}
+	p.proc = proc
 	return nil
 }
 
 func (p *sentinelProc) stop() {
-	if p.cmd == nil {
+	if p.proc == nil {
 		return
 	}
-	_ = p.cmd.Process.Kill()
-	<-p.done
-	p.cmd = nil
-	_ = p.log.Close()
+	p.proc.kill()
+	p.proc = nil
 }
 
 // roundTrip sends one command in RESP and reads its whole reply: a string
