@@ -27,7 +27,7 @@ type ruleDoc struct {
 	PartitionReclaimAfter string              `yaml:"partition_reclaim_after,omitempty"`
 	StartEmpty            bool                `yaml:"start_empty,omitempty"`
 	Clients               []string            `yaml:"clients,omitempty"`
-	Except                map[string][]string `yaml:"except,omitempty"`
+	Except                map[string][]string `yaml:"except,omitempty,flow"`
 	Replaces              []string            `yaml:"replaces,omitempty,flow"`
 	AllowDescriptorLimit  bool                `yaml:"allow_descriptor_limit,omitempty"`
 }
