@@ -113,6 +113,9 @@ func (s *Set) keyIndex(name string) *keyIndex {
 	return ki
 }
 
+// HasReplaces reports whether some rule of the set replaces others.
+func (s *Set) HasReplaces() bool { return s != nil && s.replaces }
+
 // Rules returns the rules in file order. The slice and the rules are
 // shared and must not be modified.
 func (s *Set) Rules() []*Rule {
