@@ -9,7 +9,7 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
-	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ration-dev/ration/lease/agent"
@@ -26,24 +26,32 @@ type PolicySource interface {
 }
 
 // limitPeriods are the periods of Envoy's units; YEAR has no ration rule.
-var limitPeriods = map[rlsv3.RateLimitResponse_RateLimit_Unit]time.Duration{
-	rlsv3.RateLimitResponse_RateLimit_SECOND: time.Second,
-	rlsv3.RateLimitResponse_RateLimit_MINUTE: time.Minute,
-	rlsv3.RateLimitResponse_RateLimit_HOUR:   time.Hour,
-	rlsv3.RateLimitResponse_RateLimit_DAY:    policy.NominalDay,
-	rlsv3.RateLimitResponse_RateLimit_WEEK:   policy.NominalWeek,
-	rlsv3.RateLimitResponse_RateLimit_MONTH:  policy.NominalMonth,
+var limitPeriods = map[typev3.RateLimitUnit]time.Duration{
+	typev3.RateLimitUnit_SECOND: time.Second,
+	typev3.RateLimitUnit_MINUTE: time.Minute,
+	typev3.RateLimitUnit_HOUR:   time.Hour,
+	typev3.RateLimitUnit_DAY:    policy.NominalDay,
+	typev3.RateLimitUnit_MONTH:  policy.NominalMonth,
 }
 
 // LimitValue spells a descriptor limit override as the value of the
-// LimitKey descriptor: "100/minute". ok is false for a unit no ration rule
-// has (YEAR, UNKNOWN).
-func LimitValue(l *ratelimitv3.RateLimitDescriptor_RateLimitOverride) (v string, ok bool) {
-	unit := rlsv3.RateLimitResponse_RateLimit_Unit(l.GetUnit())
-	if _, ok := limitPeriods[unit]; !ok {
-		return "", false
+// LimitKey descriptor, "100/minute", or with a unit_multiplier other than
+// 1, "100/5minute", and returns the period it stands for. ok is false for
+// a unit no ration rule has (YEAR, UNKNOWN).
+func LimitValue(l *ratelimitv3.RateLimitDescriptor_RateLimitOverride) (v string, period time.Duration, ok bool) {
+	period, ok = limitPeriods[l.GetUnit()]
+	if !ok {
+		return "", 0, false
 	}
-	return strconv.FormatUint(uint64(l.GetRequestsPerUnit()), 10) + "/" + strings.ToLower(unit.String()), true
+	unit := strings.ToLower(l.GetUnit().String())
+	if m := l.GetUnitMultiplier(); m != nil && m.GetValue() != 1 {
+		if m.GetValue() == 0 {
+			return "", 0, false
+		}
+		period *= time.Duration(m.GetValue())
+		unit = strconv.FormatUint(uint64(m.GetValue()), 10) + unit
+	}
+	return strconv.FormatUint(uint64(l.GetRequestsPerUnit()), 10) + "/" + unit, period, true
 }
 
 // withOverride returns ds with the LimitKey descriptor of d's limit
@@ -56,12 +64,11 @@ func (s *Server) withOverride(ds []policy.Descriptor, d *ratelimitv3.RateLimitDe
 	if s.pol == nil || s.cfg.LimitKey == "-" {
 		return ds, false
 	}
-	v, ok := LimitValue(l)
+	v, period, ok := LimitValue(l)
 	if !ok {
 		return ds, false
 	}
 	with := append(ds, policy.Descriptor{Key: s.cfg.LimitKey, Value: v})
-	period := limitPeriods[rlsv3.RateLimitResponse_RateLimit_Unit(l.GetUnit())]
 	for _, r := range s.pol.Policy().Match(nil, with) {
 		if r.AllowDescriptorLimit && r.Limit == int64(l.GetRequestsPerUnit()) && r.Period == period &&
 			slices.Contains(r.Match, policy.Descriptor{Key: s.cfg.LimitKey, Value: v}) {
