@@ -160,7 +160,7 @@ func (p *parser) rules(f yamlfield.Field) []*Rule {
 var ruleFields = []string{
 	"name", "match", "key", "algorithm", "limit", "period", "time_zone", "burst", "cost", "scope",
 	"on_error", "shadow", "partition_reclaim_after", "start_empty", "clients",
-	"except", "replaces", "allow_descriptor_limit",
+	"match_prefix", "except", "replaces", "allow_descriptor_limit",
 }
 
 // rule decodes and validates one rule. It returns ok=false only when the

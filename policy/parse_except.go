@@ -22,10 +22,14 @@ type replaceRef struct {
 	field string
 }
 
-// ruleEnvoy decodes a rule's except, replaces and allow_descriptor_limit:
+// ruleEnvoy decodes a rule's match_prefix, except, replaces and
+// allow_descriptor_limit:
 // the fields that let a rule express an Envoy rate limit configuration
 // (policy/envoyimport) and Envoy's per-descriptor limit override.
 func (p *parser) ruleEnvoy(fs yamlfield.Fields, path string, r *Rule) {
+	if f, ok := fs.Get("match_prefix"); ok {
+		r.MatchPrefix = p.matchPrefix(f, path+".match_prefix")
+	}
 	if f, ok := fs.Get("except"); ok {
 		r.Except = p.except(f, path+".except")
 	}
@@ -59,7 +63,7 @@ func (p *parser) except(f yamlfield.Field, path string) []Descriptor {
 			case n.Kind != yaml.ScalarNode || n.ShortTag() != "!!str":
 				p.Errorf(n.Line, vf, "must be a string (got %s); quote it", yamlfield.Describe(n))
 			case n.Value == "" || n.Value == Wildcard:
-				p.Errorf(n.Line, vf, "must be a value, not empty or %q (leave the descriptor out of key to not limit it)", Wildcard)
+				p.Errorf(n.Line, vf, "must be a value or a prefix ending in %q, not empty or %q alone", Wildcard, Wildcard)
 			case len(n.Value) > maxMatchValueLen:
 				p.Errorf(n.Line, vf, "must be at most %d bytes (got %d)", maxMatchValueLen, len(n.Value))
 			default:
@@ -78,6 +82,38 @@ func (p *parser) except(f yamlfield.Field, path string) []Descriptor {
 		return strings.Compare(a.Value, b.Value)
 	})
 	return slices.Compact(out)
+}
+
+// matchPrefix decodes a mapping of descriptor names to non-empty prefixes.
+func (p *parser) matchPrefix(f yamlfield.Field, path string) []Descriptor {
+	if f.Val.Kind != yaml.MappingNode {
+		p.Errorf(f.Key.Line, path, "must be a mapping of descriptor names to prefixes (got %s)", yamlfield.Describe(f.Val))
+		return nil
+	}
+	fs := p.AnyFields(f.Val, path)
+	if len(fs) > MaxDescriptors {
+		p.Errorf(f.Key.Line, path, "has %d descriptors; the limit is %d", len(fs), MaxDescriptors)
+		return nil
+	}
+	var out []Descriptor
+	for _, e := range fs {
+		field := yamlfield.Join(path, e.Name)
+		if !p.descriptorName(e.Key.Line, field, e.Name) {
+			continue
+		}
+		switch v := e.Val; {
+		case v.Kind != yaml.ScalarNode || v.ShortTag() != "!!str":
+			p.Errorf(e.Key.Line, field, "must be a string (got %s); quote it", yamlfield.Describe(v))
+		case v.Value == "":
+			p.Errorf(e.Key.Line, field, "must not be empty (a key name requires the descriptor with any value)")
+		case len(v.Value) > maxMatchValueLen:
+			p.Errorf(e.Key.Line, field, "must be at most %d bytes (got %d)", maxMatchValueLen, len(v.Value))
+		default:
+			out = append(out, Descriptor{Key: e.Name, Value: v.Value})
+		}
+	}
+	slices.SortFunc(out, func(a, b Descriptor) int { return strings.Compare(a.Key, b.Key) })
+	return out
 }
 
 // replaceNames decodes a list of rule names; rules checks that they exist.

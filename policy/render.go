@@ -14,6 +14,7 @@ import (
 type ruleDoc struct {
 	Name                  string              `yaml:"name"`
 	Match                 map[string]string   `yaml:"match,omitempty,flow"`
+	MatchPrefix           map[string]string   `yaml:"match_prefix,omitempty,flow"`
 	Key                   []string            `yaml:"key,flow"`
 	Algorithm             string              `yaml:"algorithm,omitempty"`
 	Limit                 int64               `yaml:"limit"`
@@ -56,6 +57,12 @@ func Format(rules []*Rule) []byte {
 func formatRule(r *Rule) ruleDoc {
 	d := ruleDoc{Name: r.Name, Key: r.Key, Limit: r.Limit, Clients: r.Clients, Shadow: r.Shadow, StartEmpty: r.StartEmpty}
 	d.Replaces, d.AllowDescriptorLimit = r.Replaces, r.AllowDescriptorLimit
+	if len(r.MatchPrefix) > 0 {
+		d.MatchPrefix = make(map[string]string, len(r.MatchPrefix))
+		for _, m := range r.MatchPrefix {
+			d.MatchPrefix[m.Key] = m.Value
+		}
+	}
 	if len(r.Except) > 0 {
 		d.Except = make(map[string][]string)
 		for _, e := range r.Except {

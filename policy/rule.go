@@ -77,10 +77,15 @@ type Rule struct {
 	// means present with any value. Empty: the rule matches any request that
 	// has all of Key.
 	Match []Descriptor
+	// MatchPrefix (yaml match_prefix: descriptor names to prefixes) lists
+	// descriptors a request must carry with a value that starts with the
+	// given prefix (not empty). Sorted by Key, keys unique.
+	MatchPrefix []Descriptor
 	// Except (yaml except: descriptor names to lists of values) lists
 	// values that exclude a request: the rule does not apply when one of
-	// these descriptors is present with that value. Sorted by Key, then
-	// Value. It lets a rule for "any value" step aside for the values other
+	// these descriptors is present with that value, or, for a Value ending
+	// in "*", with a value starting with what precedes the "*". Sorted by
+	// Key, then Value. It lets a rule for "any value" step aside for the values other
 	// rules (or no rule) govern, as an imported Envoy configuration needs.
 	Except []Descriptor
 	// Key lists the descriptor names whose values form the rate-limited key,
@@ -184,8 +189,9 @@ func (r *Rule) FixedWindow() bool { return r.Algorithm == AlgorithmFixedWindow }
 
 // Applies reports whether the rule applies to a request described by ds:
 // every Match descriptor is present with an equal value (or any value for
-// Wildcard), no Except descriptor is present with its value, and every Key
-// descriptor is present. When ds holds a key more
+// Wildcard), every MatchPrefix descriptor is present with a value of its
+// prefix, no Except descriptor is present with its value (or prefix), and
+// every Key descriptor is present. When ds holds a key more
 // than once, the first occurrence counts.
 func (r *Rule) Applies(ds []Descriptor) bool {
 	for _, m := range r.Match {
@@ -194,8 +200,13 @@ func (r *Rule) Applies(ds []Descriptor) bool {
 			return false
 		}
 	}
+	for _, m := range r.MatchPrefix {
+		if v, ok := lookup(ds, m.Key); !ok || !strings.HasPrefix(v, m.Value) {
+			return false
+		}
+	}
 	for _, e := range r.Except {
-		if v, ok := lookup(ds, e.Key); ok && v == e.Value {
+		if v, ok := lookup(ds, e.Key); ok && excepted(v, e.Value) {
 			return false
 		}
 	}
@@ -205,6 +216,15 @@ func (r *Rule) Applies(ds []Descriptor) bool {
 		}
 	}
 	return true
+}
+
+// excepted reports whether v is what an Except value names: equal, or for
+// a value ending in "*", starting with what precedes it.
+func excepted(v, except string) bool {
+	if p, ok := strings.CutSuffix(except, Wildcard); ok {
+		return strings.HasPrefix(v, p)
+	}
+	return v == except
 }
 
 // lookup returns the value of the first descriptor named key. A linear scan:

@@ -100,6 +100,9 @@ func (s *Set) anchor(i int32, r *Rule) {
 	for _, m := range r.Match {
 		consider(m.Key)
 	}
+	for _, m := range r.MatchPrefix {
+		consider(m.Key)
+	}
 	ki := s.keyIndex(best)
 	ki.present = append(ki.present, i)
 }
@@ -298,6 +301,9 @@ func version(rules []*Rule) string {
 		}
 		// The Envoy fields, written only when set: older rules keep their
 		// Version.
+		for _, m := range r.MatchPrefix {
+			b.WriteString(" match_prefix " + strconv.Quote(m.Key) + "=" + strconv.Quote(m.Value))
+		}
 		for _, e := range r.Except {
 			b.WriteString(" except " + strconv.Quote(e.Key) + "=" + strconv.Quote(e.Value))
 		}
