@@ -171,17 +171,18 @@ func (c *converter) rule(d *domain, path []step) *policy.Rule {
 	r.Match = append(r.Match, policy.Descriptor{Key: DomainKey, Value: d.name})
 	for i, s := range path {
 		keys = AppendKeys(keys, i, s.n.key)
-		r.Key = append(r.Key, s.n.key)
-		if s.n.value != "" {
-			r.Match = append(r.Match, policy.Descriptor{Key: s.n.key, Value: s.n.value})
-			continue
+		if !s.n.shared {
+			r.Key = append(r.Key, s.n.key)
 		}
-		// A node for the key alone steps aside for its siblings' values.
-		for _, sib := range s.siblings {
-			if sib.key == s.n.key && sib.value != "" {
-				r.Except = append(r.Except, policy.Descriptor{Key: sib.key, Value: sib.value})
-			}
+		if err := c.level(d, r, s); err != nil {
+			c.errs = append(c.errs, err)
+			return nil
 		}
+	}
+	if len(r.Key) == 0 {
+		// Every level shares its counter: the keys descriptor, the same
+		// for every request the rule applies to, makes one key.
+		r.Key = []string{KeysKey}
 	}
 	if len(keys) > maxValueLen {
 		c.errs = append(c.errs, &FieldError{File: d.file, Line: n.line, Field: n.path,
@@ -190,6 +191,7 @@ func (c *converter) rule(d *domain, path []step) *policy.Rule {
 	}
 	r.Match = append(r.Match, policy.Descriptor{Key: KeysKey, Value: string(keys)})
 	slices.SortFunc(r.Match, func(a, b policy.Descriptor) int { return strings.Compare(a.Key, b.Key) })
+	slices.SortFunc(r.MatchPrefix, func(a, b policy.Descriptor) int { return strings.Compare(a.Key, b.Key) })
 	slices.SortFunc(r.Except, func(a, b policy.Descriptor) int {
 		return cmp.Or(strings.Compare(a.Key, b.Key), strings.Compare(a.Value, b.Value))
 	})
@@ -198,18 +200,63 @@ func (c *converter) rule(d *domain, path []step) *policy.Rule {
 	return r
 }
 
+// level adds to r the conditions of one level of its path, in the order
+// Envoy's tree walk tries the nodes of a level: a node for the entry's
+// exact value first, then the wildcard patterns in file order, then the
+// node for the key alone. So a pattern's rule excepts the exact values it
+// matches and the earlier patterns that overlap it, and a rule for the key
+// alone excepts every exact value and pattern of its siblings.
+func (c *converter) level(d *domain, r *policy.Rule, s step) *FieldError {
+	n := s.n
+	switch {
+	case n.value != "" && !n.pattern:
+		r.Match = append(r.Match, policy.Descriptor{Key: n.key, Value: n.value})
+		return nil
+	case n.pattern && n.value != "":
+		r.MatchPrefix = append(r.MatchPrefix, policy.Descriptor{Key: n.key, Value: n.value})
+	}
+	before := true // sib comes before n in the file
+	for _, sib := range s.siblings {
+		switch {
+		case sib == n:
+			before = false
+		case sib.key != n.key:
+		case !sib.pattern:
+			// An exact value wins wherever it is written.
+			if sib.value != "" && strings.HasPrefix(sib.value, n.value) {
+				r.Except = append(r.Except, policy.Descriptor{Key: n.key, Value: sib.value})
+			}
+		case n.pattern && !before:
+			// A later pattern comes after n.
+		case strings.HasPrefix(n.value, sib.value) && (n.pattern || sib.value == ""):
+			return &FieldError{File: d.file, Line: n.line, Field: n.path,
+				Msg: fmt.Sprintf("cannot be converted: no request reaches it: the value %q (line %d) matches every value it does, and comes first", sib.value+"*", sib.line)}
+		case strings.HasPrefix(sib.value, n.value):
+			r.Except = append(r.Except, policy.Descriptor{Key: n.key, Value: sib.value + "*"})
+		}
+	}
+	return nil
+}
+
 // name derives a unique rule name from the domain and the path: readable
 // when it fits, else cut and made unique by a hash of the whole path.
 func (c *converter) name(d *domain, path []step) string {
 	parts := []string{sanitize(d.name)}
+	if c := parts[0][0]; c == '-' || c == '_' {
+		parts[0] = "x" + parts[0] // a name starts with a letter or digit
+	}
 	id := []string{d.name}
 	for _, s := range path {
 		part := sanitize(s.n.key)
-		if s.n.value != "" {
-			part += "_" + sanitize(s.n.value)
+		v := s.n.value
+		if s.n.pattern {
+			v += "*"
+		}
+		if v != "" {
+			part += "_" + sanitize(v)
 		}
 		parts = append(parts, part)
-		id = append(id, s.n.key, s.n.value)
+		id = append(id, s.n.key, v)
 	}
 	name := strings.Join(parts, ".")
 	if len(name) > 64 || c.names[name] {
@@ -220,17 +267,13 @@ func (c *converter) name(d *domain, path []step) string {
 	return name
 }
 
-// sanitize maps s into the alphabet of rule names, [a-z0-9._-], starting
-// with a letter or digit.
+// sanitize maps s into the alphabet of rule names, [a-z0-9_-].
 func sanitize(s string) string {
 	b := []byte(strings.ToLower(s))
 	for i, ch := range b {
 		if !('a' <= ch && ch <= 'z' || '0' <= ch && ch <= '9' || ch == '_' || ch == '-') {
 			b[i] = '-'
 		}
-	}
-	if len(b) == 0 || b[0] == '-' || b[0] == '_' {
-		b = append([]byte{'x'}, b...)
 	}
 	return string(b)
 }

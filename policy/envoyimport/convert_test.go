@@ -85,7 +85,6 @@ func TestConvertErrors(t *testing.T) {
 	for _, tt := range []struct{ doc, want string }{
 		{"descriptors: []\n", "c.yaml:1: domain: is required"},
 		{"domain: d\ndescriptors:\n  - value: v\n", "c.yaml:3: descriptors[0].key: is required"},
-		{"domain: d\ndescriptors:\n  - key: k\n    value: foo*\n", `c.yaml:4: descriptors[0].value: cannot be converted: wildcard pattern "foo*"`},
 		{"domain: d\ndescriptors:\n  - key: k\n    value: a*b\n", `c.yaml:4: descriptors[0].value: cannot be converted: wildcard pattern "a*b"`},
 		{"domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: week\n      requests_per_unit: 1\n", "c.yaml:5: descriptors[0].rate_limit.unit: cannot be converted: Envoy's week windows"},
 		{"domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 1\n", `c.yaml:5: descriptors[0].rate_limit.unit: must be second, minute, hour or day (got string "fortnight")`},
@@ -95,9 +94,11 @@ func TestConvertErrors(t *testing.T) {
 		{"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true, unit: second}\n", "c.yaml:4: descriptors[0].rate_limit.unit: must not be set when unlimited is true"},
 		{"domain: d\ndescriptors:\n  - key: k\n    quota_mode: true\n    rate_limit: {unit: second, requests_per_unit: 1}\n", "c.yaml:4: descriptors[0].quota_mode: cannot be converted"},
 		{"domain: d\ndescriptors:\n  - key: k\n    metadata: {a: b}\n", "c.yaml:4: descriptors[0].metadata: cannot be converted"},
-		{"domain: d\ndescriptors:\n  - key: k\n    share_threshold: true\n", "c.yaml:4: descriptors[0].share_threshold: cannot be converted"},
+		{"domain: d\ndescriptors:\n  - key: k\n    share_threshold: true\n", "c.yaml:4: descriptors[0].share_threshold: needs a wildcard value ending in *"},
 		{"domain: d\ndescriptors:\n  - key: k\n  - key: k\n", `c.yaml:4: descriptors[1]: duplicate descriptor: key "k" with no value`},
-		{"domain: d\ndescriptors:\n  - key: k\n  - key: k\n    value: \"*\"\n", `c.yaml:4: descriptors[1]: duplicate descriptor: key "k" with no value (or "*"`},
+		{"domain: d\ndescriptors:\n  - key: k\n    value: \"*\"\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n", `c.yaml:5: descriptors[1]: cannot be converted: no request reaches it: the value "*" (line 3)`},
+		{"domain: d\ndescriptors:\n  - key: k\n    value: a*\n  - key: k\n    value: ab*\n    rate_limit: {unit: second, requests_per_unit: 1}\n", `c.yaml:5: descriptors[1]: cannot be converted: no request reaches it: the value "a*" (line 3)`},
+		{"domain: d\ndescriptors:\n  - key: k\n    value: a*\n  - key: k\n    value: a*\n", `c.yaml:5: descriptors[1]: duplicate descriptor: key "k" with value "a*"`},
 		{"domain: d\ndescriptors:\n  - key: has space\n", `c.yaml:3: descriptors[0].key: cannot be converted: ration descriptor names`},
 		{"domain: d\ndescriptors:\n  - key: envoy.keys\n", `c.yaml:3: descriptors[0].key: cannot be converted: the Envoy adapter sets descriptor "envoy.keys" itself`},
 		{"domain: d\ndescriptors:\n  - key: k\n    descriptors:\n      - key: k\n        rate_limit: {unit: second, requests_per_unit: 1}\n", `c.yaml:5: descriptors[0].descriptors[0].key: cannot be converted: key "k" repeats`},
@@ -107,6 +108,8 @@ func TestConvertErrors(t *testing.T) {
 		{"domain: d\ndescriptors:\n  - key: k\n    bogus: 1\n", `c.yaml:4: descriptors[0].bogus: unknown field`},
 		{"domain: [d]\n", `c.yaml:1: domain: must be a string`},
 		{"- a\n", `c.yaml:1: must be a mapping with domain and descriptors`},
+		{"domain:\n", `c.yaml:1: domain: must be 1 to 1024 bytes`},
+		{"domain: d\ndescriptors:\n  - key:\n", `c.yaml:3: descriptors[0].key: must not be empty`},
 		{"", `c.yaml: file is empty`},
 		{"domain: d\n---\ndomain: e\n", `c.yaml`},
 	} {
@@ -130,7 +133,7 @@ func TestConvertErrors(t *testing.T) {
 func TestConvertDomains(t *testing.T) {
 	a := File{Name: "a.yaml", Data: []byte("domain: d\ndescriptors: [{key: k, rate_limit: {unit: second, requests_per_unit: 1}}]\n")}
 	b := File{Name: "b.yaml", Data: []byte("\ndomain: d\n")}
-	c := File{Name: "c.yaml", Data: []byte("domain: e\ndescriptors: [{key: k, value: x*}]\n")}
+	c := File{Name: "c.yaml", Data: []byte("domain: e\ndescriptors: [{key: k, value: x*y}]\n")}
 	_, err := Convert([]File{a, b, c})
 	want := "b.yaml:2: domain: duplicate domain \"d\" (first in a.yaml:1)\nc.yaml:2: descriptors[0].value: cannot be converted"
 	if err == nil || !strings.HasPrefix(err.Error(), want) {
@@ -190,5 +193,46 @@ func TestAppendKeys(t *testing.T) {
 	}
 	if got, want := string(b), "a,b%2Cc,d%25e"; got != want {
 		t.Errorf("got %q, want %q", got, want)
+	}
+}
+
+// TestConvertPatterns: a trailing-* value becomes match_prefix, excepting
+// the exact values it matches and the earlier patterns that overlap it; the
+// key alone excepts every sibling; share_threshold leaves the entry out of
+// the key (a key of the keys descriptor when nothing else is left).
+func TestConvertPatterns(t *testing.T) {
+	doc := `domain: d
+descriptors:
+  - {key: p, value: a/b/*, rate_limit: {unit: second, requests_per_unit: 1}}
+  - {key: p, value: a/*, rate_limit: {unit: second, requests_per_unit: 2}}
+  - {key: p, value: a/x, rate_limit: {unit: second, requests_per_unit: 3}}
+  - {key: p, value: z, rate_limit: {unit: second, requests_per_unit: 4}}
+  - {key: p, rate_limit: {unit: second, requests_per_unit: 5}}
+  - {key: f, value: "*", share_threshold: true, rate_limit: {unit: second, requests_per_unit: 6}}
+`
+	res, err := Convert([]File{{Name: "p.yaml", Data: []byte(doc)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type rule struct {
+		Prefix []policy.Descriptor
+		Except []policy.Descriptor
+		Key    []string
+	}
+	got := map[int64]rule{}
+	for _, r := range res.Set.Rules() {
+		got[r.Limit] = rule{r.MatchPrefix, r.Except, r.Key}
+	}
+	d := func(k, v string) policy.Descriptor { return policy.Descriptor{Key: k, Value: v} }
+	want := map[int64]rule{
+		1: {[]policy.Descriptor{d("p", "a/b/")}, nil, []string{"p"}},
+		2: {[]policy.Descriptor{d("p", "a/")}, []policy.Descriptor{d("p", "a/b/*"), d("p", "a/x")}, []string{"p"}},
+		3: {nil, nil, []string{"p"}},
+		4: {nil, nil, []string{"p"}},
+		5: {nil, []policy.Descriptor{d("p", "a/*"), d("p", "a/b/*"), d("p", "a/x"), d("p", "z")}, []string{"p"}},
+		6: {nil, nil, []string{KeysKey}},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("rules by limit (-want +got):\n%s", diff)
 	}
 }

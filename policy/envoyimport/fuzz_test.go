@@ -23,7 +23,7 @@ func FuzzConvert(f *testing.F) {
 	for _, s := range []string{
 		"domain: d\ndescriptors:\n  - key: k\n    value: \"*\"\n    rate_limit: {unit: minute, requests_per_unit: 2, name: n}\n    descriptors:\n      - {key: j, rate_limit: {unit: day, requests_per_unit: 1, replaces: [{name: n}]}}\n",
 		"domain: d\ndescriptors:\n  - {key: k, value: 1.10, shadow_mode: true, rate_limit: {unit: HOUR, requests_per_unit: 4294967295}}\n  - {key: k, rate_limit: {unlimited: true}}\n",
-		"domain: d\ndescriptors:\n  - key: k\n    value: foo*\n",
+		"domain: d\ndescriptors:\n  - key: k\n    value: foo*\n    share_threshold: true\n    rate_limit: {unit: second, requests_per_unit: 1}\n  - {key: k, value: f*, rate_limit: {unit: second, requests_per_unit: 1}}\n  - {key: k, value: foo, descriptors: [{key: j, value: x*, rate_limit: {unit: minute, requests_per_unit: 3}}]}\n",
 		"domain: \"\"\n",
 		"domain: d\ndescriptors:\n",
 	} {

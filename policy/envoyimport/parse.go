@@ -42,11 +42,15 @@ type domain struct {
 // node is one entry of a descriptors list.
 type node struct {
 	key, value string // value "" matches any value
-	line       int
-	path       string // field path, for messages
-	limit      *limit // nil: no rate_limit
-	shadow     bool
-	children   []*node
+	// pattern: value is the prefix of a trailing-* wildcard ("" for "*").
+	pattern bool
+	// shared: share_threshold, one counter for every value of the pattern.
+	shared   bool
+	line     int
+	path     string // field path, for messages
+	limit    *limit // nil: no rate_limit
+	shadow   bool
+	children []*node
 }
 
 // limit is a node's rate_limit.
@@ -93,10 +97,11 @@ func (p *parser) document(data []byte) *domain {
 	d := &domain{file: p.File, line: root.Line}
 	if f, ok := fs.Get("domain"); !ok {
 		p.Errorf(root.Line, "domain", "is required")
-	} else if s, ok := p.text(f, "domain"); ok {
-		if s == "" || len(s) > maxValueLen {
+	} else if s, ok := p.text(f, "domain"); !ok || s == "" || len(s) > maxValueLen {
+		if ok || f.Val.Kind == yaml.ScalarNode {
 			p.Errorf(f.Key.Line, "domain", "must be 1 to %d bytes", maxValueLen)
 		}
+	} else {
 		d.name, d.line = s, f.Key.Line
 	}
 	if f, ok := fs.Get("descriptors"); ok {
@@ -138,10 +143,13 @@ func (p *parser) descriptors(f yamlfield.Field, path string, depth int) []*node 
 			continue
 		}
 		id := [2]string{nd.key, nd.value}
+		if nd.pattern {
+			id[1] += "*"
+		}
 		if first, dup := seen[id]; dup {
-			what := fmt.Sprintf("value %q", nd.value)
-			if nd.value == "" {
-				what = `no value (or "*", which matches every value as no value does)`
+			what := fmt.Sprintf("value %q", id[1])
+			if id[1] == "" {
+				what = "no value"
 			}
 			p.Errorf(nd.line, np, "duplicate descriptor: key %q with %s (first at line %d)", nd.key, what, first)
 			continue
@@ -165,6 +173,8 @@ func (p *parser) node(n *yaml.Node, path string, depth int) *node {
 	} else if s, ok := p.text(f, path+".key"); ok {
 		p.key(f, path+".key", s)
 		nd.key = s
+	} else if f.Val.Kind == yaml.ScalarNode {
+		p.Errorf(f.Key.Line, path+".key", "must not be empty")
 	}
 	if f, ok := fs.Get("value"); ok {
 		if s, ok := p.text(f, path+".value"); ok {
@@ -172,8 +182,8 @@ func (p *parser) node(n *yaml.Node, path string, depth int) *node {
 			nd.value = s
 		}
 	}
-	if nd.value == policy.Wildcard {
-		nd.value = "" // "*" matches every value, as no value does
+	if p, ok := strings.CutSuffix(nd.value, "*"); ok {
+		nd.value, nd.pattern = p, true
 	}
 	for _, name := range []string{"shadow_mode", "detailed_metric", "value_to_metric", "quota_mode", "share_threshold"} {
 		f, ok := fs.Get(name)
@@ -193,7 +203,10 @@ func (p *parser) node(n *yaml.Node, path string, depth int) *node {
 		case "quota_mode":
 			p.Errorf(f.Key.Line, field, "cannot be converted: ration has no quota mode (a request denied only by quota descriptors is still denied)")
 		case "share_threshold":
-			p.Errorf(f.Key.Line, field, "cannot be converted: it needs a wildcard pattern value, which ration does not match")
+			if !nd.pattern {
+				p.Errorf(f.Key.Line, field, "needs a wildcard value ending in *")
+			}
+			nd.shared = true
 		}
 	}
 	if f, ok := fs.Get("metadata"); ok {
@@ -247,8 +260,8 @@ func (p *parser) value(f yamlfield.Field, path, s string) {
 	switch {
 	case len(s) > maxValueLen:
 		p.Errorf(f.Key.Line, path, "must be at most %d bytes (got %d)", maxValueLen, len(s))
-	case s != policy.Wildcard && strings.Contains(s, "*"):
-		p.Errorf(f.Key.Line, path, "cannot be converted: wildcard pattern %q; ration matches whole values (list the values, or leave value out to limit each value on its own)", yamlfield.Clip(s))
+	case strings.Contains(strings.TrimSuffix(s, "*"), "*"):
+		p.Errorf(f.Key.Line, path, "cannot be converted: wildcard pattern %q; ration matches a prefix (a value ending in *), not a * within a value", yamlfield.Clip(s))
 	}
 }
 

@@ -94,6 +94,23 @@ descriptors:
     descriptors:
       - key: path
         rate_limit: {unit: day, requests_per_unit: 1}
+  # A trailing * matches a prefix, each value with its own counter, after
+  # the exact values and before the key alone; the first pattern that
+  # matches wins. share_threshold gives all of a pattern's values one.
+  - key: path
+    value: /api/admin/*
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: path
+    value: /api/*
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: path
+    value: /api/health
+  - key: path
+    rate_limit: {unit: minute, requests_per_unit: 4}
+  - key: file
+    value: docs/*
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 3}
   - key: shadowed
     shadow_mode: true
     detailed_metric: true
@@ -140,8 +157,15 @@ func TestImportedDecisions(t *testing.T) {
 		{"a listed address: its own limit", "edge", ds(desc("remote_address=10.0.0.1")), 8, []int{6}, "edge.remote_address_10-0-0-1"},
 		{"a listed address without a limit is whitelisted", "edge", ds(desc("remote_address=10.0.0.2")), 5, []int{5}, ""},
 		{"an unlimited address is whitelisted", "edge", ds(desc("remote_address=10.0.0.3")), 5, []int{5}, ""},
-		{"* limits each value", "edge", ds(desc("user=u1")), 3, []int{2}, "edge.user"},
-		{"the child's limit alone applies to the deeper descriptor", "edge", ds(desc("user=u1", "path=/x")), 2, []int{1}, "edge.user.path"},
+		{"* limits each value", "edge", ds(desc("user=u1")), 3, []int{2}, "edge.user_-"},
+		{"the child's limit alone applies to the deeper descriptor", "edge", ds(desc("user=u1", "path=/x")), 2, []int{1}, "edge.user_-.path"},
+		{"the first pattern that matches", "edge", ds(desc("path=/api/admin/x")), 2, []int{1}, "edge.path_-api-admin--"},
+		{"a later pattern, for the values the first does not match", "edge", ds(desc("path=/api/users")), 3, []int{2}, "edge.path_-api--"},
+		{"each value of a pattern has its own counter", "edge", ds(desc("path=/api/orders")), 3, []int{2}, "edge.path_-api--"},
+		{"an exact value wins over a pattern", "edge", ds(desc("path=/api/health")), 3, []int{3}, ""},
+		{"no pattern matches: the key alone", "edge", ds(desc("path=/web")), 5, []int{4}, "edge.path"},
+		{"share_threshold: one counter for the pattern", "edge", ds(desc("file=docs/a")), 2, []int{2}, "edge.file_docs--"},
+		{"share_threshold: another value spends the same", "edge", ds(desc("file=docs/b")), 2, []int{1}, "edge.file_docs--"},
 		{"a shadow limit never denies", "edge", ds(desc("shadowed=s")), 3, []int{3}, "edge.shadowed"},
 		{"vip replaces tenant in the same request: tenant is not counted", "edge", ds(desc("tenant=t1"), desc("vip=v")), 3, []int{3, 3}, "edge.vip"},
 		{"tenant alone: its counter was not touched", "edge", ds(desc("tenant=t1")), 2, []int{1}, "edge.tenant"},
