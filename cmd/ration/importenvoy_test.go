@@ -48,7 +48,7 @@ func TestImportEnvoy(t *testing.T) {
 		t.Errorf("-o json: exit %d, %+v (%v)", code, j, err)
 	}
 
-	bad := write("c.yaml", "domain: c\ndescriptors:\n  - key: path\n    value: /api/*\n")
+	bad := write("c.yaml", "domain: c\ndescriptors:\n  - key: path\n    value: /api/*/users\n")
 	_, errOut, code = ration(t, "policy", "import-envoy", bad)
 	if want := bad + ":4: descriptors[0].value: cannot be converted"; code != exitRefused || !strings.HasPrefix(errOut, want) || !strings.Contains(errOut, "ration: cannot convert: 1 problem(s)") {
 		t.Errorf("bad file: exit %d, stderr %q; want %d, %q...", code, errOut, exitRefused, want)
