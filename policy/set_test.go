@@ -88,7 +88,7 @@ func TestMatchAppends(t *testing.T) {
 func naiveMatch(s *Set, ds []Descriptor) []*Rule {
 	var out []*Rule
 	for _, r := range s.Rules() {
-		if r.Applies(ds) && len(s.replacers(r, ds)) == 0 {
+		if r.Applies(ds) && (!s.HasReplaces() || len(s.replacers(r, ds)) == 0) {
 			out = append(out, r)
 		}
 	}
