@@ -57,16 +57,37 @@ func FuzzParse(f *testing.F) {
 		}
 		for _, r := range s.Rules() {
 			checkValid(t, r)
-			// A request with exactly the rule's descriptors matches it.
+			// A request with exactly the rule's descriptors (a prefix's
+			// value being the prefix) matches it, unless its except
+			// excludes the request or another rule applying replaces it;
+			// and Match returns what a naive scan of every rule does.
 			ds := append([]Descriptor(nil), r.Match...)
+			ds = append(ds, r.MatchPrefix...)
 			for _, k := range r.Key {
 				ds = append(ds, Descriptor{k, "v"})
 			}
-			if !slices.Contains(s.Match(nil, ds), r) {
+			if len(r.Except) == 0 && !r.Applies(ds) {
+				t.Fatalf("Applies(%v): rule %q does not apply to its own descriptors", ds, r.Name)
+			}
+			if got, want := names(s.Match(nil, ds)), names(naiveMatch(s, ds)); !slices.Equal(got, want) {
+				t.Fatalf("Match(%v): got %v, want %v", ds, got, want)
+			}
+			if r.Applies(ds) && len(s.replacers(r, ds)) == 0 && !slices.Contains(s.Match(nil, ds), r) {
 				t.Fatalf("Match(%v): rule %q missing", ds, r.Name)
 			}
 		}
 	})
+}
+
+// replacers returns the rules applying to ds that replace r.
+func (s *Set) replacers(r *Rule, ds []Descriptor) []string {
+	var out []string
+	for _, q := range s.Rules() {
+		if q != r && q.Applies(ds) && slices.Contains(q.Replaces, r.Name) {
+			out = append(out, q.Name)
+		}
+	}
+	return out
 }
 
 // checkValid asserts the invariants Parse promises for every rule of a Set.

@@ -100,6 +100,8 @@ type parser struct {
 	// zones caches the time zones loaded for this document, so a policy of
 	// many rules in one zone reads its file once.
 	zones map[string]*time.Location
+	// refs are the replaces entries, checked once every name is known.
+	refs []replaceRef
 }
 
 const emptyDocument = "document is empty; want a mapping with a rules list (an empty list means no limits)"
@@ -151,12 +153,14 @@ func (p *parser) rules(f yamlfield.Field) []*Rule {
 		}
 		rules = append(rules, r)
 	}
+	p.replaces(names)
 	return rules
 }
 
 var ruleFields = []string{
 	"name", "match", "key", "algorithm", "limit", "period", "time_zone", "burst", "cost", "scope",
 	"on_error", "shadow", "partition_reclaim_after", "start_empty", "clients",
+	"match_prefix", "except", "replaces", "allow_descriptor_limit",
 }
 
 // rule decodes and validates one rule. It returns ok=false only when the
@@ -176,6 +180,7 @@ func (p *parser) rule(n *yaml.Node, path string) (*Rule, bool) {
 	p.ruleAlgorithm(fs, path, r)
 	p.ruleTokens(fs, n, path, r)
 	p.ruleModes(fs, path, r)
+	p.ruleEnvoy(fs, path, r)
 	return r, true
 }
 

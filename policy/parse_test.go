@@ -132,7 +132,7 @@ func TestParseErrors(t *testing.T) {
 			"r.yaml:3: rules[1].key[0]: must be a descriptor name (got an alias; aliases are not supported)"},
 
 		{"unknown rule field", rule("    key: [t]\n    limit: 1\n    limt: 2\n"),
-			"r.yaml:5: rules[0].limt: unknown field (known: name, match, key, algorithm, limit, period, time_zone, burst, cost, scope, on_error, shadow, partition_reclaim_after, start_empty, clients)"},
+			"r.yaml:5: rules[0].limt: unknown field (known: name, match, key, algorithm, limit, period, time_zone, burst, cost, scope, on_error, shadow, partition_reclaim_after, start_empty, clients, match_prefix, except, replaces, allow_descriptor_limit)"},
 		{"duplicate rule field", rule("    key: [t]\n    limit: 1\n    limit: 2\n"),
 			"r.yaml:5: rules[0].limit: duplicate key (first at line 4)"},
 		{"required fields", "rules:\n  - shadow: true\n",

@@ -12,21 +12,25 @@ import (
 // ruleDoc is a rule as Format writes it: the fields of the YAML format in
 // the order people write them, defaults left out.
 type ruleDoc struct {
-	Name                  string            `yaml:"name"`
-	Match                 map[string]string `yaml:"match,omitempty,flow"`
-	Key                   []string          `yaml:"key,flow"`
-	Algorithm             string            `yaml:"algorithm,omitempty"`
-	Limit                 int64             `yaml:"limit"`
-	Period                string            `yaml:"period,omitempty"`
-	TimeZone              string            `yaml:"time_zone,omitempty"`
-	Burst                 int64             `yaml:"burst,omitempty"`
-	Cost                  int64             `yaml:"cost,omitempty"`
-	Scope                 string            `yaml:"scope,omitempty"`
-	OnError               string            `yaml:"on_error,omitempty"`
-	Shadow                bool              `yaml:"shadow,omitempty"`
-	PartitionReclaimAfter string            `yaml:"partition_reclaim_after,omitempty"`
-	StartEmpty            bool              `yaml:"start_empty,omitempty"`
-	Clients               []string          `yaml:"clients,omitempty"`
+	Name                  string              `yaml:"name"`
+	Match                 map[string]string   `yaml:"match,omitempty,flow"`
+	MatchPrefix           map[string]string   `yaml:"match_prefix,omitempty,flow"`
+	Key                   []string            `yaml:"key,flow"`
+	Algorithm             string              `yaml:"algorithm,omitempty"`
+	Limit                 int64               `yaml:"limit"`
+	Period                string              `yaml:"period,omitempty"`
+	TimeZone              string              `yaml:"time_zone,omitempty"`
+	Burst                 int64               `yaml:"burst,omitempty"`
+	Cost                  int64               `yaml:"cost,omitempty"`
+	Scope                 string              `yaml:"scope,omitempty"`
+	OnError               string              `yaml:"on_error,omitempty"`
+	Shadow                bool                `yaml:"shadow,omitempty"`
+	PartitionReclaimAfter string              `yaml:"partition_reclaim_after,omitempty"`
+	StartEmpty            bool                `yaml:"start_empty,omitempty"`
+	Clients               []string            `yaml:"clients,omitempty"`
+	Except                map[string][]string `yaml:"except,omitempty,flow"`
+	Replaces              []string            `yaml:"replaces,omitempty,flow"`
+	AllowDescriptorLimit  bool                `yaml:"allow_descriptor_limit,omitempty"`
 }
 
 // Format writes rules as a policy document that Parse reads back into the
@@ -52,6 +56,19 @@ func Format(rules []*Rule) []byte {
 
 func formatRule(r *Rule) ruleDoc {
 	d := ruleDoc{Name: r.Name, Key: r.Key, Limit: r.Limit, Clients: r.Clients, Shadow: r.Shadow, StartEmpty: r.StartEmpty}
+	d.Replaces, d.AllowDescriptorLimit = r.Replaces, r.AllowDescriptorLimit
+	if len(r.MatchPrefix) > 0 {
+		d.MatchPrefix = make(map[string]string, len(r.MatchPrefix))
+		for _, m := range r.MatchPrefix {
+			d.MatchPrefix[m.Key] = m.Value
+		}
+	}
+	if len(r.Except) > 0 {
+		d.Except = make(map[string][]string)
+		for _, e := range r.Except {
+			d.Except[e.Key] = append(d.Except[e.Key], e.Value)
+		}
+	}
 	if len(r.Match) > 0 {
 		d.Match = make(map[string]string, len(r.Match))
 		for _, m := range r.Match {

@@ -77,6 +77,17 @@ type Rule struct {
 	// means present with any value. Empty: the rule matches any request that
 	// has all of Key.
 	Match []Descriptor
+	// MatchPrefix (yaml match_prefix: descriptor names to prefixes) lists
+	// descriptors a request must carry with a value that starts with the
+	// given prefix (not empty). Sorted by Key, keys unique.
+	MatchPrefix []Descriptor
+	// Except (yaml except: descriptor names to lists of values) lists
+	// values that exclude a request: the rule does not apply when one of
+	// these descriptors is present with that value, or, for a Value ending
+	// in "*", with a value starting with what precedes the "*". Sorted by
+	// Key, then Value. It lets a rule for "any value" step aside for the values other
+	// rules (or no rule) govern, as an imported Envoy configuration needs.
+	Except []Descriptor
 	// Key lists the descriptor names whose values form the rate-limited key,
 	// in the order written; all must be present for the rule to apply.
 	Key []string
@@ -126,6 +137,16 @@ type Rule struct {
 	// common name), each exact or, ending in "*", a prefix. Empty: any
 	// caller the lease API accepts.
 	Clients []string
+	// Replaces (yaml replaces) names rules that do not apply to a request
+	// this rule applies to: Set.Match leaves them out, and the Envoy
+	// adapter leaves them out of every descriptor of the Envoy request.
+	Replaces []string
+	// AllowDescriptorLimit (yaml allow_descriptor_limit) lets an Envoy
+	// descriptor's limit override select this rule: when the override
+	// equals the rule's limit and period, the Envoy adapter passes it as a
+	// descriptor the rule matches (lease/agent/envoyrls). The rule's own
+	// limit still decides: an override can select a rule, never change one.
+	AllowDescriptorLimit bool
 	// Line is the line of the rule in its file, for messages.
 	Line int
 }
@@ -168,12 +189,24 @@ func (r *Rule) FixedWindow() bool { return r.Algorithm == AlgorithmFixedWindow }
 
 // Applies reports whether the rule applies to a request described by ds:
 // every Match descriptor is present with an equal value (or any value for
-// Wildcard) and every Key descriptor is present. When ds holds a key more
+// Wildcard), every MatchPrefix descriptor is present with a value of its
+// prefix, no Except descriptor is present with its value (or prefix), and
+// every Key descriptor is present. When ds holds a key more
 // than once, the first occurrence counts.
 func (r *Rule) Applies(ds []Descriptor) bool {
 	for _, m := range r.Match {
 		v, ok := lookup(ds, m.Key)
 		if !ok || (m.Value != Wildcard && v != m.Value) {
+			return false
+		}
+	}
+	for _, m := range r.MatchPrefix {
+		if v, ok := lookup(ds, m.Key); !ok || !strings.HasPrefix(v, m.Value) {
+			return false
+		}
+	}
+	for _, e := range r.Except {
+		if v, ok := lookup(ds, e.Key); ok && excepted(v, e.Value) {
 			return false
 		}
 	}
@@ -183,6 +216,15 @@ func (r *Rule) Applies(ds []Descriptor) bool {
 		}
 	}
 	return true
+}
+
+// excepted reports whether v is what an Except value names: equal, or for
+// a value ending in "*", starting with what precedes it.
+func excepted(v, except string) bool {
+	if p, ok := strings.CutSuffix(except, Wildcard); ok {
+		return strings.HasPrefix(v, p)
+	}
+	return v == except
 }
 
 // lookup returns the value of the first descriptor named key. A linear scan:

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"math/bits"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,6 +21,8 @@ type Set struct {
 	index   map[string]*keyIndex
 	version string
 	source  []byte
+	// replaces: some rule has Replaces, so Match must filter.
+	replaces bool
 
 	defsOnce sync.Once
 	defs     []region.RuleDef
@@ -47,6 +50,7 @@ func newSet(rules []*Rule, source []byte) *Set {
 	for i, r := range rules {
 		s.byName[r.Name] = r
 		s.anchor(int32(i), r)
+		s.replaces = s.replaces || len(r.Replaces) > 0
 	}
 	s.version = version(rules)
 	return s
@@ -96,6 +100,9 @@ func (s *Set) anchor(i int32, r *Rule) {
 	for _, m := range r.Match {
 		consider(m.Key)
 	}
+	for _, m := range r.MatchPrefix {
+		consider(m.Key)
+	}
 	ki := s.keyIndex(best)
 	ki.present = append(ki.present, i)
 }
@@ -108,6 +115,9 @@ func (s *Set) keyIndex(name string) *keyIndex {
 	}
 	return ki
 }
+
+// HasReplaces reports whether some rule of the set replaces others.
+func (s *Set) HasReplaces() bool { return s != nil && s.replaces }
 
 // Rules returns the rules in file order. The slice and the rules are
 // shared and must not be modified.
@@ -151,6 +161,8 @@ func (s *Set) Source() []byte {
 // dst has capacity for the result. ds may be in any order and may repeat a
 // name; the first occurrence counts.
 //
+// A rule named in the Replaces of another rule that applies is left out.
+//
 // The cost is a map lookup per descriptor plus a check of each rule whose
 // anchor condition holds, not a check of every rule.
 func (s *Set) Match(dst []*Rule, ds []Descriptor) []*Rule {
@@ -160,12 +172,61 @@ func (s *Set) Match(dst []*Rule, ds []Descriptor) []*Rule {
 	// A bitmap of candidates, on the stack, yields them in file order with
 	// no sort and no allocation. Small sets use a small one so that zeroing
 	// it costs nothing; MaxRules bounds the large one.
+	start := len(dst)
 	if len(s.rules) <= 8*64 {
 		var marks [8]uint64
-		return s.match(dst, ds, marks[:])
+		dst = s.match(dst, ds, marks[:])
+	} else {
+		var marks [(MaxRules + 63) / 64]uint64
+		dst = s.match(dst, ds, marks[:])
 	}
-	var marks [(MaxRules + 63) / 64]uint64
-	return s.match(dst, ds, marks[:])
+	if s.replaces {
+		dst = dropReplaced(dst, start)
+	}
+	return dst
+}
+
+// dropReplaced removes from dst[start:], in place, every rule that another
+// rule of dst[start:] replaces. A replaced rule's own Replaces still count,
+// as in Envoy's rate limit service.
+func dropReplaced(dst []*Rule, start int) []*Rule {
+	matched := dst[start:]
+	replaced := func(r *Rule) bool {
+		for _, q := range matched {
+			if q != r && slices.Contains(q.Replaces, r.Name) {
+				return true
+			}
+		}
+		return false
+	}
+	// Mark first, then compact: a replaced rule's Replaces must still be
+	// seen. Up to 64 rules mark in a word; more (rare) in a slice.
+	var word uint64
+	var many []bool
+	if len(matched) > 64 {
+		many = make([]bool, len(matched))
+	}
+	for i, r := range matched {
+		if replaced(r) {
+			if many != nil {
+				many[i] = true
+			} else {
+				word |= 1 << i
+			}
+		}
+	}
+	if word == 0 && many == nil {
+		return dst
+	}
+	n := start
+	for i, r := range matched {
+		if (many != nil && many[i]) || (many == nil && word&(1<<i) != 0) {
+			continue
+		}
+		dst[n] = r
+		n++
+	}
+	return dst[:n]
 }
 
 func (s *Set) match(dst []*Rule, ds []Descriptor, marks []uint64) []*Rule {
@@ -237,6 +298,20 @@ func version(rules []*Rule) string {
 		b.WriteString(" start_empty " + strconv.FormatBool(r.StartEmpty))
 		for _, c := range r.Clients {
 			b.WriteString(" client " + strconv.Quote(c))
+		}
+		// The Envoy fields, written only when set: older rules keep their
+		// Version.
+		for _, m := range r.MatchPrefix {
+			b.WriteString(" match_prefix " + strconv.Quote(m.Key) + "=" + strconv.Quote(m.Value))
+		}
+		for _, e := range r.Except {
+			b.WriteString(" except " + strconv.Quote(e.Key) + "=" + strconv.Quote(e.Value))
+		}
+		for _, n := range r.Replaces {
+			b.WriteString(" replaces " + strconv.Quote(n))
+		}
+		if r.AllowDescriptorLimit {
+			b.WriteString(" allow_descriptor_limit true")
 		}
 		if r.FixedWindow() {
 			b.WriteString(" algorithm " + string(r.Algorithm))

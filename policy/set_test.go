@@ -83,11 +83,12 @@ func TestMatchAppends(t *testing.T) {
 	}
 }
 
-// naiveMatch is the reference: every rule, in order, checked directly.
+// naiveMatch is the reference: every rule, in order, checked directly,
+// less those another applying rule replaces.
 func naiveMatch(s *Set, ds []Descriptor) []*Rule {
 	var out []*Rule
 	for _, r := range s.Rules() {
-		if r.Applies(ds) {
+		if r.Applies(ds) && (!s.HasReplaces() || len(s.replacers(r, ds)) == 0) {
 			out = append(out, r)
 		}
 	}

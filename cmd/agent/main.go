@@ -7,7 +7,9 @@
 //
 // Point Envoy's rate limit filter at -listen (a gRPC cluster) with
 // failure_mode_deny: true and status_on_error: 503, so that rules with
-// on_error: closed answer 503 when the region cannot be reached.
+// on_error: closed answer 503 when the region cannot be reached. Rules
+// converted from an Envoy ratelimit configuration (ration policy
+// import-envoy) need the default -domain-key and -keys-key.
 package main
 
 import (
@@ -56,6 +58,9 @@ func run(ctx context.Context, args []string, stdout *os.File) error {
 	admin := fs.String("admin", "127.0.0.1:8082", "admin HTTP address (/healthz, /readyz, /metrics); - disables it")
 	adminToken := fs.String("admin-token-file", "", "file holding a bearer token (at least 16 bytes) that /metrics requires; /healthz and /readyz stay open")
 	domainKey := fs.String("domain-key", "domain", "descriptor key that carries Envoy's domain; - passes none")
+	keysKey := fs.String("keys-key", "envoy.keys", "descriptor key that carries an Envoy descriptor's entry keys, in order (what rules from ration policy import-envoy match); - passes none")
+	limitKey := fs.String("limit-key", "envoy.limit", "descriptor key that carries a descriptor's limit override (\"100/minute\") when a rule with allow_descriptor_limit matches it; - ignores every override")
+	headers := fs.Bool("response-headers", true, "add the tightest decision's RateLimit-Policy, RateLimit and X-RateLimit-* fields (and Retry-After when denied) to response_headers_to_add")
 	leasePeriod := fs.Duration("lease-period", agent.DefaultLeasePeriod, "T_lease: leases cover this much of a key's recent spend")
 	rtTimeout := fs.Duration("round-trip-timeout", 5*time.Millisecond, "deadline of the synchronous round trip for a key with no lease yet; past it the rule's on_error decides")
 	grace := fs.Duration("grace", 5*time.Second, "how long in-flight calls may take to finish at shutdown")
@@ -93,7 +98,8 @@ func run(ctx context.Context, args []string, stdout *os.File) error {
 		return err
 	}
 	defer a.Close()
-	rls, err := envoyrls.New(a, envoyrls.Config{DomainKey: *domainKey})
+	rls, err := envoyrls.New(a, envoyrls.Config{DomainKey: *domainKey, KeysKey: *keysKey, LimitKey: *limitKey,
+		OmitHeaders: !*headers, Registerer: reg})
 	if err != nil {
 		return err
 	}

@@ -132,6 +132,14 @@ func TestEnvoyRLSAgainstBinary(t *testing.T) {
 	if r := st.GetDurationUntilReset().AsDuration(); r <= 0 || r > time.Minute {
 		t.Errorf("got duration_until_reset %v, want within (0, 1m]", r)
 	}
+	// The rate-limit fields for Envoy to pass to the client.
+	fields := map[string]string{}
+	for _, h := range last.GetResponseHeadersToAdd() {
+		fields[h.GetKey()] = h.GetValue()
+	}
+	if got, want := fields["Ratelimit-Policy"], `"edge-per-key";q=5;w=60`; got != want || fields["Ratelimit"] == "" || fields["Retry-After"] == "" {
+		t.Errorf("response_headers_to_add %v, want RateLimit-Policy %s, RateLimit and Retry-After", fields, want)
+	}
 
 	// A request no rule matches is OK with no limit.
 	resp, err := call("other", 1, "generic_key", "acme")

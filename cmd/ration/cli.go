@@ -18,6 +18,7 @@ import (
 
 	"github.com/ration-dev/ration/internal/natsauth"
 	"github.com/ration-dev/ration/policy"
+	"github.com/ration-dev/ration/policy/envoyimport"
 	"github.com/ration-dev/ration/policy/kvstore"
 )
 
@@ -69,7 +70,7 @@ func exitCode(err error) int {
 		return exitUsage
 	case errors.Is(err, kvstore.ErrConflict):
 		return exitConflict
-	case errors.Is(err, policy.ErrInvalid), errors.Is(err, kvstore.ErrTooLarge), errors.Is(err, kvstore.ErrNoPolicy),
+	case errors.Is(err, policy.ErrInvalid), errors.Is(err, envoyimport.ErrInvalid), errors.Is(err, kvstore.ErrTooLarge), errors.Is(err, kvstore.ErrNoPolicy),
 		errors.Is(err, kvstore.ErrNoStaged), errors.Is(err, kvstore.ErrNoRevision), errors.Is(err, kvstore.ErrFormat),
 		errors.Is(err, kvstore.ErrUnchanged):
 		return exitRefused
@@ -95,14 +96,13 @@ type errorJSON struct {
 // status. The problems of an invalid document are listed one a line.
 func (c *cli) fail(err error) int {
 	code := exitCode(err)
-	var es policy.Errors
-	invalid := errors.As(err, &es)
+	es, what, invalid := problems(err)
 	msg := err.Error()
 	if invalid {
 		// The problems are listed apart; keep what the error says around
 		// them.
 		msg = strings.TrimSuffix(strings.TrimSuffix(msg, es.Error()), ": ")
-		summary := fmt.Sprintf("invalid policy: %d problem(s)", len(es))
+		summary := fmt.Sprintf("%s: %d problem(s)", what, len(es))
 		if msg == "" {
 			msg = summary
 		} else {
@@ -122,6 +122,23 @@ func (c *cli) fail(err error) int {
 	}
 	fmt.Fprintln(c.stderr, "ration:", msg)
 	return code
+}
+
+// problems returns the problems of an invalid policy, or of an Envoy
+// configuration that cannot be converted, as policy.Errors, and what they
+// are the problems of.
+func problems(err error) (es policy.Errors, what string, ok bool) {
+	if errors.As(err, &es) {
+		return es, "invalid policy", true
+	}
+	var ee envoyimport.Errors
+	if !errors.As(err, &ee) {
+		return nil, "", false
+	}
+	for _, e := range ee {
+		es = append(es, &policy.FieldError{File: e.File, Line: e.Line, Field: e.Field, Msg: e.Msg})
+	}
+	return es, "cannot convert", true
 }
 
 func (c *cli) writeJSON(v any) {

@@ -9,6 +9,7 @@
 //	ration policy push rules.yaml -m "raise acme to 2000/s"
 //	ration policy history
 //	ration policy rollback 12 -m "the raise overloads the ledger"
+//	ration policy import-envoy ratelimit/config/ > rules.yaml
 //	ration inspect per-tenant/acme -admin us:7071,eu:7071,ap:7071
 //	ration top -by denied -n 20
 //	ration status
@@ -83,7 +84,7 @@ type command struct {
 }
 
 var commands = []*command{
-	validateCmd, pushCmd, diffCmd, historyCmd, showCmd, rollbackCmd, promoteCmd, unstageCmd,
+	validateCmd, pushCmd, diffCmd, historyCmd, showCmd, rollbackCmd, promoteCmd, unstageCmd, importEnvoyCmd,
 }
 
 // adminCommands are the operating commands, on regiond's admin API.

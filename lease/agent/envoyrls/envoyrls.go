@@ -6,7 +6,29 @@
 // ration descriptors, plus the request's domain under DomainKey (default
 // "domain"), so rules can match `domain: edge`. hits_addend (the
 // descriptor's, else the request's, default 1) is the number of hits.
-// The response is OVER_LIMIT when any descriptor is denied.
+// The descriptor's keys, in order, go under KeysKey (default "envoy.keys"),
+// so that rules converted from Envoy's own configuration
+// (policy/envoyimport, `ration policy import-envoy`) match descriptors of
+// their node's depth only. The response is OVER_LIMIT when any descriptor
+// is denied.
+//
+// A shadow rule that would deny answers OK, as Envoy's shadow_mode does;
+// the agent counts it under path SHADOW and the adapter in
+// ration_envoyrls_shadow_descriptors_total. The response carries the
+// tightest decision's RateLimit-Policy and RateLimit fields (the IETF
+// httpapi ratelimit-headers draft), X-RateLimit-* and, when denied,
+// Retry-After in response_headers_to_add, the fields the HTTP middleware
+// (httplimit) writes, for Envoy to pass to the client.
+//
+// A descriptor's limit override (RateLimitDescriptor.limit) is honoured
+// only when the policy allows it: it becomes the descriptor LimitKey
+// (default "envoy.limit") with a value such as "100/minute" when a rule
+// with allow_descriptor_limit: true matches that value and has that limit
+// and period; otherwise it is ignored and counted. Either way every other
+// rule that applies still decides, so an override can add a limit the
+// policy declared, never lift one. A rule's replaces reaches across the
+// request's descriptors, as Envoy's does: a descriptor whose every rule is
+// replaced by another descriptor's rule is answered OK without a decision.
 //
 // Fail-closed rules: when a rule with on_error: closed cannot reach its
 // region, ShouldRateLimit returns codes.Unavailable rather than OVER_LIMIT,
@@ -29,6 +51,7 @@ import (
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -37,6 +60,7 @@ import (
 
 	"github.com/ration-dev/ration/lease/agent"
 	"github.com/ration-dev/ration/policy"
+	"github.com/ration-dev/ration/policy/envoyimport"
 )
 
 // Decider makes ration decisions; *agent.Agent is one.
@@ -59,6 +83,19 @@ type Config struct {
 	// MaxHits bounds hits_addend (default 1,000,000): a larger value is a
 	// client bug, not a request.
 	MaxHits int64
+	// KeysKey is the descriptor key under which an Envoy descriptor's entry
+	// keys are passed, in order (envoyimport.AppendKeys; default
+	// "envoy.keys"; "-" passes none).
+	KeysKey string
+	// LimitKey is the descriptor key under which an allowed limit override
+	// is passed (default "envoy.limit"; "-" ignores every override).
+	LimitKey string
+	// OmitHeaders leaves response_headers_to_add empty (default false: the
+	// tightest decision's rate-limit fields are added).
+	OmitHeaders bool
+	// Registerer receives the adapter's metrics (ration_envoyrls_...); nil
+	// registers none.
+	Registerer prometheus.Registerer
 }
 
 // withDefaults returns a copy of c with every zero field set to its default.
@@ -74,6 +111,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxHits == 0 {
 		c.MaxHits = 1_000_000
+	}
+	if c.KeysKey == "" {
+		c.KeysKey = envoyimport.KeysKey
+	}
+	if c.LimitKey == "" {
+		c.LimitKey = envoyimport.LimitKey
 	}
 	return c
 }
@@ -92,7 +135,9 @@ func (c Config) Validate() error {
 type Server struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 	dec Decider
+	pol PolicySource // nil when dec is not one
 	cfg Config
+	m   *metrics
 }
 
 // New returns a Server deciding with d.
@@ -103,7 +148,12 @@ func New(d Decider, cfg Config) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Server{dec: d, cfg: cfg.withDefaults()}, nil
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("envoyrls: registering metrics: %w", err)
+	}
+	pol, _ := d.(PolicySource)
+	return &Server{dec: d, pol: pol, cfg: cfg.withDefaults(), m: m}, nil
 }
 
 // Register adds the server to a gRPC server.
@@ -118,29 +168,51 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	if len(descs) > s.cfg.MaxDescriptors {
 		return nil, status.Errorf(codes.InvalidArgument, "%d descriptors, more than %d", len(descs), s.cfg.MaxDescriptors)
 	}
+	// Read every descriptor before deciding any: a bad one spends nothing.
+	sets := make([][]policy.Descriptor, len(descs))
+	hits := make([]int64, len(descs))
+	for i, d := range descs {
+		var err error
+		if hits[i], err = s.hits(req, d); err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "descriptors[%d]: %v", i, err)
+		}
+		ds := make([]policy.Descriptor, 0, len(d.GetEntries())+3)
+		if sets[i], err = s.descriptors(ds, req.GetDomain(), d); err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "descriptors[%d]: %v", i, err)
+		}
+		if d.GetLimit() != nil {
+			var honoured bool
+			sets[i], honoured = s.withOverride(sets[i], d)
+			s.m.overrides.WithLabelValues(map[bool]string{true: "honoured", false: "ignored"}[honoured]).Inc()
+		}
+	}
+	gone := s.replaced(sets)
 	resp := &rlsv3.RateLimitResponse{
 		OverallCode: rlsv3.RateLimitResponse_OK,
 		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(descs)),
 	}
-	ds := make([]policy.Descriptor, 0, s.cfg.MaxEntries+1)
-	for i, d := range descs {
-		hits, err := s.hits(req, d)
-		if err != nil {
-			return nil, status.Errorf(codes.InvalidArgument, "descriptors[%d]: %v", i, err)
+	decs := make([]agent.Decision, len(descs))
+	for i := range descs {
+		if gone != nil && gone[i] {
+			resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+			s.m.replaced.Inc()
+			continue
 		}
-		ds, err = s.descriptors(ds[:0], req.GetDomain(), d)
-		if err != nil {
-			return nil, status.Errorf(codes.InvalidArgument, "descriptors[%d]: %v", i, err)
-		}
-		dec := s.dec.Allow(ctx, ds, hits)
+		dec := s.dec.Allow(ctx, sets[i], hits[i])
 		if dec.Path == agent.PathFailedClosed {
 			return nil, status.Errorf(codes.Unavailable, "rule %q: region unreachable and the rule fails closed", dec.Rule)
 		}
-		st := descriptorStatus(dec)
+		if dec.Path == agent.PathShadow {
+			s.m.shadow.Inc()
+		}
 		if !dec.Allowed {
 			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 		}
-		resp.Statuses[i] = st
+		resp.Statuses[i] = descriptorStatus(dec)
+		decs[i] = dec
+	}
+	if !s.cfg.OmitHeaders {
+		resp.ResponseHeadersToAdd = headers(decs)
 	}
 	return resp, nil
 }
@@ -181,6 +253,9 @@ func (s *Server) descriptors(ds []policy.Descriptor, domain string, d *ratelimit
 			return nil, fmt.Errorf("entries[%d]: empty key", j)
 		}
 		ds = append(ds, policy.Descriptor{Key: e.GetKey(), Value: e.GetValue()})
+	}
+	if s.cfg.KeysKey != "-" {
+		ds = append(ds, keysDescriptor(s.cfg.KeysKey, entries))
 	}
 	return ds, nil
 }
