@@ -166,15 +166,26 @@ func (s *Server) hits(req *rlsv3.RateLimitRequest, d *ratelimitv3.RateLimitDescr
 }
 
 func (s *Server) descriptors(ds []policy.Descriptor, domain string, d *ratelimitv3.RateLimitDescriptor) ([]policy.Descriptor, error) {
-	entries := d.GetEntries()
+	if n := len(d.GetEntries()); n > s.cfg.MaxEntries {
+		return nil, fmt.Errorf("%d entries, more than %d", n, s.cfg.MaxEntries)
+	}
+	return AppendDescriptors(ds, s.cfg.DomainKey, domain, d.GetEntries())
+}
+
+// AppendDescriptors appends to ds the ration descriptors of one Envoy
+// descriptor's entries: the request's domain under domainKey (none when
+// domainKey is "-" or domain is empty; "" means "domain"), then each entry
+// in order. It is the mapping ShouldRateLimit uses, exported so that
+// lease/rlqs maps a quota bucket's id the same way.
+func AppendDescriptors(ds []policy.Descriptor, domainKey, domain string, entries []*ratelimitv3.RateLimitDescriptor_Entry) ([]policy.Descriptor, error) {
 	if len(entries) == 0 {
 		return nil, errors.New("no entries")
 	}
-	if len(entries) > s.cfg.MaxEntries {
-		return nil, fmt.Errorf("%d entries, more than %d", len(entries), s.cfg.MaxEntries)
+	if domainKey == "" {
+		domainKey = "domain"
 	}
-	if s.cfg.DomainKey != "-" && domain != "" {
-		ds = append(ds, policy.Descriptor{Key: s.cfg.DomainKey, Value: domain})
+	if domainKey != "-" && domain != "" {
+		ds = append(ds, policy.Descriptor{Key: domainKey, Value: domain})
 	}
 	for j, e := range entries {
 		if e.GetKey() == "" {
