@@ -37,20 +37,33 @@ type action struct {
 	ttl      time.Duration
 }
 
-// sizing holds the durations every assignment respects: whole seconds,
-// since Envoy truncates durations to seconds.
+// sizing holds what every assignment respects. The TTL and fill interval
+// are whole seconds, since Envoy truncates durations to seconds; slack is
+// the server's own accounting and may be a fraction.
 type sizing struct {
 	ttl   time.Duration // an assignment's TTL
 	slack time.Duration // the longest a response takes to reach the proxy
-	fill  time.Duration // fill_interval, and the tick of keep-alives
-	// headroom multiplies the demand rate into the tokens per fill asked.
-	headroom float64
+	fill  time.Duration // fill_interval
+	// headroom multiplies the demand rate into the rate asked; when this
+	// server's buckets of a key ask for more than the region's refill, each
+	// gets its part of use (below 1, so that a little refill is left for
+	// keep-alives that come late and for saving towards larger buckets).
+	headroom, use float64
 }
 
-// horizon is the fills pre-debited for a fresh assignment: the proxy may
-// spend its refills until the TTL ends, counted from when the response
-// reaches it, at most slack after it is sent.
-func (z sizing) horizon() int64 { return ceilDiv(int64(z.ttl+z.slack), int64(z.fill)) }
+// refill is the store tokens a strategy's refills over d cost, rounded up:
+// Envoy refills continuously, tokens_per_fill per fill_interval.
+func (z sizing) refill(s strategy, d time.Duration, cost int64) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64(math.Ceil(float64(s.perFill)*float64(d)/float64(z.fill))) * cost
+}
+
+// covers is how long n store tokens of refills last for strategy s.
+func (z sizing) covers(s strategy, n, cost int64) time.Duration {
+	return time.Duration(float64(n/cost) * float64(z.fill) / float64(s.perFill))
+}
 
 // quota is the server's state of one bucket of one proxy stream.
 type quota struct {
@@ -79,12 +92,21 @@ type quota struct {
 	// regionRate is the region bucket's refill in requests per second, from
 	// the last grant (0 before one): no proxy is sized above it.
 	regionRate float64
+	// spare is the store tokens the region's bucket held after the last
+	// grant: what an upsize may take at once without taking a refill that
+	// other buckets' keep-alives need.
+	spare float64
+	// storeKey and counted: the key's sum in the server's fair, and this
+	// bucket's part of it.
+	storeKey string
+	counted  float64
 
 	// This tick's plan: a fresh assignment or a keep-alive, its target and
 	// the store tokens asked.
 	fresh  bool
+	upsize bool // saving for a larger target while keeping the active one
 	target strategy
-	fills  int64
+	extend int64 // store tokens of the keep-alive's refills
 	want   int64
 	// The demand and allowed requests to tell the exchange with this
 	// tick's ask.
@@ -139,22 +161,29 @@ func (q *quota) tally(elapsed time.Duration) (demand, allowed int64) {
 }
 
 // desired is the token bucket for the learned rate: tokens per fill for the
-// rate with headroom (at least one), capped at the region's refill, and a
-// capacity of one fill.
-func (z sizing) desired(rate, regionRate float64) strategy {
+// rate with headroom (at least one), capped at the bucket's part of the
+// region's refill, and a capacity of half a fill (Envoy refills
+// continuously, so the capacity only bounds a burst, and it is pre-debited
+// whole with every fresh bucket). The part is use times the region's rate
+// in proportion to this bucket's demand among all this server's buckets of
+// the key (keyRate, their sum), when they ask for more than it.
+func (z sizing) desired(rate, regionRate, keyRate float64) strategy {
 	want := rate * z.headroom
 	if regionRate > 0 {
-		want = min(want, regionRate)
+		want = min(want, regionRate*z.use)
+		if keyRate*z.headroom > regionRate && keyRate > 0 {
+			want = min(want, z.use*regionRate*rate/keyRate)
+		}
 	}
 	pf := max(1, int64(math.Ceil(want*z.fill.Seconds())))
-	return strategy{max: pf, perFill: pf}
+	return strategy{max: max(1, (pf+1)/2), perFill: pf}
 }
 
-// fits reports whether the active strategy may stay for the learned rate:
-// it covers the rate (or all the region gives) and is not more than half as
-// large again as the desired one. Changing it costs a fresh bucket.
+// fits reports whether the active strategy may stay for the target: no
+// more than a tenth below it and no more than half as large again. Changing
+// it costs a fresh bucket.
 func (z sizing) fits(active, want strategy) bool {
-	return active.perFill >= want.perFill*10/11 && active.perFill <= want.perFill*3/2+1
+	return active.perFill >= want.perFill*9/10 && active.perFill <= want.perFill*3/2+1
 }
 
 // credit moves into the bank the refills pre-debited beyond now + slack for
@@ -165,41 +194,48 @@ func (z sizing) credit(q *quota, now time.Time, cost int64) {
 	if q.active == (strategy{}) {
 		return
 	}
-	if n := z.unspendable(q, now); n > 0 {
-		q.bank += n * q.active.perFill * cost
-		q.paidUntil = q.paidUntil.Add(-time.Duration(n) * z.fill)
+	if n := z.creditable(q, now, cost); n > 0 {
+		q.bank += n
+		q.paidUntil = q.paidUntil.Add(-z.covers(q.active, n, cost))
 	}
 	q.active = strategy{}
 }
 
-// unspendable is the whole fills of the active strategy paid past now +
-// slack.
-func (z sizing) unspendable(q *quota, now time.Time) int64 {
-	if q.active == (strategy{}) {
+// creditable is the store tokens of the active strategy's refills paid
+// past now + slack, rounded down.
+func (z sizing) creditable(q *quota, now time.Time, cost int64) int64 {
+	d := q.paidUntil.Sub(now.Add(z.slack))
+	if q.active == (strategy{}) || d <= 0 {
 		return 0
 	}
-	return max(0, int64(q.paidUntil.Sub(now.Add(z.slack))/z.fill))
+	return int64(float64(q.active.perFill)*float64(d)/float64(z.fill)) * cost
 }
 
-// creditable is what credit would move into the bank at now.
-func (z sizing) creditable(q *quota, now time.Time, cost int64) int64 {
-	return z.unspendable(q, now) * q.active.perFill * cost
-}
-
-// plan decides this tick's ask for a bucket with a rule: a keep-alive of
-// the active strategy (the next fills until now + ttl + slack) or a fresh
-// one (its capacity and refills over the horizon), less the bank. It sets
-// q.want in store tokens (a multiple of nothing: the store grants partly).
-func (z sizing) plan(q *quota, now time.Time) {
+// plan decides this tick's ask for a bucket with a rule. A strategy that
+// fits the target is kept alive: its refills until now + ttl + slack. A
+// larger target is saved for while the active strategy is kept alive (a
+// fresh bucket costs its capacity and whole horizon at once, and the
+// region refills only a tick's worth per tick): the difference's refill
+// for the tick, or as much of what is missing as the region's bucket held
+// beyond the refill at the last grant. A smaller target, or none active,
+// is fresh. The bank and the old strategy's refills past now + slack pay
+// first. It sets q.want in store tokens.
+func (z sizing) plan(q *quota, now time.Time, tick time.Duration, keyRate float64) {
 	cost := q.rule.Cost
-	q.target = z.desired(q.rate, q.regionRate)
-	if q.active != (strategy{}) && z.fits(q.active, q.target) {
+	q.target = z.desired(q.rate, q.regionRate, keyRate)
+	q.upsize = false
+	switch {
+	case q.active != (strategy{}) && (z.fits(q.active, q.target) || q.target.perFill > q.active.perFill):
 		q.fresh = false
-		q.fills = max(0, ceilDiv(int64(now.Add(z.ttl+z.slack).Sub(q.paidUntil)), int64(z.fill)))
-		q.want = max(0, q.fills*q.active.perFill*cost-q.bank)
-	} else {
-		// The old strategy's refills past now + slack will pay for part of
-		// the new one (credited in settle, once the new one is sent).
+		q.extend = z.refill(q.active, now.Add(z.ttl+z.slack).Sub(q.paidUntil), cost)
+		q.want = max(0, q.extend-q.bank)
+		if !z.fits(q.active, q.target) {
+			q.upsize = true
+			missing := max(0, z.need(q.target, cost)-z.creditable(q, now, cost)-max(0, q.bank-q.extend))
+			diff := z.refill(strategy{perFill: q.target.perFill - q.active.perFill}, tick, cost)
+			q.want += min(missing, max(diff, int64(q.spare)))
+		}
+	default:
 		q.fresh = true
 		q.want = max(0, z.need(q.target, cost)-q.bank-z.creditable(q, now, cost))
 	}
@@ -208,42 +244,50 @@ func (z sizing) plan(q *quota, now time.Time) {
 	}
 }
 
-// need is the store tokens a fresh strategy pre-debits: its initial fill and
-// its refills over the horizon.
+// need is the store tokens a fresh strategy pre-debits: its capacity, the
+// initial fill, and its refills until the TTL ends, counted from when the
+// response reaches the proxy, at most slack after it is sent.
 func (z sizing) need(s strategy, cost int64) int64 {
-	return (s.max + s.perFill*z.horizon()) * cost
+	return s.max*cost + z.refill(s, z.ttl+z.slack, cost)
 }
 
 // settle takes the tokens the store granted for this tick's ask and returns
 // the action to send. A keep-alive extends the TTL as far as the refills
 // paid reach; when they reach less than a second it refits, as does a fresh
-// plan: the target if the bank pays for it, else the largest bucket it pays
-// for, else DENY_ALL (the region grants nothing now).
+// plan and an upsize whose savings suffice: the target if the bank pays
+// for it, else the largest bucket it pays for, else DENY_ALL (the region
+// grants nothing now).
 func (z sizing) settle(q *quota, now time.Time, granted int64) action {
 	cost := q.rule.Cost
 	q.bank += granted
 	if !q.fresh {
-		per := q.active.perFill * cost
-		n := min(q.bank/per, q.fills)
-		q.bank -= n * per
-		q.paidUntil = q.paidUntil.Add(time.Duration(n) * z.fill)
+		n := min(q.bank, q.extend)
+		n -= n % cost
+		q.bank -= n
+		q.paidUntil = q.paidUntil.Add(z.covers(q.active, n, cost))
 		ttl := min(z.ttl, q.paidUntil.Sub(now.Add(z.slack)).Truncate(time.Second))
-		if ttl >= time.Second {
+		if ttl >= time.Second && !(q.upsize && q.bank+z.creditable(q, now, cost) >= z.need(q.target, cost)) {
 			return action{kind: actBucket, strategy: q.active, ttl: ttl}
 		}
 	}
 	z.credit(q, now, cost)
 	s := q.target
 	if q.bank < z.need(s, cost) {
-		pf := q.bank / cost / (1 + z.horizon())
-		s = strategy{max: pf, perFill: pf}
+		// The largest bucket the bank pays for: max + perFill·h ≤ bank,
+		// with max = perFill/2 and h the horizon in fills.
+		h := float64(z.ttl+z.slack) / float64(z.fill)
+		pf := int64(float64(q.bank/cost) / (h + 0.5))
+		for pf > 0 && z.need(strategy{max: max(1, (pf+1)/2), perFill: pf}, cost) > q.bank {
+			pf--
+		}
+		s = strategy{max: max(1, (pf+1)/2), perFill: pf}
 	}
 	if s.perFill < 1 {
 		return action{kind: actDeny, ttl: z.ttl}
 	}
 	q.bank -= z.need(s, cost)
 	q.active = s
-	q.paidUntil = now.Add(time.Duration(z.horizon()) * z.fill)
+	q.paidUntil = now.Add(z.covers(s, z.refill(s, z.ttl+z.slack, cost), cost))
 	return action{kind: actBucket, strategy: s, ttl: z.ttl}
 }
 
@@ -266,10 +310,3 @@ func (z sizing) failed(q *quota) action {
 // drop forgets the active strategy (a blanket rule replaced it): its
 // refills already paid are simply not spent.
 func (z sizing) drop(q *quota) { q.active = strategy{} }
-
-func ceilDiv(a, b int64) int64 {
-	if a <= 0 {
-		return 0
-	}
-	return (a + b - 1) / b
-}

@@ -10,7 +10,7 @@
 // without asking (the initial fill, and the refills until the TTL ends) is
 // leased from the region's store before the assignment is sent, so the
 // assignments stay within the region's share. Keep-alives resend the same
-// strategy each fill interval, leasing the next refills; DENY_ALL answers
+// strategy every KeepAlive, leasing the next refills; DENY_ALL answers
 // where the region grants nothing; idle buckets are abandoned; Shutdown
 // sends TTL 0 to every bucket. docs/RLQS.md states the bound.
 //
@@ -58,16 +58,25 @@ type Config struct {
 	// TTL is every assignment's time to live (default 2s): whole seconds,
 	// at least 1s, since Envoy ignores a TTL's fraction.
 	TTL time.Duration
-	// Slack is the longest a response may take to reach the proxy (default
-	// 1s, whole seconds): refills are pre-debited that much past the TTL.
+	// Slack is the longest a response may take to reach the proxy
+	// (default 500ms): refills are pre-debited that much past the TTL. A
+	// response slower than that lets a proxy spend refills not paid for,
+	// at most its rate times the excess.
 	Slack time.Duration
-	// FillInterval is the token buckets' fill_interval and how often
-	// keep-alives are sent (default 1s): whole seconds, at least 1s (Envoy
-	// divides by its whole seconds), and below TTL.
+	// FillInterval is the token buckets' fill_interval (default 1s): whole
+	// seconds, at least 1s (Envoy divides by its whole seconds).
 	FillInterval time.Duration
+	// KeepAlive is how often every bucket's assignment is resent (or
+	// replaced), its next refills leased first (default 500ms; at most
+	// half the TTL, so that one late keep-alive does not expire it).
+	KeepAlive time.Duration
 	// Headroom multiplies a bucket's demand rate into its tokens per fill
 	// (default 1.1).
 	Headroom float64
+	// Use is the part of the region's refill that this server's buckets of
+	// a key are sized to when they ask for more (default 0.95): the rest
+	// lets late keep-alives catch up and larger buckets be saved for.
+	Use float64
 	// IdleAfter abandons a bucket with no request reported for this long
 	// (default 2m).
 	IdleAfter time.Duration
@@ -96,8 +105,9 @@ func (c Config) withDefaults() Config {
 		}
 	}
 	def(&c.TTL, 2*time.Second)
-	def(&c.Slack, time.Second)
+	def(&c.Slack, 500*time.Millisecond)
 	def(&c.FillInterval, time.Second)
+	def(&c.KeepAlive, 500*time.Millisecond)
 	def(&c.IdleAfter, 2*time.Minute)
 	def(&c.LeaseTimeout, time.Second)
 	if c.DomainKey == "" {
@@ -105,6 +115,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Headroom == 0 {
 		c.Headroom = 1.1
+	}
+	if c.Use == 0 {
+		c.Use = 0.95
 	}
 	if c.MaxBuckets == 0 {
 		c.MaxBuckets = 10_000
@@ -140,12 +153,16 @@ func (c Config) validate() error {
 		return bad("Leaser is required")
 	case c.TTL < time.Second || !whole(c.TTL):
 		return bad("TTL %v: whole seconds, at least 1s", c.TTL)
-	case c.Slack < 0 || !whole(c.Slack):
-		return bad("Slack %v: whole seconds", c.Slack)
-	case c.FillInterval < time.Second || !whole(c.FillInterval) || c.FillInterval >= c.TTL:
-		return bad("FillInterval %v: whole seconds, at least 1s and below TTL %v", c.FillInterval, c.TTL)
+	case c.Slack < 0:
+		return bad("Slack %v is negative", c.Slack)
+	case c.FillInterval < time.Second || !whole(c.FillInterval):
+		return bad("FillInterval %v: whole seconds, at least 1s", c.FillInterval)
+	case c.KeepAlive <= 0 || 2*c.KeepAlive > c.TTL:
+		return bad("KeepAlive %v: above 0 and at most half the TTL %v", c.KeepAlive, c.TTL)
 	case c.Headroom < 1:
 		return bad("Headroom %v below 1", c.Headroom)
+	case c.Use <= 0 || c.Use > 1:
+		return bad("Use %v outside (0, 1]", c.Use)
 	case c.IdleAfter < 0 || c.LeaseTimeout < 0:
 		return bad("durations must not be negative")
 	case c.MaxBuckets < 0 || c.MaxEntries < 0 || c.MaxEntryLen < 0:
@@ -163,6 +180,7 @@ type Server struct {
 	z    sizing
 	lim  limits
 	met  *metrics
+	fair fair          // demand per store key across streams
 	seq  atomic.Uint64 // stream ids: each stream leases as agent rlqs/<id>
 	wg   sync.WaitGroup
 	mu   sync.Mutex
@@ -182,7 +200,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	return &Server{
 		cfg:  cfg,
-		z:    sizing{ttl: cfg.TTL, slack: cfg.Slack, fill: cfg.FillInterval, headroom: cfg.Headroom},
+		z:    sizing{ttl: cfg.TTL, slack: cfg.Slack, fill: cfg.FillInterval, headroom: cfg.Headroom, use: cfg.Use},
 		lim:  limits{entries: cfg.MaxEntries, entryLen: cfg.MaxEntryLen, requests: cfg.MaxRequests},
 		met:  m,
 		done: make(chan struct{}),

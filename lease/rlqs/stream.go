@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	leasev1 "github.com/ration-dev/ration/lease/v1"
+	"github.com/ration-dev/ration/policy"
 )
 
 // maxItems is the most items one lease call carries (the lease service's
@@ -69,7 +70,7 @@ func (s *Server) StreamRateLimitQuotas(srv rlqsv3.RateLimitQuotaService_StreamRa
 			}
 		}
 	}()
-	tick := time.NewTicker(s.cfg.FillInterval)
+	tick := time.NewTicker(s.cfg.KeepAlive)
 	defer tick.Stop()
 	for {
 		select {
@@ -155,6 +156,12 @@ func (st *stream) resolve(q *quota) {
 	default:
 		q.rule, q.key = r, key
 	}
+	if q.rule != nil {
+		if sk := policy.StoreKey(r.Name, key); sk != q.storeKey {
+			st.s.fair.set(q.storeKey, q.counted, 0)
+			q.storeKey, q.counted = sk, 0
+		}
+	}
 	if q.bad != "" {
 		st.s.met.invalid.WithLabelValues(q.bad).Inc()
 	}
@@ -175,6 +182,7 @@ func (st *stream) tick(ctx context.Context) error {
 		if now.Sub(q.lastActive) > s.cfg.IdleAfter {
 			acts = st.add(acts, q, action{kind: actAbandon})
 			rets = append(rets, q)
+			s.fair.set(q.storeKey, q.counted, 0)
 			delete(st.quotas, id)
 			s.met.buckets.Dec()
 			continue
@@ -216,7 +224,9 @@ func (st *stream) serveWith(ctx context.Context, now time.Time, qs []*quota, act
 		case q.rule == nil:
 			acts = st.add(acts, q, action{kind: actAllow, ttl: s.z.ttl})
 		default:
-			s.z.plan(q, now)
+			keyRate := s.fair.set(q.storeKey, q.counted, q.rate)
+			q.counted = q.rate
+			s.z.plan(q, now, s.cfg.KeepAlive, keyRate)
 			if q.want == 0 && q.tallyDemand > 0 {
 				q.want = q.rule.Cost // an item carries demand only with an ask
 			}
@@ -302,6 +312,7 @@ func (st *stream) settle(q *quota, now time.Time, g *leasev1.LeaseGrant) action 
 	if g.GetRate() > 0 {
 		q.regionRate = g.GetRate() / float64(q.rule.Cost)
 	}
+	q.spare = g.GetRemaining()
 	granted := max(0, min(g.GetGranted(), q.want))
 	st.s.met.debited.Add(float64(granted))
 	return st.s.z.settle(q, now, granted)
@@ -338,6 +349,7 @@ func (st *stream) release() {
 	qs := make([]*quota, 0, len(st.quotas))
 	for _, q := range st.quotas {
 		qs = append(qs, q)
+		st.s.fair.set(q.storeKey, q.counted, 0)
 	}
 	st.s.met.buckets.Sub(float64(len(st.quotas)))
 	// The stream's context is done, but its values (the caller's identity,
