@@ -175,7 +175,8 @@ func (z sizing) desired(rate, regionRate, keyRate float64) strategy {
 			want = min(want, z.use*regionRate*rate/keyRate)
 		}
 	}
-	pf := max(1, int64(math.Ceil(want*z.fill.Seconds())))
+	// Less a hair, so that float error does not round 110.00000000000001 up.
+	pf := max(1, int64(math.Ceil(want*z.fill.Seconds()-1e-9)))
 	return strategy{max: max(1, (pf+1)/2), perFill: pf}
 }
 
