@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -246,4 +247,39 @@ func TestIdleBucketIsAbandoned(t *testing.T) {
 		t.Fatal(err)
 	}
 	recvUntil(t, st, func(a *rlqsv3.RateLimitQuotaResponse_BucketAction) bool { return a.GetAbandonAction() != nil })
+}
+
+// TestPolicyChangeMovesBuckets: a policy reloaded with the same rule keeps
+// a bucket on its key; a policy whose rule for it has another name moves
+// it: its next assignments are leased from the new rule's key.
+func TestPolicyChangeMovesBuckets(t *testing.T) {
+	r := startRig(t, nil)
+	st := r.stream(t)
+	bucket := map[string]string{"tenant": "a", "route": "/"}
+	m := report("edge", bucket)
+	m.BucketQuotaUsages[0].NumRequestsAllowed = 1
+	if err := st.Send(m); err != nil {
+		t.Fatal(err)
+	}
+	recvUntil(t, st, anyAction)
+	newKey := "edge-renamed/tenant=a,route=/"
+	r.svc.SetPolicy(mustPolicy(t, testPolicy))
+	if _, ok, err := r.store.Peek(context.Background(), newKey, lease.Limit{Rate: 100, Burst: 100, Cost: 1, InitialShare: 1_000_000}); err != nil || ok {
+		t.Fatalf("the renamed rule's key exists before the rename: %v, %v", ok, err)
+	}
+	r.svc.SetPolicy(mustPolicy(t, strings.Replace(testPolicy, "name: edge-tenant", "name: edge-renamed", 1)))
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, ok, err := r.store.Peek(context.Background(), newKey, lease.Limit{Rate: 100, Burst: 100, Cost: 1, InitialShare: 1_000_000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the bucket was not leased from the renamed rule's key within 10s")
+		}
+		time.Sleep(20 * time.Millisecond) // polling interval, not a wait for an event
+	}
 }

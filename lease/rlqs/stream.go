@@ -190,7 +190,7 @@ func (st *stream) tick(ctx context.Context) error {
 		if q.pol != pol {
 			old, oldKey := q.rule, q.key
 			st.resolve(q)
-			if q.rule != old || q.key != oldKey {
+			if (q.rule == nil) != (old == nil) || q.rule != nil && q.rule.Name != old.Name || q.key != oldKey {
 				// Another rule or key: what was debited for the old one goes
 				// back to it; the proxy's refills paid stand until they end.
 				if q.bank > 0 && old != nil {
