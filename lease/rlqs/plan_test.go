@@ -106,7 +106,7 @@ func TestObserveRobustToCadence(t *testing.T) {
 		t.Fatalf("first request: rate %v, want 1", q.rate)
 	}
 	for i := 1; i <= 4; i++ {
-		q.observe(usage{allowed: 400, denied: 100}, at(5000*i)) // time_elapsed read 0 s
+		q.observe(usage{allowed: 400, denied: 100}, at(5000*i))             // time_elapsed read 0 s
 		if math.Abs(q.rate-100) > 0.5 || math.Abs(q.allowedRate-80) > 0.5 { // the first sample holds the subscription's request
 			t.Fatalf("report %d: rate %v allowed %v, want 100 80", i, q.rate, q.allowedRate)
 		}
