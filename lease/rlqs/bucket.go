@@ -10,8 +10,8 @@ import (
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 
-	"github.com/ration-dev/ration/lease/agent/envoyrls"
 	"github.com/ration-dev/ration/policy"
+	"github.com/ration-dev/ration/policy/envoydesc"
 )
 
 // Why a bucket's usage is ignored (the label of the invalid counter).
@@ -108,7 +108,7 @@ var ErrNoRule = errors.New("rlqs: no rule applies")
 var errFixed = errors.New("rlqs: fixed-window rules are served by the lease API and Envoy's RLS, not RLQS")
 
 // Resolve maps a quota bucket to its ration rule and key, as Envoy's RLS
-// adapter maps a descriptor (envoyrls.AppendDescriptors): the domain under
+// adapter maps a descriptor (envoydesc.Append): the domain under
 // domainKey, then the bucket id's pairs sorted by key. The rule is the
 // first enforced (not shadow) rule of pol, in file order, that applies.
 func Resolve(pol *policy.Set, domainKey, domain string, bucket map[string]string) (*policy.Rule, string, error) {
@@ -117,7 +117,7 @@ func Resolve(pol *policy.Set, domainKey, domain string, bucket map[string]string
 	for i, k := range keys {
 		entries[i] = &ratelimitv3.RateLimitDescriptor_Entry{Key: k, Value: bucket[k]}
 	}
-	ds, err := envoyrls.AppendDescriptors(nil, domainKey, domain, entries)
+	ds, err := envoydesc.Append(nil, domainKey, domain, entries)
 	if err != nil {
 		return nil, "", fmt.Errorf("rlqs: bucket id: %w", err)
 	}

@@ -10,8 +10,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/ration-dev/ration/lease/agent/envoyrls"
 	"github.com/ration-dev/ration/policy"
+	"github.com/ration-dev/ration/policy/envoydesc"
 )
 
 const testPolicy = `rules:
@@ -76,8 +76,8 @@ func TestResolveMapsLikeRLS(t *testing.T) {
 	if r.Name != "edge-tenant" || key != "tenant=acme,route=/v1/x" {
 		t.Fatalf("got %s %q, want edge-tenant %q", r.Name, key, "tenant=acme,route=/v1/x")
 	}
-	// RLS: the same entries in another order, through envoyrls's mapping.
-	ds, err := envoyrls.AppendDescriptors(nil, "", "edge", []*ratelimitv3.RateLimitDescriptor_Entry{
+	// RLS: the same entries in another order, through the mapping envoyrls uses.
+	ds, err := envoydesc.Append(nil, "", "edge", []*ratelimitv3.RateLimitDescriptor_Entry{
 		{Key: "tenant", Value: "acme"}, {Key: "plan", Value: "free"}, {Key: "route", Value: "/v1/x"}})
 	if err != nil {
 		t.Fatal(err)

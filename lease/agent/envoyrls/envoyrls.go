@@ -37,6 +37,7 @@ import (
 
 	"github.com/ration-dev/ration/lease/agent"
 	"github.com/ration-dev/ration/policy"
+	"github.com/ration-dev/ration/policy/envoydesc"
 )
 
 // Decider makes ration decisions; *agent.Agent is one.
@@ -169,31 +170,7 @@ func (s *Server) descriptors(ds []policy.Descriptor, domain string, d *ratelimit
 	if n := len(d.GetEntries()); n > s.cfg.MaxEntries {
 		return nil, fmt.Errorf("%d entries, more than %d", n, s.cfg.MaxEntries)
 	}
-	return AppendDescriptors(ds, s.cfg.DomainKey, domain, d.GetEntries())
-}
-
-// AppendDescriptors appends to ds the ration descriptors of one Envoy
-// descriptor's entries: the request's domain under domainKey (none when
-// domainKey is "-" or domain is empty; "" means "domain"), then each entry
-// in order. It is the mapping ShouldRateLimit uses, exported so that
-// lease/rlqs maps a quota bucket's id the same way.
-func AppendDescriptors(ds []policy.Descriptor, domainKey, domain string, entries []*ratelimitv3.RateLimitDescriptor_Entry) ([]policy.Descriptor, error) {
-	if len(entries) == 0 {
-		return nil, errors.New("no entries")
-	}
-	if domainKey == "" {
-		domainKey = "domain"
-	}
-	if domainKey != "-" && domain != "" {
-		ds = append(ds, policy.Descriptor{Key: domainKey, Value: domain})
-	}
-	for j, e := range entries {
-		if e.GetKey() == "" {
-			return nil, fmt.Errorf("entries[%d]: empty key", j)
-		}
-		ds = append(ds, policy.Descriptor{Key: e.GetKey(), Value: e.GetValue()})
-	}
-	return ds, nil
+	return envoydesc.Append(ds, s.cfg.DomainKey, domain, d.GetEntries())
 }
 
 // descriptorStatus describes one decision in Envoy's terms.
