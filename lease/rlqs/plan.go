@@ -167,24 +167,31 @@ func (q *quota) tally(elapsed time.Duration) (demand, allowed int64) {
 // whole with every fresh bucket). The part is use times the region's rate
 // in proportion to this bucket's demand among all this server's buckets of
 // the key (keyRate, their sum), when they ask for more than it.
-func (z sizing) desired(rate, regionRate, keyRate float64) strategy {
+func (z sizing) desired(rate, regionRate, keyRate float64) (s strategy, tight bool) {
 	want := rate * z.headroom
 	if regionRate > 0 {
 		want = min(want, regionRate*z.use)
 		if keyRate*z.headroom > regionRate && keyRate > 0 {
 			want = min(want, z.use*regionRate*rate/keyRate)
+			tight = true
 		}
 	}
 	// Less a hair, so that float error does not round 110.00000000000001 up.
 	pf := max(1, int64(math.Ceil(want*z.fill.Seconds()-1e-9)))
-	return strategy{max: max(1, (pf+1)/2), perFill: pf}
+	return strategy{max: max(1, (pf+1)/2), perFill: pf}, tight
 }
 
 // fits reports whether the active strategy may stay for the target: no
-// more than a tenth below it and no more than half as large again. Changing
-// it costs a fresh bucket.
-func (z sizing) fits(active, want strategy) bool {
-	return active.perFill >= want.perFill*9/10 && active.perFill <= want.perFill*3/2+1
+// more than a tenth below it, and no more than half as large again, or a
+// fifth when the region is tight (its buckets ask for more than its
+// refill), where a bucket larger than its part takes refill that another
+// bucket's keep-alive needs. Changing it costs a fresh bucket.
+func (z sizing) fits(active, want strategy, tight bool) bool {
+	upper := want.perFill*3/2 + 1
+	if tight {
+		upper = want.perFill*6/5 + 1
+	}
+	return active.perFill >= want.perFill*9/10 && active.perFill <= upper
 }
 
 // credit moves into the bank the refills pre-debited beyond now + slack for
@@ -223,14 +230,15 @@ func (z sizing) creditable(q *quota, now time.Time, cost int64) int64 {
 // first. It sets q.want in store tokens.
 func (z sizing) plan(q *quota, now time.Time, tick time.Duration, keyRate float64) {
 	cost := q.rule.Cost
-	q.target = z.desired(q.rate, q.regionRate, keyRate)
+	var tight bool
+	q.target, tight = z.desired(q.rate, q.regionRate, keyRate)
 	q.upsize = false
 	switch {
-	case q.active != (strategy{}) && (z.fits(q.active, q.target) || q.target.perFill > q.active.perFill):
+	case q.active != (strategy{}) && (z.fits(q.active, q.target, tight) || q.target.perFill > q.active.perFill):
 		q.fresh = false
 		q.extend = z.refill(q.active, now.Add(z.ttl+z.slack).Sub(q.paidUntil), cost)
 		q.want = max(0, q.extend-q.bank)
-		if !z.fits(q.active, q.target) {
+		if !z.fits(q.active, q.target, tight) {
 			q.upsize = true
 			missing := max(0, z.need(q.target, cost)-z.creditable(q, now, cost)-max(0, q.bank-q.extend))
 			diff := z.refill(strategy{perFill: q.target.perFill - q.active.perFill}, tick, cost)

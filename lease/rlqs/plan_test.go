@@ -90,7 +90,7 @@ func TestDesiredSharesTheRegion(t *testing.T) {
 		{100, 300, 200, strategy{55, 110}},  // the others leave room
 		{1e6, 1e9, 1e6, strategy{550000, 1.1e6}},
 	} {
-		if got := z.desired(tc.rate, tc.region, tc.key); got != tc.want {
+		if got, _ := z.desired(tc.rate, tc.region, tc.key); got != tc.want {
 			t.Errorf("desired(%v, %v, %v) = %+v, want %+v", tc.rate, tc.region, tc.key, got, tc.want)
 		}
 	}
