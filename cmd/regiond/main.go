@@ -26,6 +26,9 @@
 //
 //	regiond -region eu -regions us,eu,ap -nats nats://nats.eu:4222 -policy nats-kv://ration-policy
 //
+// Envoy proxies can take quota assignments from the region directly over
+// Envoy's Rate Limit Quota Service (-rlqs-listen :7072; docs/RLQS.md).
+//
 // SIGHUP reloads the policy file; SIGINT or SIGTERM stops accepting calls,
 // lets in-flight calls finish and exits 0.
 package main
@@ -58,6 +61,7 @@ func run(args []string) error {
 	var cfg regiond.Config
 	fs.StringVar(&cfg.Region, "region", "local", "this region's name")
 	fs.StringVar(&cfg.Listen, "listen", "127.0.0.1:7070", "lease API (gRPC) address")
+	fs.StringVar(&cfg.RLQSListen, "rlqs-listen", "", "serve Envoy's Rate Limit Quota Service (RLQS, gRPC) on this address, with the lease API's TLS; empty: none")
 	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "the lease API's server certificate chain (PEM; read again when it changes)")
 	fs.StringVar(&cfg.TLSKey, "tls-key", "", "the lease API's server key (PEM)")
 	fs.StringVar(&cfg.TLSClientCA, "tls-client-ca", "", "CA bundle (PEM) that client certificates must chain to: the lease API then requires one (mTLS)")
@@ -117,6 +121,9 @@ func run(args []string) error {
 	}
 	fmt.Printf("regiond %s: lease API on %s, admin on http://%s (/healthz /readyz /metrics)\n",
 		cfg.Region, d.LeaseAddr(), d.AdminAddr())
+	if a := d.RLQSAddr(); a != "" {
+		fmt.Printf("regiond %s: Envoy RLQS on %s\n", cfg.Region, a)
+	}
 	if u := d.NATSURL(); u != "" {
 		fmt.Printf("regiond %s: embedded NATS on %s (-nats %s for the other regions)\n", cfg.Region, u, u)
 	}

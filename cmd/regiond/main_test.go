@@ -78,3 +78,11 @@ func TestExchangeFlagsAreValidated(t *testing.T) {
 		}
 	}
 }
+
+// TestRLQSFlagNeedsTLSBeyondLoopback: -rlqs-listen on an address that is
+// not loopback, without TLS or -insecure, stops regiond before it binds.
+func TestRLQSFlagNeedsTLSBeyondLoopback(t *testing.T) {
+	if err := run([]string{"-rlqs-listen", ":0", "-listen", "127.0.0.1:0", "-admin", "-"}); err == nil {
+		t.Error("got nil, want an error")
+	}
+}

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ration-dev/ration/internal/tlsfiles"
+	"github.com/ration-dev/ration/lease/rlqs"
 	"github.com/ration-dev/ration/lease/service"
 	"github.com/ration-dev/ration/policy/kvstore"
 	"github.com/ration-dev/ration/region"
@@ -35,6 +36,14 @@ type Config struct {
 	// TLSCert the lease API is plaintext, which is refused on an address
 	// that is not loopback unless Insecure.
 	TLSCert, TLSKey, TLSClientCA string
+	// RLQSListen, when set, serves Envoy's Rate Limit Quota Service
+	// (lease/rlqs) on this gRPC address, with the lease API's TLS (TLSCert,
+	// TLSKey, TLSClientCA) and the same plaintext rule; port 0 picks a free
+	// port (Daemon.RLQSAddr). Empty: no RLQS.
+	RLQSListen string
+	// RLQS, if set, adjusts the RLQS server's configuration (its Leaser,
+	// Registerer and Logger are the daemon's).
+	RLQS func(*rlqs.Config)
 	// Insecure allows a plaintext lease API on a non-loopback address (a
 	// private network the deployment trusts, or a service mesh's own mTLS).
 	Insecure bool
@@ -269,6 +278,8 @@ func (c Config) checkTLS() error {
 		return errors.New("TLS: give the lease API's certificate and its key (-tls-cert, -tls-key), or neither")
 	case c.TLSClientCA != "" && c.TLSCert == "":
 		return errors.New("TLS: a client CA (-tls-client-ca) needs the server's own certificate (-tls-cert, -tls-key)")
+	case c.RLQSListen != "" && c.TLSCert == "" && !c.Insecure && !tlsfiles.Loopback(c.RLQSListen):
+		return fmt.Errorf("TLS: RLQS would listen in plaintext on %s, which is not a loopback address: give -tls-cert and -tls-key, or -insecure to allow plaintext", c.RLQSListen)
 	case c.TLSCert == "" && !c.Insecure && !tlsfiles.Loopback(c.Listen):
 		return fmt.Errorf("TLS: the lease API would listen in plaintext on %s, which is not a loopback address: give -tls-cert and -tls-key (and -tls-client-ca to require client certificates), or -insecure to allow plaintext", c.Listen)
 	}

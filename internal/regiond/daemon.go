@@ -22,6 +22,7 @@ import (
 	"github.com/ration-dev/ration/internal/bearer"
 	"github.com/ration-dev/ration/internal/tlsfiles"
 	"github.com/ration-dev/ration/lease"
+	"github.com/ration-dev/ration/lease/rlqs"
 	"github.com/ration-dev/ration/lease/service"
 	"github.com/ration-dev/ration/policy"
 	"github.com/ration-dev/ration/region"
@@ -59,6 +60,10 @@ type Daemon struct {
 
 	grpc     *grpc.Server
 	leaseLis net.Listener
+	// Envoy's RLQS, when RLQSListen is set: its own gRPC server.
+	rlqs     *rlqs.Server
+	rlqsGRPC *grpc.Server
+	rlqsLis  net.Listener
 	admin    *http.Server
 	adminLis net.Listener
 
@@ -172,6 +177,17 @@ func New(cfg Config) (*Daemon, error) {
 		d.closeDB()
 		return nil, fmt.Errorf("regiond: metrics: %w", err)
 	}
+	if cfg.RLQSListen != "" {
+		rc := rlqs.Config{Leaser: d.svc, Registerer: cfg.Registry, Logger: d.log}
+		if cfg.RLQS != nil {
+			cfg.RLQS(&rc)
+			rc.Leaser, rc.Registerer, rc.Logger = d.svc, cfg.Registry, d.log
+		}
+		if d.rlqs, err = rlqs.New(rc); err != nil {
+			d.closeDB()
+			return nil, fmt.Errorf("regiond: %w", err)
+		}
+	}
 	d.pol = &enforcer{svc: d.svc, log: d.log, met: pm}
 	d.pol.setBase(pol, pol.Version())
 	if cfg.AdminTokenFile != "" {
@@ -205,6 +221,27 @@ func (d *Daemon) Start(ctx context.Context) error {
 		d.adminLis = alis
 	}
 
+	if d.rlqs != nil {
+		rlis, err := lc.Listen(ctx, "tcp", d.cfg.RLQSListen)
+		if err != nil {
+			lis.Close()
+			if d.adminLis != nil {
+				d.adminLis.Close()
+			}
+			return fmt.Errorf("regiond: RLQS: %w", err)
+		}
+		d.rlqsLis = rlis
+	}
+	closeListeners := func() {
+		lis.Close()
+		if d.adminLis != nil {
+			d.adminLis.Close()
+		}
+		if d.rlqsLis != nil {
+			d.rlqsLis.Close()
+		}
+	}
+
 	opts := []grpc.ServerOption{
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 		grpc.MaxRecvMsgSize(8 << 20),
@@ -212,10 +249,7 @@ func (d *Daemon) Start(ctx context.Context) error {
 	if d.cfg.TLSCert != "" {
 		tc, err := tlsfiles.Server(tlsfiles.Files{Cert: d.cfg.TLSCert, Key: d.cfg.TLSKey, CA: d.cfg.TLSClientCA, Logger: d.log})
 		if err != nil {
-			lis.Close()
-			if d.adminLis != nil {
-				d.adminLis.Close()
-			}
+			closeListeners()
 			return fmt.Errorf("regiond: lease API: %w", err)
 		}
 		opts = append(opts, grpc.Creds(credentials.NewTLS(tc)))
@@ -224,6 +258,12 @@ func (d *Daemon) Start(ctx context.Context) error {
 	}
 	d.grpc = grpc.NewServer(opts...)
 	d.svc.Register(d.grpc)
+	if d.rlqs != nil {
+		// Its own server on its own address, with the lease API's TLS:
+		// proxies reach it, agents the lease API.
+		d.rlqsGRPC = grpc.NewServer(opts...)
+		d.rlqs.Register(d.rlqsGRPC)
+	}
 
 	runCtx, cancel := context.WithCancel(context.Background())
 	d.cancel = cancel
@@ -233,6 +273,14 @@ func (d *Daemon) Start(ctx context.Context) error {
 		}
 		return nil
 	})
+	if d.rlqsGRPC != nil {
+		d.goRun("rlqs", func() error {
+			if err := d.rlqsGRPC.Serve(d.rlqsLis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+				return err
+			}
+			return nil
+		})
+	}
 	if d.adminLis != nil {
 		d.admin = &http.Server{Handler: d.adminHandler(), ReadHeaderTimeout: 5 * time.Second}
 		d.goRun("admin", func() error {
@@ -262,7 +310,7 @@ func (d *Daemon) Start(ctx context.Context) error {
 			return err
 		}
 	}
-	d.log.Info("regiond started", "lease_api", d.LeaseAddr(), "admin", d.AdminAddr(), "store", d.storeName(), "policy", d.policyName(),
+	d.log.Info("regiond started", "lease_api", d.LeaseAddr(), "rlqs", d.RLQSAddr(), "admin", d.AdminAddr(), "store", d.storeName(), "policy", d.policyName(),
 		"regions", d.cfg.Regions, "replica", d.cfg.Replica, "exchange", d.exchangeName())
 	return nil
 }
@@ -321,6 +369,14 @@ func (d *Daemon) LeaseAddr() string {
 		return ""
 	}
 	return d.leaseLis.Addr().String()
+}
+
+// RLQSAddr is the RLQS server's bound address ("" without RLQSListen).
+func (d *Daemon) RLQSAddr() string {
+	if d.rlqsLis == nil {
+		return ""
+	}
+	return d.rlqsLis.Addr().String()
 }
 
 // AdminAddr is the admin HTTP server's bound address ("" when disabled).
@@ -384,9 +440,29 @@ func (d *Daemon) Shutdown(ctx context.Context) error {
 	return d.shutdownErr
 }
 
+// stopGRPC stops g gracefully, cutting what is left when ctx is done.
+func stopGRPC(ctx context.Context, g *grpc.Server) {
+	stopped := make(chan struct{})
+	go func() { g.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-ctx.Done():
+		g.Stop()
+		<-stopped
+	}
+}
+
 func (d *Daemon) shutdown(ctx context.Context) error {
 	var errs []error
 	if d.cancel != nil {
+		if d.rlqs != nil {
+			// TTL 0 to every proxy first, so they fall back at once; then
+			// the streams are ended and the server stops.
+			if err := d.rlqs.Shutdown(ctx); err != nil {
+				errs = append(errs, err)
+			}
+			stopGRPC(ctx, d.rlqsGRPC)
+		}
 		d.svc.Close() // ends policy streams, which a graceful stop would wait for
 		stopped := make(chan struct{})
 		go func() { d.grpc.GracefulStop(); close(stopped) }()

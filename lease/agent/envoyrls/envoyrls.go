@@ -60,6 +60,7 @@ import (
 
 	"github.com/ration-dev/ration/lease/agent"
 	"github.com/ration-dev/ration/policy"
+	"github.com/ration-dev/ration/policy/envoydesc"
 	"github.com/ration-dev/ration/policy/envoyimport"
 )
 
@@ -238,24 +239,15 @@ func (s *Server) hits(req *rlsv3.RateLimitRequest, d *ratelimitv3.RateLimitDescr
 }
 
 func (s *Server) descriptors(ds []policy.Descriptor, domain string, d *ratelimitv3.RateLimitDescriptor) ([]policy.Descriptor, error) {
-	entries := d.GetEntries()
-	if len(entries) == 0 {
-		return nil, errors.New("no entries")
+	if n := len(d.GetEntries()); n > s.cfg.MaxEntries {
+		return nil, fmt.Errorf("%d entries, more than %d", n, s.cfg.MaxEntries)
 	}
-	if len(entries) > s.cfg.MaxEntries {
-		return nil, fmt.Errorf("%d entries, more than %d", len(entries), s.cfg.MaxEntries)
-	}
-	if s.cfg.DomainKey != "-" && domain != "" {
-		ds = append(ds, policy.Descriptor{Key: s.cfg.DomainKey, Value: domain})
-	}
-	for j, e := range entries {
-		if e.GetKey() == "" {
-			return nil, fmt.Errorf("entries[%d]: empty key", j)
-		}
-		ds = append(ds, policy.Descriptor{Key: e.GetKey(), Value: e.GetValue()})
+	ds, err := envoydesc.Append(ds, s.cfg.DomainKey, domain, d.GetEntries())
+	if err != nil {
+		return nil, err
 	}
 	if s.cfg.KeysKey != "-" {
-		ds = append(ds, keysDescriptor(s.cfg.KeysKey, entries))
+		ds = append(ds, keysDescriptor(s.cfg.KeysKey, d.GetEntries()))
 	}
 	return ds, nil
 }
