@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ration-dev/ration/internal/cutproxy"
 	"github.com/ration-dev/ration/lease/agent"
 )
 
@@ -20,7 +21,7 @@ func TestFaultAgentKilled(t *testing.T) {
 	for _, r := range regions {
 		w.startDaemon(r, r+"-0")
 	}
-	p := startProxy(t, w.daemons["eu"][0].LeaseAddr())
+	p := cutproxy.Start(t, w.daemons["eu"][0].LeaseAddr())
 	w.gws["eu"] = w.startGateway("eu", agent.Config{Target: p.Addr()})
 	w.startRegions()
 	w.steady()

@@ -1,6 +1,7 @@
 package faults
 
 import (
+	"github.com/ration-dev/ration/internal/cutproxy"
 	"net/url"
 	"testing"
 	"time"
@@ -54,7 +55,7 @@ func TestFaultNATSRouteCut(t *testing.T) {
 // named after the regions; us's route to eu goes through the returned
 // proxy (us dials it; eu only accepts, so nothing dials around it), ap's
 // go direct. It waits until every server has both remotes.
-func startRoutedNATS(t *testing.T) (map[string]*server.Server, *proxy) {
+func startRoutedNATS(t *testing.T) (map[string]*server.Server, *cutproxy.Proxy) {
 	t.Helper()
 	start := func(name string, routes ...string) *server.Server {
 		o := &server.Options{
@@ -80,7 +81,7 @@ func startRoutedNATS(t *testing.T) (map[string]*server.Server, *proxy) {
 		return s
 	}
 	eu := start("eu")
-	link := startProxy(t, eu.ClusterAddr().String())
+	link := cutproxy.Start(t, eu.ClusterAddr().String())
 	us := start("us", link.Addr())
 	ap := start("ap", eu.ClusterAddr().String(), us.ClusterAddr().String())
 	srv := map[string]*server.Server{"ap": ap, "eu": eu, "us": us}

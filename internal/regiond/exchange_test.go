@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ration-dev/ration/internal/cutproxy"
 	"github.com/ration-dev/ration/internal/redistest"
 	leasev1 "github.com/ration-dev/ration/lease/v1"
 	"github.com/ration-dev/ration/policy"
@@ -40,9 +41,9 @@ func startNATS(t *testing.T) string {
 type deployment struct {
 	t       *testing.T
 	regions []string
-	nodes   map[string][]*Daemon // by region
-	proxies map[string]*proxy    // by region: its daemons' path to NATS
-	redis   map[string]string    // by region: its Redis URL
+	nodes   map[string][]*Daemon       // by region
+	proxies map[string]*cutproxy.Proxy // by region: its daemons' path to NATS
+	redis   map[string]string          // by region: its Redis URL
 	servers map[string]*redistest.Server
 	// secure, when set, is the TLS of every connection (tls_e2e_test.go).
 	secure *secureDeployment
@@ -51,10 +52,10 @@ type deployment struct {
 func newDeployment(t *testing.T, regions ...string) *deployment {
 	t.Helper()
 	url := startNATS(t)
-	dep := &deployment{t: t, regions: regions, nodes: map[string][]*Daemon{}, proxies: map[string]*proxy{},
+	dep := &deployment{t: t, regions: regions, nodes: map[string][]*Daemon{}, proxies: map[string]*cutproxy.Proxy{},
 		redis: map[string]string{}, servers: map[string]*redistest.Server{}}
 	for _, r := range regions {
-		dep.proxies[r] = startProxy(t, strings.TrimPrefix(url, "nats://"))
+		dep.proxies[r] = cutproxy.Start(t, strings.TrimPrefix(url, "nats://"))
 		dep.servers[r] = redistest.StartServer(t)
 		dep.redis[r] = dep.servers[r].URL()
 	}
@@ -75,7 +76,7 @@ func (dep *deployment) addWith(r, replica string, tweak func(*Config)) *Daemon {
 		Regions:           dep.regions,
 		Replica:           replica,
 		RedisURL:          dep.redis[r],
-		NATSURL:           dep.proxies[r].URL(),
+		NATSURL:           "nats://" + dep.proxies[r].Addr(),
 		NATSReconnectWait: 20 * time.Millisecond,
 		SyncPeriod:        syncPeriod,
 		DecideAfter:       syncPeriod / 10, // loopback: tallies arrive within milliseconds

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/ration-dev/ration/internal/cutproxy"
 	"github.com/ration-dev/ration/internal/redistest"
 	leasev1 "github.com/ration-dev/ration/lease/v1"
 )
@@ -44,11 +45,11 @@ func TestSentinelFailoverUnderLoad(t *testing.T) {
 	st := redistest.StartSentinel(t)
 	us := redistest.StartServer(t)
 	nats := strings.TrimPrefix(startNATS(t), "nats://")
-	dep := &deployment{t: t, regions: regions, nodes: map[string][]*Daemon{}, proxies: map[string]*proxy{},
+	dep := &deployment{t: t, regions: regions, nodes: map[string][]*Daemon{}, proxies: map[string]*cutproxy.Proxy{},
 		redis:   map[string]string{"eu": st.URL(), "us": us.URL()},
 		servers: map[string]*redistest.Server{"eu": st.Primary, "us": us}}
 	for _, r := range regions {
-		dep.proxies[r] = startProxy(t, nats)
+		dep.proxies[r] = cutproxy.Start(t, nats)
 		dep.add(r, r+"-0")
 	}
 	eu := dep.nodes["eu"][0]

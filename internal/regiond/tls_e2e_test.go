@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nkeys"
 
+	"github.com/ration-dev/ration/internal/cutproxy"
 	"github.com/ration-dev/ration/internal/redistest"
 	"github.com/ration-dev/ration/internal/tlsfiles"
 	"github.com/ration-dev/ration/internal/tlsfiles/tlstest"
@@ -76,10 +77,10 @@ func newSecureDeployment(t *testing.T, regions ...string) *deployment {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dep := &deployment{t: t, regions: regions, nodes: map[string][]*Daemon{}, proxies: map[string]*proxy{},
+	dep := &deployment{t: t, regions: regions, nodes: map[string][]*Daemon{}, proxies: map[string]*cutproxy.Proxy{},
 		redis: map[string]string{}, servers: map[string]*redistest.Server{}, secure: s}
 	for _, r := range regions {
-		dep.proxies[r] = startProxy(t, strings.TrimPrefix(s.nats, "tls://")) // a server with TLS says tls://
+		dep.proxies[r] = cutproxy.Start(t, strings.TrimPrefix(s.nats, "tls://")) // a server with TLS says tls://
 		srv := redistest.StartTLSServer(t, redistest.TLS{Cert: s.server.Cert, Key: s.server.Key, CA: s.ca, Client: ping.For("127.0.0.1")},
 			append([]string{"--user", "ration"}, strings.Fields(redisACL)...)...)
 		dep.servers[r] = srv

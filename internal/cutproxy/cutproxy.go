@@ -1,4 +1,6 @@
-package faults
+// Package cutproxy is a TCP proxy on loopback that a test cuts and mends,
+// as a network fault would (a NATS route, a client's connection).
+package cutproxy
 
 import (
 	"io"
@@ -7,10 +9,10 @@ import (
 	"testing"
 )
 
-// proxy is a TCP proxy on loopback that a test cuts, as a network fault
-// would: Cut closes every connection through it and refuses new ones
-// (accepts and closes them at once) until Mend.
-type proxy struct {
+// Proxy forwards a loopback port to a target: Cut closes every connection
+// through it and refuses new ones (accepts and closes them at once) until
+// Mend.
+type Proxy struct {
 	lis    net.Listener
 	target string
 
@@ -20,14 +22,14 @@ type proxy struct {
 	wg    sync.WaitGroup
 }
 
-// startProxy proxies a free loopback port to target until the test ends.
-func startProxy(t *testing.T, target string) *proxy {
+// Start proxies a free loopback port to target until the test ends.
+func Start(t testing.TB, target string) *Proxy {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &proxy{lis: lis, target: target, conns: map[net.Conn]struct{}{}}
+	p := &Proxy{lis: lis, target: target, conns: map[net.Conn]struct{}{}}
 	p.wg.Add(1)
 	go p.accept()
 	t.Cleanup(func() {
@@ -39,9 +41,9 @@ func startProxy(t *testing.T, target string) *proxy {
 }
 
 // Addr is the proxy's host:port.
-func (p *proxy) Addr() string { return p.lis.Addr().String() }
+func (p *Proxy) Addr() string { return p.lis.Addr().String() }
 
-func (p *proxy) accept() {
+func (p *Proxy) accept() {
 	defer p.wg.Done()
 	for {
 		c, err := p.lis.Accept()
@@ -70,7 +72,7 @@ func (p *proxy) accept() {
 }
 
 // pipe copies one direction and closes both ends when it ends.
-func (p *proxy) pipe(dst, src net.Conn) {
+func (p *Proxy) pipe(dst, src net.Conn) {
 	defer p.wg.Done()
 	_, _ = io.Copy(dst, src)
 	_ = dst.Close()
@@ -82,7 +84,7 @@ func (p *proxy) pipe(dst, src net.Conn) {
 }
 
 // Cut closes every connection and refuses new ones.
-func (p *proxy) Cut() {
+func (p *Proxy) Cut() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.cut = true
@@ -92,7 +94,7 @@ func (p *proxy) Cut() {
 }
 
 // Mend accepts connections again.
-func (p *proxy) Mend() {
+func (p *Proxy) Mend() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.cut = false
