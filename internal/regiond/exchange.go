@@ -36,6 +36,10 @@ type shareStore interface {
 type forgetting struct {
 	shareStore
 	svc *service.Service
+	// x is the exchange once started: while it hears another replica of
+	// the region, agents may lease there, unseen by this service, which
+	// then keeps no raise (service.KeepRaises).
+	x *atomic.Pointer[exchange.Exchanger]
 }
 
 func (f forgetting) SetShares(ctx context.Context, ups []lease.ShareUpdate, out []lease.ShareResult) error {
@@ -50,6 +54,8 @@ func (f forgetting) SetShares(ctx context.Context, ups []lease.ShareUpdate, out 
 func (f forgetting) Incarnation(ctx context.Context) (string, error) {
 	inc, err := f.shareStore.Incarnation(ctx)
 	if err == nil {
+		x := f.x.Load()
+		f.svc.KeepRaises(x == nil || !x.SiblingsHeard())
 		f.svc.SawIncarnation(inc)
 		if ferr := f.svc.FlushShares(ctx, f.shareStore.SetShares); ferr != nil {
 			return inc, fmt.Errorf("regiond: writing kept share raises: %w", ferr)
@@ -224,7 +230,7 @@ func (d *Daemon) startExchange() error {
 		DecideAfter: cfg.DecideAfter,
 		Refresh:     cfg.ReportRefresh,
 		Conn:        d.nc,
-		Store:       forgetting{d.shares, d.svc},
+		Store:       forgetting{d.shares, d.svc, &d.obs.x},
 		Coordinator: resetting{coord, d.svc},
 		Policy:      d.pol.Base, // what this region loaded; the service enforces it made stricter
 		PolicyName:  d.pol.Name,

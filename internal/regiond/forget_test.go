@@ -2,6 +2,7 @@ package regiond
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -28,7 +29,7 @@ func TestShareWritesForgetDryKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fx := forgetting{mem, svc}
+	fx := forgetting{mem, svc, new(atomic.Pointer[exchange.Exchanger])}
 	ctx := context.Background()
 	ask := func() int64 {
 		t.Helper()
@@ -81,7 +82,7 @@ func TestKeptRaisesAndTheHold(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fx := forgetting{mem, svc}
+	fx := forgetting{mem, svc, new(atomic.Pointer[exchange.Exchanger])}
 	coord := resetting{exchange.NewMemoryCoordinator(clock), svc}
 	ctx := context.Background()
 	key := policy.StoreKey("r", "k=1")
@@ -157,5 +158,42 @@ func TestKeptRaisesAndTheHold(t *testing.T) {
 			t.Fatalf("after writing %d ppm the store holds %d ppm of k=2, want %d", step.ppm, out[0], step.stored)
 		}
 		step.then()
+	}
+}
+
+// TestRaisesForAnotherReplicasAgents: eu runs two replicas and its agents
+// lease only through the one that does not hold the exchange, so the
+// holder's lease service sees none of their grants. Raises of eu's share
+// must reach the store all the same (the holder hears its sibling and keeps
+// no raise): demand moving to eu moves eu's share in its store.
+func TestRaisesForAnotherReplicasAgents(t *testing.T) {
+	regions := []string{"eu", "us"}
+	dep := newDeployment(t, regions...)
+	a, b := dep.add("eu", "eu-a"), dep.add("eu", "eu-b")
+	dep.add("us", "us-0")
+	deadline := time.Now().Add(10 * time.Second)
+	for a.Exchanger().Leader() == b.Exchanger().Leader() {
+		if time.Now().After(deadline) {
+			t.Fatalf("no single holder in eu within 10s: leaders %v and %v", a.Exchanger().Leader(), b.Exchanger().Leader())
+		}
+		time.Sleep(syncPeriod / 10) // polling interval, not a wait for an event
+	}
+	holder, other := a, b
+	if b.Exchanger().Leader() {
+		holder, other = b, a
+	}
+	dep.nodes["eu"] = []*Daemon{other, holder} // the load goes to the first
+	rates := map[string]int64{"eu": 200, "us": 800}
+	l := dep.load(rates)
+	dep.observe("us takes its share", 10*time.Second, func(sh map[string]int64) bool {
+		return within5(sh, targets(regions, rates), regions...)
+	})
+	rates = map[string]int64{"eu": 800, "us": 200}
+	l.set(rates)
+	dep.observe("eu takes the share through its other replica", 10*time.Second, func(sh map[string]int64) bool {
+		return within5(sh, targets(regions, rates), regions...)
+	})
+	if !holder.Exchanger().Leader() {
+		t.Logf("the holder changed during the test (%s no longer holds): its own grants may have been seen", holder.cfg.Replica)
 	}
 }

@@ -49,6 +49,8 @@ type shareBook struct {
 	shortAt map[string]int64
 	// inc is the store's incarnation last noted (SawIncarnation).
 	inc string
+	// writeAll is set while raises may not be kept (KeepRaises(false)).
+	writeAll bool
 }
 
 func newShareBook() *shareBook {
@@ -83,7 +85,7 @@ func (s *Service) WriteShares(ctx context.Context, write ShareWrite, ups []lease
 			why = shareUnknown
 		case u.SharePPM < w:
 			why = shareLowered
-		case u.Limit.Fixed() || wasShort || s.dry.holds(u.Key, now):
+		case u.Limit.Fixed() || wasShort || bk.writeAll || s.dry.holds(u.Key, now):
 			why = shareShort
 		default:
 			bk.pending[u.Key] = u
@@ -114,9 +116,30 @@ func (s *Service) FlushShares(ctx context.Context, write ShareWrite) error {
 	return s.sendShares(ctx, write, send, idx, nil)
 }
 
-// takeShort appends the kept raises of the keys found short to send, with
-// index -1 (bk.mu held).
+// KeepRaises says whether raises may be kept (the default) or must all be
+// written: the caller turns it off while another replica of its region may
+// serve agents, whose grants this service never sees, so that a key spent
+// from there is not kept from its share. Off, the next FlushShares writes
+// every raise kept so far.
+func (s *Service) KeepRaises(on bool) {
+	bk := s.shares
+	bk.mu.Lock()
+	defer bk.mu.Unlock()
+	bk.writeAll = !on
+}
+
+// takeShort appends the kept raises of the keys found short (every kept
+// raise while none may be kept) to send, with index -1 (bk.mu held).
 func (bk *shareBook) takeShort(send []lease.ShareUpdate, idx []int) ([]lease.ShareUpdate, []int) {
+	if bk.writeAll {
+		for k, u := range bk.pending {
+			send = append(send, u)
+			idx = append(idx, -1)
+			delete(bk.pending, k)
+		}
+		clear(bk.short)
+		return send, idx
+	}
 	for k := range bk.short {
 		if u, ok := bk.pending[k]; ok {
 			send = append(send, u)

@@ -120,6 +120,37 @@ func TestSharesForgottenOnReset(t *testing.T) {
 	}
 }
 
+// TestKeepRaisesOff: while raises may not be kept (another replica of the
+// region may serve agents whose grants this service never sees), every
+// raise is written at once, and the first flush writes the raises kept
+// before.
+func TestKeepRaisesOff(t *testing.T) {
+	f := startShares(t)
+	acme, other := policy.StoreKey("per-tenant", "tenant=acme"), policy.StoreKey("per-tenant", "tenant=other")
+	f.write(t, acme, 300_000)
+	f.write(t, acme, 600_000) // kept
+	if got := f.stored(t, acme); got != 300_000 {
+		t.Fatalf("a raise reached the store (%d ppm) while raises may be kept", got)
+	}
+	f.svc.KeepRaises(false)
+	if err := f.svc.FlushShares(context.Background(), f.store.SetShares); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.stored(t, acme); got != 600_000 {
+		t.Fatalf("the flush after KeepRaises(false) left acme at %d ppm, want its kept 600,000", got)
+	}
+	f.write(t, other, 300_000)
+	f.write(t, other, 700_000)
+	if got := f.stored(t, other); got != 700_000 {
+		t.Fatalf("with raises not kept, a raise was kept: store holds %d ppm, want 700,000", got)
+	}
+	f.svc.KeepRaises(true)
+	f.write(t, other, 800_000)
+	if got := f.stored(t, other); got != 700_000 {
+		t.Fatalf("raises may be kept again, yet the raise was written (%d ppm)", got)
+	}
+}
+
 // TestStoredShareNeverAboveApplied runs random share writes, asks and
 // resets, and requires that the share the store holds is never above the
 // share the exchange last wrote for the key: the bound's premise.

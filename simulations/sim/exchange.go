@@ -88,6 +88,8 @@ func (fx regionFx) DeleteShares(_ context.Context, keys []string) {
 func (fx regionFx) Incarnation(ctx context.Context) (string, error) {
 	inc, err := fx.r.store.Incarnation(ctx)
 	if err == nil {
+		// One replica a region here: none is ever heard, as in regiond.
+		fx.r.svc.KeepRaises(!fx.r.node.SiblingsHeard(fx.w.regionTime(fx.r)))
 		fx.r.svc.SawIncarnation(inc)
 		if ferr := fx.r.svc.FlushShares(ctx, fx.write()); ferr != nil {
 			fx.w.fail(fmt.Errorf("sim: region %s: writing kept raises: %w", fx.r.name, ferr))
