@@ -88,7 +88,10 @@ func (s *State) atRest(now time.Time, ks *keyState, sh int64) bool {
 		switch {
 		case !heard && (g == ks.gen || sh > init || !s.known(ks, k)):
 			return false
-		case sh > init && g != 0 && (g != ks.gen || ks.rowGen[k] != ks.gen || s.firmView(ks, k) < s.initial[k]):
+		case sh > init && g != 0 && (g != ks.gen || ks.rowGen[k] != ks.gen || s.firmView(ks, k) < s.initial[k] || ks.shares[k] < s.initial[k]):
+			// k's share as it reported it too: a view lacks the rows
+			// of a region that left before we restarted and whose
+			// exit record is gone (finalRow), k's own share does not.
 			return false // (g == 0: no state there, it holds its initial share)
 		case sh > init && g == 0 && !s.known(ks, k):
 			return false // not listed in its stream of deltas yet: it may hold less
