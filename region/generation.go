@@ -198,12 +198,15 @@ func (s *State) firmView(ks *keyState, k int) int64 {
 // view, and the peer was left below its initial share with nobody owing it
 // any more (reclaim/g in TestRetireOnLeaversRows).
 func (s *State) finalRow(now time.Time, ks *keyState, k int, x *Exit, cols []int) {
+	if ks.rowGen[k] > ks.gen {
+		return // k's row in the newer generation it moved to, which we will follow into
+	}
 	n := s.n
 	row, tk := ks.rows[k*n:(k+1)*n], ks.taken[k*n:(k+1)*n]
 	changed := false
 	if ks.rowGen[k] != ks.gen {
-		// Not held in our generation (only an older one's, or none):
-		// its base is unknown, but k has left, so nobody views k itself.
+		// Not held in our generation (an older one's, or none): its
+		// base is unknown, but k has left, so nobody views k itself.
 		clear(row)
 		clear(tk)
 		ks.rowGen[k] = ks.gen
