@@ -449,13 +449,13 @@ func TestRetireOnFirmViews(t *testing.T) {
 // their generation again only from r0's exit record, of which it used only
 // its own column. Its view of r1 left out r0's reclaim (and gift), so it
 // saw r1 at its initial share where r1 held 91,016 ppm less, and retired
-// 91,016 ppm above its own initial share (epoch 382, generation
-// 1700000349; the bases carried into 395, 494 and 593 kept the loss): r1 was left below its initial
-// share with nobody owing it any more, and the shares summed to 908,984
-// from then on, through every later generation. A region now takes a
-// leaver's exit record as its row in the generation (finalRow), and retires
-// above its initial share only when each peer's reported share is at its
-// initial share too (its view lacks a leaver's row for good once the
+// 91,016 ppm above its own initial share (epoch 382, generation 1700000349;
+// the bases carried into 395, 494 and 593 kept the loss): r1 was left below
+// its initial share with nobody owing it any more, and the shares summed to
+// 908,984 from then on, through every later generation. A region now takes
+// a leaver's exit record as its row in the generation (finalRow), and
+// retires above its initial share only when each peer's reported share is
+// at its initial share too (its view lacks a leaver's row for good once the
 // leaver's exit record is gone); either rule alone passes this run.
 func TestRetireOnLeaversRows(t *testing.T) {
 	escrowRunWith(t, 1796183586041270091, 3, 600, ghostFaults)
