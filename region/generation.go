@@ -88,7 +88,10 @@ func (s *State) atRest(now time.Time, ks *keyState, sh int64) bool {
 		switch {
 		case !heard && (g == ks.gen || sh > init || !s.known(ks, k)):
 			return false
-		case sh > init && g != 0 && (g != ks.gen || ks.rowGen[k] != ks.gen || s.firmView(ks, k) < s.initial[k]):
+		case sh > init && g != 0 && (g != ks.gen || ks.rowGen[k] != ks.gen || s.firmView(ks, k) < s.initial[k] || ks.shares[k] < s.initial[k]):
+			// k's share as it reported it too: a view lacks the rows
+			// of a region that left before we restarted and whose
+			// exit record is gone (finalRow), k's own share does not.
 			return false // (g == 0: no state there, it holds its initial share)
 		case sh > init && g == 0 && !s.known(ks, k):
 			return false // not listed in its stream of deltas yet: it may hold less
@@ -184,6 +187,45 @@ func (s *State) firmView(ks *keyState, k int) int64 {
 		}
 	}
 	return v
+}
+
+// finalRow takes peer k's exit record x of our generation as k's row there:
+// k's gifts to, and reclaims from, a third region still count in that
+// region's share, so our view of it needs them. Peers' rows are not
+// persisted, and a region that left reports only this record: a region that
+// restarted after k retired viewed a peer k had reclaimed from without the
+// reclaim, as at its initial share, retired 91,016 ppm above its own on that
+// view, and the peer was left below its initial share with nobody owing it
+// any more (reclaim/g in TestRetireOnLeaversRows).
+func (s *State) finalRow(now time.Time, ks *keyState, k int, x *Exit, cols []int) {
+	if ks.rowGen[k] > ks.gen {
+		return // k's row in the newer generation it moved to, which we will follow into
+	}
+	n := s.n
+	row, tk := ks.rows[k*n:(k+1)*n], ks.taken[k*n:(k+1)*n]
+	changed := false
+	if ks.rowGen[k] != ks.gen {
+		// Not held in our generation (an older one's, or none): its
+		// base is unknown, but k has left, so nobody views k itself.
+		clear(row)
+		clear(tk)
+		ks.rowGen[k] = ks.gen
+		changed = true
+	}
+	for c, j := range cols {
+		if j < 0 || j == k {
+			continue
+		}
+		if c < len(x.Row) && x.Row[c] > row[j] {
+			row[j], changed = x.Row[c], true
+		}
+		if c < len(x.Taken) && x.Taken[c] > tk[j] {
+			tk[j], changed = x.Taken[c], true
+		}
+	}
+	if changed {
+		ks.lastTransfer = now
+	}
 }
 
 // alloc sizes an exit record's rows for n regions.

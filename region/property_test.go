@@ -441,3 +441,22 @@ func TestPropertyTokensMoveWithShare(t *testing.T) {
 func TestRetireOnFirmViews(t *testing.T) {
 	escrowRunWith(t, 1796169453764711235, 4, 1200/3, deltaHarshFaults)
 }
+
+// TestRetireOnLeaversRows replays a run (TestPropertyTokensMoveWithShare's
+// seed 1796183586041267090, 3 regions, second round) in which r0 reclaimed
+// 164,166 ppm of reclaim/g from a silent r1, had it acknowledged and
+// retired; r2 then restarted, and learned r0's gift and reclaim row in
+// their generation again only from r0's exit record, of which it used only
+// its own column. Its view of r1 left out r0's reclaim (and gift), so it
+// saw r1 at its initial share where r1 held 91,016 ppm less, and retired
+// 91,016 ppm above its own initial share (epoch 382, generation 1700000349;
+// the bases carried into 395, 494 and 593 kept the loss): r1 was left below
+// its initial share with nobody owing it any more, and the shares summed to
+// 908,984 from then on, through every later generation. A region now takes
+// a leaver's exit record as its row in the generation (finalRow), and
+// retires above its initial share only when each peer's reported share is
+// at its initial share too (its view lacks a leaver's row for good once the
+// leaver's exit record is gone); either rule alone passes this run.
+func TestRetireOnLeaversRows(t *testing.T) {
+	escrowRunWith(t, 1796183586041270091, 3, 600, ghostFaults)
+}

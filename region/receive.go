@@ -161,16 +161,16 @@ func (s *State) mergeKeys(now time.Time, r *Report, in *inbound) {
 			s.mergeRow(now, ks, k, e, cols, myCol)
 		}
 		if myCol >= 0 && (len(e.Exits) > 0 || len(e.Settled) > 0) {
-			s.settleExits(now, ks, k, e, myCol)
+			s.settleExits(now, ks, k, e, cols, myCol)
 		}
 		ks.noteAnnouncing(k, e)
 	}
 }
 
 // settleExits settles against peer k's exit records for the key and takes its acknowledgements of ours.
-func (s *State) settleExits(now time.Time, ks *keyState, k int, e *KeyReport, myCol int) {
+func (s *State) settleExits(now time.Time, ks *keyState, k int, e *KeyReport, cols []int, myCol int) {
 	for x := range e.Exits {
-		s.settle(now, ks, k, &e.Exits[x], myCol)
+		s.settle(now, ks, k, &e.Exits[x], cols, myCol)
 	}
 	if len(e.Settled) > 0 {
 		for _, x := range ks.exits {
@@ -299,7 +299,7 @@ func (s *State) applyIn(now time.Time, ks *keyState, k int, gift int64, taken []
 // applied comes back to us: k will never apply it. If k left the generation
 // we left last, we can still take back our unapplied gifts to it, into our
 // current base.
-func (s *State) settle(now time.Time, ks *keyState, k int, x *Exit, myCol int) {
+func (s *State) settle(now time.Time, ks *keyState, k int, x *Exit, cols []int, myCol int) {
 	at := func(v []int64) int64 {
 		if len(v) == 0 {
 			return 0
@@ -307,6 +307,7 @@ func (s *State) settle(now time.Time, ks *keyState, k int, x *Exit, myCol int) {
 		return v[myCol]
 	}
 	if ks.gen != 0 && x.Generation == ks.gen {
+		s.finalRow(now, ks, k, x, cols)
 		s.applyIn(now, ks, k, x.Row[myCol], x.Taken, myCol)
 		if r := s.ownRow(ks)[k] - at(x.In); r > ks.refund[k] {
 			ks.refund[k] = r
