@@ -25,7 +25,7 @@ func (s *State) epochKey(now time.Time, ks *keyState, p *Plan) bool {
 		ks.lastDemand = now
 	}
 	if !s.tallied {
-		ks.pub, ks.cur0 = ks.cur0, tally{}
+		ks.pub, ks.cur0 = s.cur(ks), tally{}
 		s.closeTally(ks)
 	}
 	if len(ks.exits) > 0 { // most keys have none: spare them the call
@@ -70,7 +70,7 @@ func (s *State) epochKey(now time.Time, ks *keyState, p *Plan) bool {
 // smoothDemand moves each region's smoothed demand toward its tally; true: the key has demand.
 func (s *State) smoothDemand(ks *keyState, pol KeyPolicy) bool {
 	me := s.self
-	active := ks.cur0.demand > 0
+	active := s.cur(ks).demand > 0
 	if s.tallied {
 		active = active || ks.pub.demand > 0
 	}

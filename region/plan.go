@@ -102,6 +102,9 @@ func (s *State) Epoch(now time.Time) Plan {
 	s.committed = false
 	p := Plan{Epoch: s.epoch, seq: s.seq}
 	s.epochKeys(now, &p)
+	if !s.tallied {
+		s.closeTallies() // one phase: epochKey closed every key's
+	}
 	s.prevNow = now
 	s.open = p.steps
 	s.restored, s.tallied = false, false

@@ -151,12 +151,23 @@ func (s *State) Tally(now time.Time) Report {
 	s.agree(now) // a replica that does not run the exchange enforces it too
 	r := s.header(false)
 	r.Regions = slices.Clone(s.cfg.Regions)
+	// A key Observe marked (keyMeta.sameAt) closes to the tally it closed
+	// to before, which is published and not empty: closeTally would list
+	// nothing and keep it (unless it publishes by noise, HoldDemand, or
+	// every tally, full reports; EveryKey, the reference, visits it). Its
+	// open tally restarts by closeTallies.
+	lazy, same := s.cfg.Refresh >= 0 && !s.cfg.HoldDemand && !s.cfg.EveryKey, uint32(s.tallyGen)
 	for i := 0; i < len(s.keys); {
+		if lazy && s.meta[i].sameAt == same {
+			i++
+			continue
+		}
 		ks := s.keys[i]
-		if ks.pub != ks.cur0 {
+		cur := s.cur(ks)
+		if ks.pub != cur {
 			s.touch(ks)
 		}
-		ks.pub, ks.cur0 = ks.cur0, tally{}
+		ks.pub, ks.cur0 = cur, tally{}
 		if s.closeTally(ks) {
 			s.touch(ks)
 			r.Keys = append(r.Keys, s.tallyEntry(ks))
@@ -166,6 +177,7 @@ func (s *State) Tally(now time.Time) Report {
 		}
 		i++
 	}
+	s.closeTallies()
 	s.tallyRefresh(&r)
 	return r
 }

@@ -22,6 +22,11 @@ const restQuiet = 2
 // keyStates.
 type keyMeta struct {
 	wakeAt int64 // when its own timers wake it (UnixNano, 0: never)
+	// sameAt is the low 32 bits of State.tallyGen when Observe last found
+	// the key's open tally equal to the one closed before, which was
+	// published and not empty: a Tally of that generation would change
+	// nothing of the key and steps over it (publish.go).
+	sameAt uint32
 	bucket uint16
 	rest   bool // keyState.quiet >= restQuiet
 }

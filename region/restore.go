@@ -221,14 +221,15 @@ func restoreExit(x *ExitSnapshot, cols []int, n int) *exitState {
 // keepTallies carries the local tallies not yet published over from old, the key set Restore replaced.
 func (s *State) keepTallies(old []*keyState) {
 	for _, o := range old {
-		if o.cur0 == (tally{}) {
+		cur := s.cur(o)
+		if cur == (tally{}) {
 			continue
 		}
 		ks := s.byKey[o.key]
 		if ks == nil {
 			ks = s.addKey(o.key)
 		}
-		ks.cur0 = o.cur0
+		ks.cur0, ks.curAt = cur, s.tallyGen
 	}
 }
 

@@ -36,7 +36,11 @@ type State struct {
 	// tallied: Tally closed this epoch's tallies; the next Epoch steers by
 	// them and keeps the epoch number (the two phases of an epoch).
 	tallied bool
-	open    []step // the latest Plan's steps, to distrust them if not committed
+	// tallyGen counts the closings of the local tallies (from 1): a key's
+	// open tally (keyState.cur0) counts only if observed in the current one
+	// (keyState.curAt), so that closing leaves steady keys alone.
+	tallyGen uint64
+	open     []step // the latest Plan's steps, to distrust them if not committed
 
 	replicas  []replica
 	replicaBy map[string]int
@@ -156,7 +160,8 @@ type keyState struct {
 	settled    []uint64
 	announcing uint64
 
-	cur0, pub tally // local tallies: since the last epoch, and closed at it
+	cur0, pub tally  // local tallies: since the last epoch (State.cur), and closed at it
+	curAt     uint64 // the State.tallyGen cur0 was observed in
 	// held is the tally last published, which every region steers by: pub
 	// when it moved beyond noise (closeTally). tallyAt is the epoch of the
 	// tally report that last listed the key; fp and fpAt are the
@@ -263,6 +268,7 @@ func New(cfg Config) (*State, error) {
 		exchSince:   make([]uint64, n),
 		exchRefresh: make([]uint32, n),
 		cover:       make([]covered, n),
+		tallyGen:    1,
 		x:           make([]float64, n),
 		fresh:       make([]bool, n),
 		recv:        make([]bool, n),
@@ -310,13 +316,36 @@ func (s *State) Observe(key string, demand, granted int64) {
 	if ks == nil {
 		ks = s.addKey(key)
 	}
+	if ks.curAt != s.tallyGen { // the first call since the tallies closed
+		ks.cur0, ks.curAt = tally{}, s.tallyGen
+	}
 	if demand > 0 {
 		ks.cur0.demand += demand
 	}
 	if granted > 0 {
 		ks.cur0.granted += granted
 	}
+	// Mark a key whose tally, as it stands, closes to what it published
+	// last: Tally need not visit it. Unmarked, it holds a generation past,
+	// which no Tally compares with again.
+	g := uint32(s.tallyGen)
+	if ks.cur0 != ks.pub || ks.pub != ks.held || ks.pub == (tally{}) {
+		g--
+	}
+	s.meta[ks.idx].sameAt = g
 }
+
+// cur returns ks's open tally: what was observed since the tallies last
+// closed.
+func (s *State) cur(ks *keyState) tally {
+	if ks.curAt != s.tallyGen {
+		return tally{}
+	}
+	return ks.cur0
+}
+
+// closeTallies starts a new open tally for every key (State.cur).
+func (s *State) closeTallies() { s.tallyGen++ }
 
 // Share returns the share of key in ppm that this region applies: the value
 // last committed to the store, or, for a key whose stored value is not known
