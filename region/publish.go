@@ -69,14 +69,14 @@ func (s *State) keyReport(e *KeyReport, ks *keyState, b *rowSlab, acks *[]uint64
 		e.Base = s.effectiveBase(ks)
 		e.Row = b.take(s.ownRow(ks))
 		e.Taken = b.takeOpt(s.ownTaken(ks))
-		e.In = b.takeOpt(ks.in)
-		e.InTaken = b.takeOpt(ks.inTakenStored)
-		e.Tokens, e.TokensWindow = b.takeOpt(ks.tok), ks.tokWin
+		e.In = b.takeOpt(ks.in())
+		e.InTaken = b.takeOpt(ks.inTakenStored())
+		e.Tokens, e.TokensWindow = b.takeOpt(ks.tok()), ks.tokWin
 	}
 	if ks.announcing != 0 {
 		e.Settled = (*acks)[:n:n]
 		*acks = (*acks)[n:]
-		copy(e.Settled, ks.settled)
+		copy(e.Settled, ks.settled())
 	}
 	if ks.gen != 0 && ks.applied < 0 {
 		// An exit record says what we had applied in a generation we left,
@@ -189,5 +189,5 @@ func (s *State) forgotten(ks *keyState) bool {
 		return false
 	}
 	s.wake(ks) // its smoothed demand as if it had not rested
-	return !slices.ContainsFunc(ks.ewma, func(v float64) bool { return v >= 1 })
+	return !slices.ContainsFunc(ks.ewma(), func(v float64) bool { return v >= 1 })
 }
