@@ -154,7 +154,8 @@ type Config struct {
 	// the simulator's figures (sync-burst's bound ratio 0.70 to 0.84,
 	// follow-the-sun's utilization 99.0% to 98.8%). Default off.
 	HoldDemand bool
-	// EveryKey runs every key's epoch in every Epoch. By default a key
+	// EveryKey runs every key's epoch in every Epoch (and closes every
+	// key's tally in every Tally). By default a key
 	// whose epoch changed nothing rests until something it reads changes
 	// (docs/DESIGN.md, "Keys at rest"), which changes no decision: the
 	// tests compare the two, and EveryKey is the reference to compare

@@ -414,13 +414,13 @@ func (s *State) fingerprint(ks *keyState) uint64 {
 		h.add(uint64(s.effectiveBase(ks)))
 		h.row(s.ownRow(ks))
 		h.row(s.ownTaken(ks))
-		h.row(ks.in)
-		h.row(ks.inTakenStored)
-		h.row(ks.tok)
+		h.row(ks.in())
+		h.row(ks.inTakenStored())
+		h.row(ks.tok())
 		h.add(uint64(ks.tokWin))
 	}
 	if ks.announcing != 0 {
-		for _, v := range ks.settled {
+		for _, v := range ks.settled() {
 			h.add(v)
 		}
 	}
@@ -526,8 +526,8 @@ func (s *State) refreshed(r *Report, in *inbound) {
 				}
 			}
 		}
-		if in.exchange && ks.seen[k] != r.Epoch {
-			ks.seen[k], ks.cur[k], ks.shares[k] = r.Epoch, 0, s.initial[k]
+		if in.exchange && ks.seen()[k] != r.Epoch {
+			ks.seen()[k], ks.cur()[k], ks.shares()[k] = r.Epoch, 0, s.initial[k]
 			ks.announcing &^= 1 << k
 		}
 	})

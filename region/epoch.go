@@ -25,7 +25,7 @@ func (s *State) epochKey(now time.Time, ks *keyState, p *Plan) bool {
 		ks.lastDemand = now
 	}
 	if !s.tallied {
-		ks.pub, ks.cur0 = ks.cur0, tally{}
+		ks.pub, ks.cur0 = s.cur(ks), tally{}
 		s.closeTally(ks)
 	}
 	if len(ks.exits) > 0 { // most keys have none: spare them the call
@@ -70,7 +70,7 @@ func (s *State) epochKey(now time.Time, ks *keyState, p *Plan) bool {
 // smoothDemand moves each region's smoothed demand toward its tally; true: the key has demand.
 func (s *State) smoothDemand(ks *keyState, pol KeyPolicy) bool {
 	me := s.self
-	active := ks.cur0.demand > 0
+	active := s.cur(ks).demand > 0
 	if s.tallied {
 		active = active || ks.pub.demand > 0
 	}
@@ -83,16 +83,16 @@ func (s *State) smoothDemand(ks *keyState, pol KeyPolicy) bool {
 		case k == me && s.restored:
 			// Our tallies of the epoch before the restart are lost:
 			// hold our demand for one epoch rather than see a drop.
-			active = active || ks.ewma[k] >= 1
+			active = active || ks.ewma()[k] >= 1
 			continue
 		case !s.fresh[k]:
 			// Not idle while a region we cannot hear had demand.
 			ks.unheard |= bit
-			active = active || ks.ewma[k] >= 1
+			active = active || ks.ewma()[k] >= 1
 			continue
 		case ks.unheard&bit != 0:
 			ks.unheard &^= bit
-			ks.ewma[k] = s.x[k]
+			ks.ewma()[k] = s.x[k]
 		default:
 			s.follow(ks, k, pol.Cost)
 		}
@@ -104,11 +104,11 @@ func (s *State) smoothDemand(ks *keyState, pol KeyPolicy) bool {
 // follow moves region k's smoothed demand one epoch toward its tally s.x[k].
 func (s *State) follow(ks *keyState, k int, cost float64) {
 	bit := uint64(1) << k
-	a := s.cfg.Alpha * gain(max(s.x[k], ks.ewma[k]), cost) * ks.turning(bit, s.x[k] > ks.ewma[k])
+	a := s.cfg.Alpha * gain(max(s.x[k], ks.ewma()[k]), cost) * ks.turning(bit, s.x[k] > ks.ewma()[k])
 	if ks.left(k, s.x[k], cost) {
 		a = 1
 	}
-	ks.ewma[k] = a*s.x[k] + (1-a)*ks.ewma[k]
+	ks.ewma()[k] = a*s.x[k] + (1-a)*ks.ewma()[k]
 }
 
 // smoothOnce is smoothDemand's epoch for a key every region of which is
@@ -116,13 +116,13 @@ func (s *State) follow(ks *keyState, k int, cost float64) {
 // nothing, and so never will again with the same tallies.
 func (s *State) smoothOnce(ks *keyState, cost float64) bool {
 	e, m, r := s.restE[:0], s.restM[:0], s.restR[:0]
-	e, m, r = append(e, ks.ewma...), append(m, ks.missed...), append(r, ks.runBase...)
+	e, m, r = append(e, ks.ewma()...), append(m, ks.missed()...), append(r, ks.runBase()...)
 	s.restE, s.restM, s.restR = e, m, r
 	bits := [3]uint64{ks.moved, ks.rose, ks.flipped}
 	for k := 0; k < s.n; k++ {
 		s.follow(ks, k, cost)
 	}
-	return !slices.Equal(e, ks.ewma) || !slices.Equal(m, ks.missed) || !slices.Equal(r, ks.runBase) ||
+	return !slices.Equal(e, ks.ewma()) || !slices.Equal(m, ks.missed()) || !slices.Equal(r, ks.runBase()) ||
 		bits != [3]uint64{ks.moved, ks.rose, ks.flipped}
 }
 
@@ -177,19 +177,19 @@ func (s *State) planStep(ks *keyState, sh int64, gifts, takes []int64, p *Plan) 
 		}
 	}
 	a := clamp(ns, 0, PPM)
-	intake := !slices.Equal(ks.inTaken, ks.inTakenStored)
+	intake := !slices.Equal(ks.inTaken(), ks.inTakenStored())
 	// A share written long ago is written again (Config.Rewrite), as a
 	// Raise of the same value: the store may forget old shares.
 	old := s.cfg.Rewrite > 0 && ks.applied >= 0 && !ks.written.IsZero() && s.now.Sub(ks.written) >= s.cfg.Rewrite
 	if gifts == nil && takes == nil && a == ks.applied && !old {
 		if intake {
-			copy(ks.inTakenStored, ks.inTaken) // the store already reflects it
+			copy(ks.inTakenStored(), ks.inTaken()) // the store already reflects it
 		}
 		return
 	}
 	st := step{ks: ks, gen: ks.gen, applied: a, gifts: gifts, takes: takes}
 	if intake {
-		st.intake = s.rowBuf(ks.inTaken)
+		st.intake = s.rowBuf(ks.inTaken())
 	}
 	c := ks.change(a)
 	c.step = int32(len(p.steps) + 1)
@@ -230,17 +230,17 @@ func gain(m, cost float64) float64 {
 // epoch that stopped is gone in 4 epochs, 4 requests or more in one.
 func (ks *keyState) left(k int, tally, cost float64) bool {
 	if tally > 0 {
-		ks.missed[k], ks.runBase[k] = 0, 0
+		ks.missed()[k], ks.runBase()[k] = 0, 0
 		return false
 	}
-	if ks.missed[k] == 0 {
-		ks.runBase[k] = ks.ewma[k] / perRequest(cost)
+	if ks.missed()[k] == 0 {
+		ks.runBase()[k] = ks.ewma()[k] / perRequest(cost)
 	}
-	ks.missed[k] += ks.runBase[k]
-	if ks.missed[k] < noiseRequests || ks.ewma[k] == 0 {
+	ks.missed()[k] += ks.runBase()[k]
+	if ks.missed()[k] < noiseRequests || ks.ewma()[k] == 0 {
 		return false
 	}
-	ks.missed[k], ks.runBase[k] = 0, 0
+	ks.missed()[k], ks.runBase()[k] = 0, 0
 	return true
 }
 

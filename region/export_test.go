@@ -9,7 +9,7 @@ func (s *State) Debug(key string) string {
 		return "none"
 	}
 	out := fmt.Sprintf("gen %d base %d own %d applied %d in %v inTaken %v taken %v row %v ackTkn %v unclaim %v cur %v seen %v exch %v ewma %.0f lastDemand %v",
-		ks.gen, ks.base, s.own(ks), ks.applied, ks.in, ks.inTaken, s.ownTaken(ks), s.ownRow(ks), ks.ackTkn, ks.unclaim, ks.cur, ks.seen, s.exchEpoch, ks.ewma, ks.lastDemand.Unix()) + fmt.Sprintf(" pub %v cur0 %v fresh %v unheard %b announcing %b settled %v exits %d tallies %v", ks.pub, ks.cur0, s.fresh, ks.unheard, ks.announcing, ks.settled, len(ks.exits), ks.tallies)
+		ks.gen, ks.base, s.own(ks), ks.applied, ks.in(), ks.inTaken(), s.ownTaken(ks), s.ownRow(ks), ks.ackTkn(), ks.unclaim(), ks.cur(), ks.seen(), s.exchEpoch, ks.ewma(), ks.lastDemand.Unix()) + fmt.Sprintf(" pub %v cur0 %v fresh %v unheard %b announcing %b settled %v exits %d tallies %v", ks.pub, ks.cur0, s.fresh, ks.unheard, ks.announcing, ks.settled(), len(ks.exits), ks.tallies)
 	for _, x := range ks.exits {
 		out += fmt.Sprintf(" exit{gen %d taken %v intake %v}", x.gen, x.taken, x.intake)
 	}
@@ -67,7 +67,7 @@ func (s *State) Tokens(key string) (gen uint64, given []int64) {
 	if ks == nil || ks.gen == 0 {
 		return 0, nil
 	}
-	return ks.gen, append([]int64(nil), ks.tok...)
+	return ks.gen, append([]int64(nil), ks.tok()...)
 }
 
 // PeerView returns what the State holds of peer region for key: the demand

@@ -10,7 +10,7 @@ import "time"
 // may enter.
 func (s *State) pendingGifts(ks *keyState) bool {
 	for k := 0; k < s.n; k++ {
-		if g := ks.rowGen[k]; g > max(s.genFloor, ks.floor) && g == s.peerGen(ks, k) && ks.rows[k*s.n+s.self] > 0 {
+		if g := ks.rowGen()[k]; g > max(s.genFloor, ks.floor) && g == s.peerGen(ks, k) && ks.rows()[k*s.n+s.self] > 0 {
 			return true
 		}
 	}
@@ -45,23 +45,23 @@ func (s *State) enter(now time.Time, ks *keyState, base int64) {
 	ks.gen, ks.base = g, base
 	clear(s.ownRow(ks))
 	clear(s.ownTaken(ks))
-	clear(ks.in)
-	clear(ks.inTaken)
-	clear(ks.refund)
-	clear(ks.unclaim)
-	clear(ks.ack)
-	clear(ks.ackTkn)
-	clear(ks.inTakenStored)
-	clear(ks.tok)
-	clear(ks.tokIn) // tokens given in older generations are never credited now
-	clear(ks.tokInWin)
+	clear(ks.in())
+	clear(ks.inTaken())
+	clear(ks.refund())
+	clear(ks.unclaim())
+	clear(ks.ack())
+	clear(ks.ackTkn())
+	clear(ks.inTakenStored())
+	clear(ks.tok())
+	clear(ks.tokIn()) // tokens given in older generations are never credited now
+	clear(ks.tokInWin())
 	ks.tokWin, ks.tokCredited, ks.tokCreditedWin = 0, 0, 0
-	ks.rowGen[me] = g
-	ks.bases[me] = base
+	ks.rowGen()[me] = g
+	ks.bases()[me] = base
 	for k := 0; k < n; k++ {
-		if k != me && ks.rowGen[k] == g {
-			ks.in[k] = ks.rows[k*n+me]
-			ks.inTaken[k] = ks.taken[k*n+me]
+		if k != me && ks.rowGen()[k] == g {
+			ks.in()[k] = ks.rows()[k*n+me]
+			ks.inTaken()[k] = ks.taken()[k*n+me]
 		}
 	}
 	ks.lastTransfer = now
@@ -88,7 +88,7 @@ func (s *State) atRest(now time.Time, ks *keyState, sh int64) bool {
 		switch {
 		case !heard && (g == ks.gen || sh > init || !s.known(ks, k)):
 			return false
-		case sh > init && g != 0 && (g != ks.gen || ks.rowGen[k] != ks.gen || s.firmView(ks, k) < s.initial[k] || ks.shares[k] < s.initial[k]):
+		case sh > init && g != 0 && (g != ks.gen || ks.rowGen()[k] != ks.gen || s.firmView(ks, k) < s.initial[k] || ks.shares()[k] < s.initial[k]):
 			// k's share as it reported it too: a view lacks the rows
 			// of a region that left before we restarted and whose
 			// exit record is gone (finalRow), k's own share does not.
@@ -108,7 +108,7 @@ func (s *State) atRest(now time.Time, ks *keyState, sh int64) bool {
 func (s *State) settled(ks *keyState) bool {
 	row, tk := s.ownRow(ks), s.ownTaken(ks)
 	for k := 0; k < s.n; k++ {
-		if k != s.self && (row[k]-ks.refund[k] > ks.ack[k] || tk[k]-ks.unclaim[k] > ks.ackTkn[k]) {
+		if k != s.self && (row[k]-ks.refund()[k] > ks.ack()[k] || tk[k]-ks.unclaim()[k] > ks.ackTkn()[k]) {
 			return false
 		}
 	}
@@ -149,7 +149,7 @@ func (s *State) exitDone(now time.Time, ks *keyState, x *exitState) bool {
 // reclaims we gave up that k may have applied.
 func (s *State) awaitsExit(ks *keyState, x *exitState, k int) bool {
 	owed := x.row[k]-x.refund[k] > x.ack[k] || x.dropped[k] > 0
-	return owed && ks.settled[k] < x.gen
+	return owed && ks.settled()[k] < x.gen
 }
 
 // owedByExits reports whether an exit record of ks younger than
@@ -182,8 +182,8 @@ func (s *State) owedByExits(now time.Time, ks *keyState) bool {
 func (s *State) firmView(ks *keyState, k int) int64 {
 	v := s.view(ks, k)
 	for j := 0; j < s.n; j++ {
-		if j != s.self && j != k && (ks.rowGen[j] != ks.gen || s.peerGen(ks, j) != ks.gen) {
-			v -= ks.taken[k*s.n+j]
+		if j != s.self && j != k && (ks.rowGen()[j] != ks.gen || s.peerGen(ks, j) != ks.gen) {
+			v -= ks.taken()[k*s.n+j]
 		}
 	}
 	return v
@@ -198,18 +198,18 @@ func (s *State) firmView(ks *keyState, k int) int64 {
 // view, and the peer was left below its initial share with nobody owing it
 // any more (reclaim/g in TestRetireOnLeaversRows).
 func (s *State) finalRow(now time.Time, ks *keyState, k int, x *Exit, cols []int) {
-	if ks.rowGen[k] > ks.gen {
+	if ks.rowGen()[k] > ks.gen {
 		return // k's row in the newer generation it moved to, which we will follow into
 	}
 	n := s.n
-	row, tk := ks.rows[k*n:(k+1)*n], ks.taken[k*n:(k+1)*n]
+	row, tk := ks.rows()[k*n:(k+1)*n], ks.taken()[k*n:(k+1)*n]
 	changed := false
-	if ks.rowGen[k] != ks.gen {
+	if ks.rowGen()[k] != ks.gen {
 		// Not held in our generation (an older one's, or none): its
 		// base is unknown, but k has left, so nobody views k itself.
 		clear(row)
 		clear(tk)
-		ks.rowGen[k] = ks.gen
+		ks.rowGen()[k] = ks.gen
 		changed = true
 	}
 	for c, j := range cols {
@@ -237,7 +237,7 @@ func (x *exitState) alloc(n int) {
 
 // unacked returns the part of our reclaim from k that k has not applied.
 func (s *State) unacked(ks *keyState, k int) int64 {
-	return max(s.ownTaken(ks)[k]-ks.unclaim[k]-ks.ackTkn[k], 0)
+	return max(s.ownTaken(ks)[k]-ks.unclaim()[k]-ks.ackTkn()[k], 0)
 }
 
 // exitShare is the share we carry into a new generation: ours, without the
@@ -264,10 +264,10 @@ func (s *State) leave(now time.Time, ks *keyState, moving bool) {
 			x.taken[k] -= x.dropped[k]
 		}
 	}
-	copy(x.in, ks.in)
-	copy(x.intake, ks.inTaken)
-	copy(x.refund, ks.refund)
-	copy(x.ack, ks.ack)
+	copy(x.in, ks.in())
+	copy(x.intake, ks.inTaken())
+	copy(x.refund, ks.refund())
+	copy(x.ack, ks.ack())
 	ks.exits = append(ks.exits, x)
 	ks.floor = max(ks.floor, ks.gen)
 	ks.lastTransfer = now

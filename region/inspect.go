@@ -41,12 +41,12 @@ func (s *State) Inspect(key string) KeyView {
 			r.Heard = s.exchHeard[k]
 		}
 		if ks != nil {
-			r.Demand = ks.ewma[k]
+			r.Demand = ks.ewma()[k]
 			switch {
 			case k == s.self:
 				r.SharePPM = s.shareOf(ks)
 			case s.listed(ks, k):
-				r.SharePPM = ks.shares[k]
+				r.SharePPM = ks.shares()[k]
 			}
 		}
 		v.Regions[k] = r

@@ -102,6 +102,9 @@ func (s *State) Epoch(now time.Time) Plan {
 	s.committed = false
 	p := Plan{Epoch: s.epoch, seq: s.seq}
 	s.epochKeys(now, &p)
+	if !s.tallied {
+		s.closeTallies() // one phase: epochKey closed every key's
+	}
 	s.prevNow = now
 	s.open = p.steps
 	s.restored, s.tallied = false, false
@@ -194,7 +197,7 @@ func (s *State) Commit(p Plan) error {
 			ks.applied = st.applied
 		}
 		if st.intake != nil {
-			copy(ks.inTakenStored, st.intake)
+			copy(ks.inTakenStored(), st.intake)
 		}
 	}
 	s.committed = true
@@ -222,7 +225,7 @@ func (s *State) Apply() []ShareChange {
 	for _, ks := range s.toApply {
 		ks.toApply = false
 		s.touch(ks)
-		if s.byKey[ks.key] != ks || ks.gen == 0 || ks.applied < 0 || !slices.Equal(ks.inTaken, ks.inTakenStored) {
+		if s.byKey[ks.key] != ks || ks.gen == 0 || ks.applied < 0 || !slices.Equal(ks.inTaken(), ks.inTakenStored()) {
 			continue
 		}
 		a := clamp(s.own(ks), 0, PPM)

@@ -69,14 +69,14 @@ func (s *State) keyReport(e *KeyReport, ks *keyState, b *rowSlab, acks *[]uint64
 		e.Base = s.effectiveBase(ks)
 		e.Row = b.take(s.ownRow(ks))
 		e.Taken = b.takeOpt(s.ownTaken(ks))
-		e.In = b.takeOpt(ks.in)
-		e.InTaken = b.takeOpt(ks.inTakenStored)
-		e.Tokens, e.TokensWindow = b.takeOpt(ks.tok), ks.tokWin
+		e.In = b.takeOpt(ks.in())
+		e.InTaken = b.takeOpt(ks.inTakenStored())
+		e.Tokens, e.TokensWindow = b.takeOpt(ks.tok()), ks.tokWin
 	}
 	if ks.announcing != 0 {
 		e.Settled = (*acks)[:n:n]
 		*acks = (*acks)[n:]
-		copy(e.Settled, ks.settled)
+		copy(e.Settled, ks.settled())
 	}
 	if ks.gen != 0 && ks.applied < 0 {
 		// An exit record says what we had applied in a generation we left,
@@ -151,12 +151,23 @@ func (s *State) Tally(now time.Time) Report {
 	s.agree(now) // a replica that does not run the exchange enforces it too
 	r := s.header(false)
 	r.Regions = slices.Clone(s.cfg.Regions)
+	// A key Observe marked (keyMeta.sameAt) closes to the tally it closed
+	// to before, which is published and not empty: closeTally would list
+	// nothing and keep it (unless it publishes by noise, HoldDemand, or
+	// every tally, full reports; EveryKey, the reference, visits it). Its
+	// open tally restarts by closeTallies.
+	lazy, same := s.cfg.Refresh >= 0 && !s.cfg.HoldDemand && !s.cfg.EveryKey, uint32(s.tallyGen)
 	for i := 0; i < len(s.keys); {
+		if lazy && s.meta[i].sameAt == same {
+			i++
+			continue
+		}
 		ks := s.keys[i]
-		if ks.pub != ks.cur0 {
+		cur := s.cur(ks)
+		if ks.pub != cur {
 			s.touch(ks)
 		}
-		ks.pub, ks.cur0 = ks.cur0, tally{}
+		ks.pub, ks.cur0 = cur, tally{}
 		if s.closeTally(ks) {
 			s.touch(ks)
 			r.Keys = append(r.Keys, s.tallyEntry(ks))
@@ -166,6 +177,7 @@ func (s *State) Tally(now time.Time) Report {
 		}
 		i++
 	}
+	s.closeTallies()
 	s.tallyRefresh(&r)
 	return r
 }
@@ -177,5 +189,5 @@ func (s *State) forgotten(ks *keyState) bool {
 		return false
 	}
 	s.wake(ks) // its smoothed demand as if it had not rested
-	return !slices.ContainsFunc(ks.ewma, func(v float64) bool { return v >= 1 })
+	return !slices.ContainsFunc(ks.ewma(), func(v float64) bool { return v >= 1 })
 }

@@ -156,7 +156,7 @@ func (s *State) mergeKeys(now time.Time, r *Report, in *inbound) {
 		if !exchange {
 			continue
 		}
-		ks.seen[k], ks.cur[k], ks.shares[k] = in.epoch, e.Generation, e.SharePPM
+		ks.seen()[k], ks.cur()[k], ks.shares()[k] = in.epoch, e.Generation, e.SharePPM
 		if e.Generation != 0 {
 			s.mergeRow(now, ks, k, e, cols, myCol)
 		}
@@ -184,7 +184,7 @@ func (s *State) settleExits(now time.Time, ks *keyState, k int, e *KeyReport, co
 // noteAnnouncing notes whether peer k still announces exit records for the key, awaiting our acknowledgement.
 func (ks *keyState) noteAnnouncing(k int, e *KeyReport) {
 	if n := len(e.Exits); n > 0 {
-		ks.settled[k] = max(ks.settled[k], e.Exits[n-1].Generation)
+		ks.settled()[k] = max(ks.settled()[k], e.Exits[n-1].Generation)
 		ks.announcing |= 1 << k
 	} else {
 		ks.announcing &^= 1 << k
@@ -194,12 +194,12 @@ func (ks *keyState) noteAnnouncing(k int, e *KeyReport) {
 // checkRegress reports a counter of a known generation that went down.
 func (s *State) checkRegress(ks *keyState, k int, e *KeyReport, cols []int, myCol int) error {
 	n := s.n
-	if e.Generation == ks.rowGen[k] {
+	if e.Generation == ks.rowGen()[k] {
 		for c, j := range cols {
 			if j < 0 {
 				continue
 			}
-			if e.Row[c] < ks.rows[k*n+j] || (len(e.Taken) > 0 && e.Taken[c] < ks.taken[k*n+j]) {
+			if e.Row[c] < ks.rows()[k*n+j] || (len(e.Taken) > 0 && e.Taken[c] < ks.taken()[k*n+j]) {
 				return fmt.Errorf("%w: key %q generation %d: row of %q column %q went down", ErrRegressed, e.Key, e.Generation, s.cfg.Regions[k], s.cfg.Regions[j])
 			}
 		}
@@ -209,7 +209,7 @@ func (s *State) checkRegress(ks *keyState, k int, e *KeyReport, cols []int, myCo
 		if len(e.Taken) > 0 {
 			tk = e.Taken[myCol]
 		}
-		if e.Row[myCol] < ks.in[k] || tk < ks.inTaken[k] || (e.TokensWindow == ks.tokInWin[k] && tokensAt(e.Tokens, myCol) < ks.tokIn[k]) || e.TokensWindow < ks.tokInWin[k] {
+		if e.Row[myCol] < ks.in()[k] || tk < ks.inTaken()[k] || (e.TokensWindow == ks.tokInWin()[k] && tokensAt(e.Tokens, myCol) < ks.tokIn()[k]) || e.TokensWindow < ks.tokInWin()[k] {
 			return fmt.Errorf("%w: key %q generation %d: gifts of %q to us went down", ErrRegressed, e.Key, e.Generation, s.cfg.Regions[k])
 		}
 	}
@@ -228,17 +228,17 @@ func (s *State) worthCreating(e *KeyReport, exchange bool) bool {
 // row, the same one takes the maximum, an older one is ignored.
 func (s *State) mergeRow(now time.Time, ks *keyState, k int, e *KeyReport, cols []int, myCol int) {
 	n, g := s.n, e.Generation
-	row, tk := ks.rows[k*n:(k+1)*n], ks.taken[k*n:(k+1)*n]
+	row, tk := ks.rows()[k*n:(k+1)*n], ks.taken()[k*n:(k+1)*n]
 	changed := false
 	switch {
-	case g > ks.rowGen[k]:
+	case g > ks.rowGen()[k]:
 		clear(row)
 		clear(tk)
-		ks.rowGen[k] = g
+		ks.rowGen()[k] = g
 		changed = true
 		fallthrough
-	case g == ks.rowGen[k]:
-		ks.bases[k] = e.Base
+	case g == ks.rowGen()[k]:
+		ks.bases()[k] = e.Base
 		for c, j := range cols {
 			if j < 0 {
 				continue
@@ -272,10 +272,10 @@ func (s *State) mergeRow(now time.Time, ks *keyState, k int, e *KeyReport, cols 
 		s.mergeTokens(ks, k, e, myCol)
 		s.applyIn(now, ks, k, e.Row[myCol], e.Taken, myCol)
 		if len(e.In) > 0 {
-			ks.ack[k] = max(ks.ack[k], e.In[myCol])
+			ks.ack()[k] = max(ks.ack()[k], e.In[myCol])
 		}
 		if len(e.InTaken) > 0 {
-			ks.ackTkn[k] = max(ks.ackTkn[k], e.InTaken[myCol])
+			ks.ackTkn()[k] = max(ks.ackTkn()[k], e.InTaken[myCol])
 		}
 	}
 }
@@ -283,13 +283,13 @@ func (s *State) mergeRow(now time.Time, ks *keyState, k int, e *KeyReport, cols 
 // applyIn raises what we know k gave to (or reclaimed from) us in our
 // generation.
 func (s *State) applyIn(now time.Time, ks *keyState, k int, gift int64, taken []int64, myCol int) {
-	if gift > ks.in[k] {
-		ks.in[k] = gift
+	if gift > ks.in()[k] {
+		ks.in()[k] = gift
 		ks.lastTransfer = now
 		s.raised(ks)
 	}
-	if len(taken) > 0 && taken[myCol] > ks.inTaken[k] {
-		ks.inTaken[k] = taken[myCol]
+	if len(taken) > 0 && taken[myCol] > ks.inTaken()[k] {
+		ks.inTaken()[k] = taken[myCol]
 		ks.lastTransfer = now
 	}
 }
@@ -309,18 +309,18 @@ func (s *State) settle(now time.Time, ks *keyState, k int, x *Exit, cols []int, 
 	if ks.gen != 0 && x.Generation == ks.gen {
 		s.finalRow(now, ks, k, x, cols)
 		s.applyIn(now, ks, k, x.Row[myCol], x.Taken, myCol)
-		if r := s.ownRow(ks)[k] - at(x.In); r > ks.refund[k] {
-			ks.refund[k] = r
+		if r := s.ownRow(ks)[k] - at(x.In); r > ks.refund()[k] {
+			ks.refund()[k] = r
 			ks.lastTransfer = now
 			s.raised(ks)
 		}
-		if q := s.ownTaken(ks)[k] - at(x.InTaken); q > ks.unclaim[k] {
-			ks.unclaim[k] = q
+		if q := s.ownTaken(ks)[k] - at(x.InTaken); q > ks.unclaim()[k] {
+			ks.unclaim()[k] = q
 			ks.lastTransfer = now
 		}
 		// The record is k's final acknowledgement.
-		ks.ack[k] = max(ks.ack[k], at(x.In))
-		ks.ackTkn[k] = max(ks.ackTkn[k], at(x.InTaken))
+		ks.ack()[k] = max(ks.ack()[k], at(x.In))
+		ks.ackTkn()[k] = max(ks.ackTkn()[k], at(x.InTaken))
 		return
 	}
 	if ks.gen == 0 {

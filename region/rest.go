@@ -22,6 +22,11 @@ const restQuiet = 2
 // keyStates.
 type keyMeta struct {
 	wakeAt int64 // when its own timers wake it (UnixNano, 0: never)
+	// sameAt is the low 32 bits of State.tallyGen when Observe last found
+	// the key's open tally equal to the one closed before, which was
+	// published and not empty: a Tally of that generation would change
+	// nothing of the key and steps over it (publish.go).
+	sameAt uint32
 	bucket uint16
 	rest   bool // keyState.quiet >= restQuiet
 }
@@ -129,7 +134,7 @@ func (s *State) wake(ks *keyState) {
 		s.fresh[k] = true // a key rests only while every region is heard
 	}
 	for i := uint64(0); i < skipped; i++ {
-		copy(s.x, ks.restX)
+		copy(s.x, ks.restX())
 		if !s.smoothOnce(ks, cost) {
 			break
 		}
@@ -145,7 +150,7 @@ func (s *State) restSig(ks *keyState) uint64 {
 	h.add(uint64(ks.base))
 	h.add(uint64(ks.applied))
 	for k := 0; k < s.n; k++ {
-		h.add(uint64(ks.inTakenStored[k]))
+		h.add(uint64(ks.inTakenStored()[k]))
 	}
 	h.add(ks.unheard)
 	h.add(uint64(ks.lastTransfer.UnixNano()))
@@ -167,7 +172,7 @@ func (s *State) noteRest(now time.Time, ks *keyState, pol KeyPolicy, before uint
 	if ks.quiet < restQuiet {
 		ks.quiet++
 	}
-	copy(ks.restX, s.x)
+	copy(ks.restX(), s.x)
 	ks.restActive = ks.lastDemand.Equal(now)
 	m := &s.meta[ks.idx]
 	m.rest, m.wakeAt = ks.resting(), s.wakeAt(now, ks)
@@ -191,7 +196,7 @@ func (s *State) steady(now time.Time, ks *keyState, pol KeyPolicy) bool {
 	lo, hi := s.restE[:0], s.restM[:0]
 	var sumLo, sumHi float64
 	for _, k := range s.live {
-		l, h := min(ks.ewma[k], s.x[k]), max(ks.ewma[k], s.x[k])
+		l, h := min(ks.ewma()[k], s.x[k]), max(ks.ewma()[k], s.x[k])
 		lo, hi = append(lo, l), append(hi, h)
 		sumLo, sumHi = sumLo+l, sumHi+h
 	}

@@ -33,7 +33,7 @@ func (s *State) Restore(snap Snapshot) error {
 	clear(s.exchRefresh)
 	s.restartStreams()
 	for _, ks := range s.keys {
-		copy(ks.born, s.exchEpoch) // we know nothing of the peers' state yet
+		copy(ks.born(), s.exchEpoch) // we know nothing of the peers' state yet
 	}
 	s.epoch = max(s.epoch, snap.Epoch)
 	s.genFloor = max(s.genFloor, snap.GenerationFloor)
@@ -172,7 +172,7 @@ func (s *State) restoreKey(k *KeySnapshot, cols []int) {
 	ks.gen, ks.floor = k.Generation, k.GenerationFloor
 	for c, j := range cols {
 		if j >= 0 {
-			ks.settled[j] = k.Settled[c]
+			ks.settled()[j] = k.Settled[c]
 		}
 	}
 	if k.Generation != 0 {
@@ -195,14 +195,14 @@ func (s *State) restoreCounters(ks *keyState, k *KeySnapshot, cols []int) {
 			continue
 		}
 		row[j], tk[j] = k.Row[c], k.Taken[c]
-		ks.in[j], ks.inTaken[j] = k.In[c], k.InTaken[c]
-		ks.tok[j], ks.tokIn[j], ks.tokInWin[j] = tokensAt(k.Tokens, c), tokensAt(k.TokensIn, c), tokensAt(k.TokensInWindow, c)
-		ks.refund[j], ks.unclaim[j] = k.Refund[c], k.Unclaim[c]
-		ks.ack[j], ks.ackTkn[j] = k.Ack[c], k.AckTaken[c]
-		ks.ewma[j] = k.Demand[c]
+		ks.in()[j], ks.inTaken()[j] = k.In[c], k.InTaken[c]
+		ks.tok()[j], ks.tokIn()[j], ks.tokInWin()[j] = tokensAt(k.Tokens, c), tokensAt(k.TokensIn, c), tokensAt(k.TokensInWindow, c)
+		ks.refund()[j], ks.unclaim()[j] = k.Refund[c], k.Unclaim[c]
+		ks.ack()[j], ks.ackTkn()[j] = k.Ack[c], k.AckTaken[c]
+		ks.ewma()[j] = k.Demand[c]
 	}
 	ks.base = clamp(ks.base, -PPM, PPM)
-	ks.rowGen[s.self], ks.bases[s.self] = k.Generation, ks.base
+	ks.rowGen()[s.self], ks.bases()[s.self] = k.Generation, ks.base
 }
 
 // restoreExit returns a snapshot's exit record for n regions, its columns mapped by cols.
@@ -221,14 +221,15 @@ func restoreExit(x *ExitSnapshot, cols []int, n int) *exitState {
 // keepTallies carries the local tallies not yet published over from old, the key set Restore replaced.
 func (s *State) keepTallies(old []*keyState) {
 	for _, o := range old {
-		if o.cur0 == (tally{}) {
+		cur := s.cur(o)
+		if cur == (tally{}) {
 			continue
 		}
 		ks := s.byKey[o.key]
 		if ks == nil {
 			ks = s.addKey(o.key)
 		}
-		ks.cur0 = o.cur0
+		ks.cur0, ks.curAt = cur, s.tallyGen
 	}
 }
 

@@ -190,18 +190,18 @@ func (s *State) keySnapshot(k *KeySnapshot, ks *keyState, b *snapBufs) {
 	n := s.n
 	k.Key, k.Generation, k.GenerationFloor, k.Settled = ks.key, ks.gen, ks.floor, b.gens[:n:n]
 	b.gens = b.gens[n:]
-	copy(k.Settled, ks.settled)
+	copy(k.Settled, ks.settled())
 	if ks.gen != 0 {
 		r := &b.rows
 		k.Base = ks.base
 		k.Row, k.Taken = r.take(s.ownRow(ks)), r.take(s.ownTaken(ks))
-		k.In, k.InTaken = r.take(ks.in), r.take(ks.inTaken)
-		k.Refund, k.Unclaim = r.take(ks.refund), r.take(ks.unclaim)
-		k.Ack, k.AckTaken = r.take(ks.ack), r.take(ks.ackTkn)
-		k.Tokens, k.TokensIn, k.TokensWindow, k.TokensInWindow = r.take(ks.tok), r.take(ks.tokIn), ks.tokWin, r.take(ks.tokInWin)
+		k.In, k.InTaken = r.take(ks.in()), r.take(ks.inTaken())
+		k.Refund, k.Unclaim = r.take(ks.refund()), r.take(ks.unclaim())
+		k.Ack, k.AckTaken = r.take(ks.ack()), r.take(ks.ackTkn())
+		k.Tokens, k.TokensIn, k.TokensWindow, k.TokensInWindow = r.take(ks.tok()), r.take(ks.tokIn()), ks.tokWin, r.take(ks.tokInWin())
 		k.Demand = b.floats[:n:n]
 		b.floats = b.floats[n:]
-		copy(k.Demand, ks.ewma)
+		copy(k.Demand, ks.ewma())
 	}
 	if len(ks.exits) > 0 {
 		k.Exits = b.exitSnapshots(ks.exits)

@@ -36,7 +36,11 @@ type State struct {
 	// tallied: Tally closed this epoch's tallies; the next Epoch steers by
 	// them and keeps the epoch number (the two phases of an epoch).
 	tallied bool
-	open    []step // the latest Plan's steps, to distrust them if not committed
+	// tallyGen counts the closings of the local tallies (from 1): a key's
+	// open tally (keyState.cur0) counts only if observed in the current one
+	// (keyState.curAt), so that closing leaves steady keys alone.
+	tallyGen uint64
+	open     []step // the latest Plan's steps, to distrust them if not committed
 
 	replicas  []replica
 	replicaBy map[string]int
@@ -110,53 +114,34 @@ type keyState struct {
 	// not committed): the next plan then writes it before any gift.
 	applied int64
 
-	// Per-region arrays, sliced from one allocation.
-	rows    []int64 // n×n: rows[k*n+j] = G[k][j] as last reported by k (our own row is ours)
-	taken   []int64 // n×n: R[k][j], share k reclaimed from silent j
-	bases   []int64 // base of k in rowGen[k]
-	in      []int64 // G[k][self] in gen: gifts we applied (survives k's row moving on)
-	inTaken []int64 // R[k][self] in gen
-	refund  []int64 // gifts we took back from k: k left gen without applying them
-	unclaim []int64 // reclaims from k we gave up: k left gen without applying them
-	shares  []int64 // k's last reported applied share
-	ack     []int64 // G[self][k] that k acknowledged applying, in gen
-	ackTkn  []int64 // R[self][k] that k acknowledged applying, in gen
-	// inTakenStored is inTaken as far as our stored share reflects it:
-	// what we acknowledge. A reclaimer keeps an acknowledged reclaim when
-	// it changes generation, so we must not acknowledge one the store has
-	// not applied yet.
-	inTakenStored []int64
-	rowGen        []uint64
-	cur           []uint64 // generation k listed the key with in its latest exchange report (0: none)
-	seen          []uint64 // epoch of k's latest exchange report that listed the key
-	born          []uint64 // State.exchEpoch when we started tracking the key
-	ewma          []float64
-	// missed is, per region, the requests its smoothed demand expected in
-	// the epochs since its last request, counted at the demand it had when
-	// they stopped (runBase): enough of them missed, the demand left.
-	missed, runBase []float64
-	unheard         uint64 // regions not heard at the last epoch: their EWMA restarts
+	// Per-region arrays (keyarrays.go: rows, taken, bases, in, ... ewma),
+	// carved from three allocations free of pointers, so that the garbage
+	// collector follows three pointers of a key's state rather than one per
+	// array.
+	ints    []int64
+	gens    []uint64
+	flts    []float64
+	unheard uint64 // regions not heard at the last epoch: their EWMA restarts
 	// Per region: its EWMA has moved, last moved up, and turned at the
 	// last move.
 	moved, rose, flipped uint64
 
-	// Tokens escrowed with share (tokens.go), in TokenScale units: tok[j]
-	// is what we gave j in gen and fixed window tokWin (our row), tokIn[k]
-	// what k gave us in gen and window tokInWin[k]; tokCredited is the Σ
+	// Tokens escrowed with share (tokens.go), in TokenScale units: tok()[j]
+	// is what we gave j in gen and fixed window tokWin (our row), tokIn()[k]
+	// what k gave us in gen and window tokInWin()[k]; tokCredited is the Σ
 	// tokIn of window tokCreditedWin our store confirmed crediting. For a
 	// token bucket every window is 0.
-	tok, tokIn, tokInWin        []int64
 	tokWin                      int64
 	tokCredited, tokCreditedWin int64
 
 	exits []*exitState // generations we left and still announce, oldest first
-	// settled[k] is the newest generation of k's exit records we have
+	// settled()[k] is the newest generation of k's exit records we have
 	// settled against; announcing is the mask of peers whose latest report
 	// still carried exit records, to which we acknowledge.
-	settled    []uint64
 	announcing uint64
 
-	cur0, pub tally // local tallies: since the last epoch, and closed at it
+	cur0, pub tally  // local tallies: since the last epoch (State.cur), and closed at it
+	curAt     uint64 // the State.tallyGen cur0 was observed in
 	// held is the tally last published, which every region steers by: pub
 	// when it moved beyond noise (closeTally). tallyAt is the epoch of the
 	// tally report that last listed the key; fp and fpAt are the
@@ -186,9 +171,8 @@ type keyState struct {
 	// unsaved: its persisted record may have changed (saved.go);
 	// inStore: the saved snapshot holds it.
 	unsaved, inStore bool
-	idx              int32     // its index in State.keys and State.meta
-	visit            uint64    // the epoch its state is current in, counted from 1 (0: none yet)
-	restX            []float64 // per region, the demand it saw when it came to rest
+	idx              int32  // its index in State.keys and State.meta
+	visit            uint64 // the epoch its state is current in, counted from 1 (0: none yet)
 }
 
 // exitState is our final state in a generation we left.
@@ -263,6 +247,7 @@ func New(cfg Config) (*State, error) {
 		exchSince:   make([]uint64, n),
 		exchRefresh: make([]uint32, n),
 		cover:       make([]covered, n),
+		tallyGen:    1,
 		x:           make([]float64, n),
 		fresh:       make([]bool, n),
 		recv:        make([]bool, n),
@@ -310,13 +295,36 @@ func (s *State) Observe(key string, demand, granted int64) {
 	if ks == nil {
 		ks = s.addKey(key)
 	}
+	if ks.curAt != s.tallyGen { // the first call since the tallies closed
+		ks.cur0, ks.curAt = tally{}, s.tallyGen
+	}
 	if demand > 0 {
 		ks.cur0.demand += demand
 	}
 	if granted > 0 {
 		ks.cur0.granted += granted
 	}
+	// Mark a key whose tally, as it stands, closes to what it published
+	// last: Tally need not visit it. Unmarked, it holds a generation past,
+	// which no Tally compares with again.
+	g := uint32(s.tallyGen)
+	if ks.cur0 != ks.pub || ks.pub != ks.held || ks.pub == (tally{}) {
+		g--
+	}
+	s.meta[ks.idx].sameAt = g
 }
+
+// cur returns ks's open tally: what was observed since the tallies last
+// closed.
+func (s *State) cur(ks *keyState) tally {
+	if ks.curAt != s.tallyGen {
+		return tally{}
+	}
+	return ks.cur0
+}
+
+// closeTallies starts a new open tally for every key (State.cur).
+func (s *State) closeTallies() { s.tallyGen++ }
 
 // Share returns the share of key in ppm that this region applies: the value
 // last committed to the store, or, for a key whose stored value is not known
@@ -380,25 +388,15 @@ func (s *State) LastEpoch() uint64 { return s.epoch }
 
 func (s *State) addKey(key string) *keyState {
 	n := s.n
-	ints := make([]int64, 2*n*n+12*n)
-	gens := make([]uint64, 5*n)
 	ks := &keyState{
 		key:     key,
 		bucket:  RefreshBucket(key),
 		applied: -1,
-		rows:    ints[0 : n*n : n*n],
-		taken:   ints[n*n : 2*n*n : 2*n*n],
+		ints:    make([]int64, intsLen(n)),
+		gens:    make([]uint64, gensLen(n)),
+		flts:    make([]float64, fltsLen(n)),
 	}
-	o := 2 * n * n
-	next := func() []int64 { v := ints[o : o+n : o+n]; o += n; return v }
-	ks.bases, ks.in, ks.inTaken, ks.refund, ks.unclaim, ks.shares = next(), next(), next(), next(), next(), next()
-	ks.ack, ks.ackTkn, ks.inTakenStored = next(), next(), next()
-	ks.tok, ks.tokIn, ks.tokInWin = next(), next(), next()
-	f := make([]float64, 4*n)
-	ks.ewma, ks.missed, ks.runBase, ks.restX = f[:n:n], f[n:2*n:2*n], f[2*n:3*n:3*n], f[3*n:4*n:4*n]
-	ks.rowGen, ks.cur, ks.seen, ks.settled = gens[0:n:n], gens[n:2*n:2*n], gens[2*n:3*n:3*n], gens[3*n:4*n:4*n]
-	ks.born = gens[4*n : 5*n : 5*n]
-	copy(ks.born, s.exchEpoch)
+	copy(ks.born(), s.exchEpoch)
 	if !s.now.IsZero() {
 		ks.created, ks.lastDemand, ks.lastTransfer = s.now, s.now, s.now
 	}
@@ -439,10 +437,10 @@ func (s *State) removeKey(i int) {
 }
 
 // ownRow returns our row of gifts in the key's generation.
-func (s *State) ownRow(ks *keyState) []int64 { return ks.rows[s.self*s.n : (s.self+1)*s.n] }
+func (s *State) ownRow(ks *keyState) []int64 { return ks.rows()[s.self*s.n : (s.self+1)*s.n] }
 
 // ownTaken returns our row of reclaims in the key's generation.
-func (s *State) ownTaken(ks *keyState) []int64 { return ks.taken[s.self*s.n : (s.self+1)*s.n] }
+func (s *State) ownTaken(ks *keyState) []int64 { return ks.taken()[s.self*s.n : (s.self+1)*s.n] }
 
 // own computes our share of a key from counters we know. Our own row is
 // exact and the gifts to us can only be behind, so this is never above our
@@ -451,7 +449,7 @@ func (s *State) own(ks *keyState) int64 {
 	sh := ks.base
 	row, tk := s.ownRow(ks), s.ownTaken(ks)
 	for j := 0; j < s.n; j++ {
-		sh += ks.in[j] - row[j] + tk[j] - ks.inTaken[j] + ks.refund[j] - ks.unclaim[j]
+		sh += ks.in()[j] - row[j] + tk[j] - ks.inTaken()[j] + ks.refund()[j] - ks.unclaim()[j]
 	}
 	return sh
 }
@@ -462,7 +460,7 @@ func (s *State) own(ks *keyState) int64 {
 func (s *State) effectiveBase(ks *keyState) int64 {
 	b := ks.base
 	for j := 0; j < s.n; j++ {
-		b += ks.refund[j] - ks.unclaim[j]
+		b += ks.refund()[j] - ks.unclaim()[j]
 	}
 	return clamp(b, -PPM, PPM)
 }
@@ -471,14 +469,14 @@ func (s *State) effectiveBase(ks *keyState) int64 {
 // rows we know. Views only steer targets; safety never depends on them.
 func (s *State) view(ks *keyState, k int) int64 {
 	n := s.n
-	v := ks.bases[k]
+	v := ks.bases()[k]
 	for j := 0; j < n; j++ {
-		if j == s.self || ks.rowGen[j] == ks.gen {
-			v += ks.rows[j*n+k] - ks.taken[j*n+k]
+		if j == s.self || ks.rowGen()[j] == ks.gen {
+			v += ks.rows()[j*n+k] - ks.taken()[j*n+k]
 		}
 	}
 	for j := 0; j < n; j++ {
-		v += ks.taken[k*n+j] - ks.rows[k*n+j]
+		v += ks.taken()[k*n+j] - ks.rows()[k*n+j]
 	}
 	return v
 }
@@ -489,14 +487,14 @@ func (s *State) peerGen(ks *keyState, k int) uint64 {
 	if !s.listed(ks, k) {
 		return 0
 	}
-	return ks.cur[k]
+	return ks.cur()[k]
 }
 
 // listed reports whether peer k's listing of the key in its exchange
 // reports stands: made in its current stream (in a full one, its latest
 // report). A listing may say the key has no state there.
 func (s *State) listed(ks *keyState, k int) bool {
-	return s.exchEpoch[k] != 0 && ks.seen[k] != 0 && ks.seen[k] >= s.exchSince[k]
+	return s.exchEpoch[k] != 0 && ks.seen()[k] != 0 && ks.seen()[k] >= s.exchSince[k]
 }
 
 // known reports whether we know peer k's state for the key: it listed the
@@ -504,7 +502,7 @@ func (s *State) listed(ks *keyState, k int) bool {
 // does not list it says it has no state).
 func (s *State) known(ks *keyState, k int) bool {
 	if s.exchRefresh[k] == 0 {
-		return ks.seen[k] != 0 || s.exchEpoch[k] > ks.born[k]
+		return ks.seen()[k] != 0 || s.exchEpoch[k] > ks.born()[k]
 	}
 	// A stream of deltas: listed in it, or its bucket refreshed in it.
 	return s.listed(ks, k) || s.cover[k].has(ks.bucket)

@@ -29,9 +29,9 @@ const TokenScale = 1000
 // its newest fixed window (0 for a token bucket): what our store must have
 // credited.
 func (ks *keyState) received() (sum, window int64) {
-	window = slices.Max(ks.tokInWin)
-	for k, v := range ks.tokIn {
-		if ks.tokInWin[k] == window {
+	window = slices.Max(ks.tokInWin())
+	for k, v := range ks.tokIn() {
+		if ks.tokInWin()[k] == window {
 			sum += v
 		}
 	}
@@ -86,7 +86,7 @@ func (s *State) giveTokens(ks *keyState, gifts []int64, released, win int64) {
 	case win < ks.tokWin:
 		return
 	case win > ks.tokWin:
-		clear(ks.tok)
+		clear(ks.tok())
 		ks.tokWin = win
 	}
 	var total uint64
@@ -104,8 +104,8 @@ func (s *State) giveTokens(ks *keyState, gifts []int64, released, win int64) {
 		hi, lo := bits.Mul64(uint64(released), uint64(g))
 		q, _ := bits.Div64(hi, lo, total) // released × g / total < released: no overflow
 		holds := math.Floor(burst * TokenScale * float64(g) / PPM)
-		t := min(float64(q), holds, float64(maxCounter-ks.tok[k]))
-		ks.tok[k] += int64(t)
+		t := min(float64(q), holds, float64(maxCounter-ks.tok()[k]))
+		ks.tok()[k] += int64(t)
 	}
 }
 
@@ -114,10 +114,10 @@ func (s *State) giveTokens(ks *keyState, gifts []int64, released, win int64) {
 func (s *State) mergeTokens(ks *keyState, k int, e *KeyReport, myCol int) {
 	v := tokensAt(e.Tokens, myCol)
 	switch {
-	case e.TokensWindow > ks.tokInWin[k]:
-		ks.tokIn[k], ks.tokInWin[k] = v, e.TokensWindow
-	case e.TokensWindow == ks.tokInWin[k] && v > ks.tokIn[k]:
-		ks.tokIn[k] = v
+	case e.TokensWindow > ks.tokInWin()[k]:
+		ks.tokIn()[k], ks.tokInWin()[k] = v, e.TokensWindow
+	case e.TokensWindow == ks.tokInWin()[k] && v > ks.tokIn()[k]:
+		ks.tokIn()[k] = v
 	default:
 		return
 	}

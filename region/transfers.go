@@ -41,12 +41,12 @@ func (s *State) liveRegions(now time.Time, ks *keyState, sh int64, idle bool) (f
 			continue
 		}
 		g := s.peerGen(ks, k)
-		inGen := g == ks.gen && ks.rowGen[k] == ks.gen
+		inGen := g == ks.gen && ks.rowGen()[k] == ks.gen
 		switch {
 		case inGen:
 			s.v[k] = s.view(ks, k)
 		case g != 0:
-			s.v[k] = ks.shares[k] // in another generation, on its way to ours
+			s.v[k] = ks.shares()[k] // in another generation, on its way to ours
 		default:
 			s.v[k] = s.initial[k] // no state: the store's initial share
 		}
@@ -74,15 +74,15 @@ func (s *State) needs(ks *keyState, pol KeyPolicy) {
 	s.headroom = false
 	var sum float64
 	for _, k := range s.live {
-		sum += ks.ewma[k]
+		sum += ks.ewma()[k]
 	}
 	for _, k := range s.live {
 		var need, bare float64
 		switch {
 		case pol.Rate > 0:
-			need, bare = s.rateNeed(ks.ewma[k], pol), s.rateShare(ks.ewma[k], pol)
+			need, bare = s.rateNeed(ks.ewma()[k], pol), s.rateShare(ks.ewma()[k], pol)
 		case sum > 0:
-			need = ks.ewma[k] / sum * PPM
+			need = ks.ewma()[k] / sum * PPM
 			bare = need
 		}
 		s.need, s.bare = append(s.need, need), append(s.bare, bare)
@@ -217,7 +217,7 @@ func (s *State) reclaims(now time.Time, ks *keyState, pol KeyPolicy) []int64 {
 	var takes []int64
 	tk := s.ownTaken(ks)
 	for k := 0; k < s.n; k++ {
-		if k == s.self || tk[k] > 0 || ks.rowGen[k] != ks.gen || s.peerGen(ks, k) != ks.gen {
+		if k == s.self || tk[k] > 0 || ks.rowGen()[k] != ks.gen || s.peerGen(ks, k) != ks.gen {
 			continue
 		}
 		since := s.exchHeard[k]
