@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"os"
 	"sync/atomic"
-	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
@@ -28,56 +27,21 @@ type shareStore interface {
 	Shares(ctx context.Context, keys []string, out []int64) error
 }
 
-// forgetting is the region's store as the exchange writes shares to it:
-// through the lease service, which defers the raises of keys that are not
-// short (service.WriteShares) and forgets what it remembers of a key's
-// bucket once its share is written (or the write may have landed), since a
-// raised share or tokens given with it may let a dry bucket grant at once.
+// forgetting is the region's store as the exchange writes shares to it: the
+// lease service forgets what it remembers of a key's bucket once its share
+// is written (or the write may have landed), since a raised share or tokens
+// given with it may let a dry bucket grant at once.
 type forgetting struct {
 	shareStore
 	svc *service.Service
-	// x is the exchange once started: while it hears another replica of
-	// the region, agents may lease there, unseen by this service, which
-	// then keeps no raise (service.KeepRaises).
-	x *atomic.Pointer[exchange.Exchanger]
 }
 
 func (f forgetting) SetShares(ctx context.Context, ups []lease.ShareUpdate, out []lease.ShareResult) error {
-	return f.svc.WriteShares(ctx, f.shareStore.SetShares, ups, out)
-}
-
-// Incarnation reads the store's incarnation. The lease service knows the
-// shares in the store from its own writes; a new incarnation may have lost
-// them, so it forgets them (service.ResetShares). The exchange reads it
-// before each epoch's writes, while it holds the region: the raises the
-// service kept for keys that ran short are written then.
-func (f forgetting) Incarnation(ctx context.Context) (string, error) {
-	inc, err := f.shareStore.Incarnation(ctx)
-	if err == nil {
-		x := f.x.Load()
-		f.svc.KeepRaises(x == nil || !x.SiblingsHeard())
-		f.svc.SawIncarnation(inc)
-		if ferr := f.svc.FlushShares(ctx, f.shareStore.SetShares); ferr != nil {
-			return inc, fmt.Errorf("regiond: writing kept share raises: %w", ferr)
-		}
+	err := f.shareStore.SetShares(ctx, ups, out)
+	for i := range ups {
+		f.svc.Forget(ups[i].Key)
 	}
-	return inc, err
-}
-
-// resetting is the exchange's election: once this replica takes the hold
-// (it was free, or lapsed), another replica may have written shares since
-// the lease service last did, so the service forgets what it knew of them.
-type resetting struct {
-	exchange.Coordinator
-	svc *service.Service
-}
-
-func (r resetting) Acquire(ctx context.Context, reg, holder string, ttl time.Duration) (region.Hold, error) {
-	h, err := r.Coordinator.Acquire(ctx, reg, holder, ttl)
-	if err != nil || h != region.HoldRenewed {
-		r.svc.ResetShares()
-	}
-	return h, err
+	return err
 }
 
 func (f forgetting) DeleteShares(ctx context.Context, keys []string) error {
@@ -230,8 +194,8 @@ func (d *Daemon) startExchange() error {
 		DecideAfter: cfg.DecideAfter,
 		Refresh:     cfg.ReportRefresh,
 		Conn:        d.nc,
-		Store:       forgetting{d.shares, d.svc, &d.obs.x},
-		Coordinator: resetting{coord, d.svc},
+		Store:       forgetting{d.shares, d.svc},
+		Coordinator: coord,
 		Policy:      d.pol.Base, // what this region loaded; the service enforces it made stricter
 		PolicyName:  d.pol.Name,
 		OnDisagree:  d.pol.disagree,

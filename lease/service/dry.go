@@ -195,22 +195,6 @@ func (m *dryMemory) note(key string, g *lease.Grant, l lease.Limit, at int64, li
 	return at + int64(wait), true
 }
 
-// holds reports whether key is remembered dry at now, or its probe is on
-// its way.
-func (m *dryMemory) holds(key string, now int64) bool {
-	if m == nil {
-		return false
-	}
-	sh := m.shard(key)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	d, ok := sh.cur[key]
-	if !ok {
-		d, ok = sh.old[key]
-	}
-	return ok && now < d.trust+d.step
-}
-
 // forget drops what is remembered of key.
 func (m *dryMemory) forget(key string) {
 	if m == nil {

@@ -269,15 +269,8 @@ func (s *Service) sendGrants(ctx context.Context, b *batch, ch chan struct{}) er
 	for j, i := range b.sendIdx {
 		if err == nil {
 			b.out[i] = out[j]
-			until, dry := s.dry.note(b.keys[i], &out[j], b.grants[i].Limit, done, s.dryFor(b.rules[i]))
-			if dry {
+			if until, dry := s.dry.note(b.keys[i], &out[j], b.grants[i].Limit, done, s.dryFor(b.rules[i])); dry {
 				s.announce(b.rules[i], b.keys[i], until)
-			}
-			if dry || out[j].Granted < b.grants[i].Want || out[j].Tokens < out[j].Capacity-float64(b.grants[i].Limit.Cost) {
-				// A bucket more than a cost below its capacity is
-				// being spent from: its raises are written at once
-				// (shares.go).
-				s.shares.ranShort(b.keys[i], done)
 			}
 		}
 		s.dry.land(b.keys[i], ch)

@@ -195,10 +195,6 @@ type Service struct {
 	joined func()
 	// Items sent to the store, for StoreItems.
 	grantItems, returnItems atomic.Int64
-	// What the service knows of the shares in its store, and the share
-	// updates it wrote and deferred (shares.go).
-	shares      *shareBook
-	shareCounts [shareCauses]atomic.Int64
 
 	mu      sync.Mutex
 	pol     *policy.Set
@@ -227,7 +223,6 @@ func New(cfg Config) (*Service, error) {
 		changed: make(chan struct{}),
 		closed:  make(chan struct{}),
 		recent:  newRecent(cfg.Clock(), cfg.TopKeys),
-		shares:  newShareBook(),
 	}
 	if cfg.DryFor > 0 {
 		s.dry = newDryMemory(cfg.DryKeys)
@@ -267,13 +262,11 @@ func (s *Service) policyAndChange() (*policy.Set, <-chan struct{}) {
 }
 
 // Forget drops what the service remembers of keys' regional buckets (store
-// keys, as policy.AppendStoreKey names them) and of their shares: call it
-// after writing or deleting their shares other than through WriteShares,
-// which may let a dry bucket grant again at once.
+// keys, as policy.AppendStoreKey names them): call it after writing their
+// shares, which may let a dry bucket grant again at once.
 func (s *Service) Forget(keys ...string) {
 	for _, k := range keys {
 		s.dry.forget(k)
-		s.shares.forget(k)
 	}
 }
 

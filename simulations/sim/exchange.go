@@ -34,10 +34,6 @@ func (w *world) newNode(r *regiond) error {
 		return fmt.Errorf("sim: region %s: %w", r.name, ch.Err)
 	}
 	r.node = n
-	// A new process knows nothing of the shares in its store.
-	if r.svc != nil {
-		r.svc.ResetShares()
-	}
 	return nil
 }
 
@@ -50,27 +46,19 @@ func (fx regionFx) WriteShares(_ context.Context, cs []region.ShareChange) []reg
 	}
 	res := make([]lease.ShareResult, len(cs))
 	w.noteWindowRaises(r, cs)
-	// Through the lease service, as regiond's exchange writes: it defers
-	// the raises of keys that are not short, and forgets what it remembers
-	// of the buckets it writes.
-	if err := r.svc.WriteShares(w.ctx, fx.write(), ups, res); err != nil {
+	if err := r.store.SetSharesAt(now, ups, res); err != nil {
 		w.fail(fmt.Errorf("sim: region %s: writing shares: %w", r.name, err))
 		return nil
 	}
 	for i := range cs {
 		cs[i].Released, cs[i].ReleasedWindow = res[i].Released, res[i].Window
+		r.svc.Forget(cs[i].Key) // as regiond's exchange does
 	}
+	w.shareWrites += int64(len(cs))
 	// A rewrite (after a restart or a failover) may put back share that a
 	// reclaim took and the restored state has not heard of.
 	w.noteReclaims(cs, w.now)
 	return cs
-}
-
-// write writes shares to the region's store at its time.
-func (fx regionFx) write() service.ShareWrite {
-	return func(_ context.Context, ups []lease.ShareUpdate, res []lease.ShareResult) error {
-		return fx.r.store.SetSharesAt(fx.w.regionTime(fx.r), ups, res)
-	}
 }
 
 func (fx regionFx) DeleteShares(_ context.Context, keys []string) {
@@ -79,23 +67,11 @@ func (fx regionFx) DeleteShares(_ context.Context, keys []string) {
 		w.fail(fmt.Errorf("sim: region %s: retiring shares: %w", r.name, err))
 	}
 	r.svc.Forget(keys...)
-	w.shareDeletes += int64(len(keys))
+	w.shareWrites += int64(len(keys))
 }
 
-// Incarnation reads the store's incarnation, and tells the lease service,
-// as regiond's exchange does: a store that may have lost writes may have
-// lost the shares the service knows.
 func (fx regionFx) Incarnation(ctx context.Context) (string, error) {
-	inc, err := fx.r.store.Incarnation(ctx)
-	if err == nil {
-		// One replica a region here: none is ever heard, as in regiond.
-		fx.r.svc.KeepRaises(!fx.r.node.SiblingsHeard(fx.w.regionTime(fx.r)))
-		fx.r.svc.SawIncarnation(inc)
-		if ferr := fx.r.svc.FlushShares(ctx, fx.write()); ferr != nil {
-			fx.w.fail(fmt.Errorf("sim: region %s: writing kept raises: %w", fx.r.name, ferr))
-		}
-	}
-	return inc, err
+	return fx.r.store.Incarnation(ctx)
 }
 
 // Persist keeps the state a restarted regiond comes back with; a scenario

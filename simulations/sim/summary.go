@@ -83,8 +83,6 @@ type Summary struct {
 	// items that reach the store, share writes; for ideal, one per
 	// request) per admitted request.
 	StoreOpsPerAdmitted float64 `json:"store_ops_per_admitted"`
-	// StoreOps are those operations by cause (nil for ideal).
-	StoreOps *StoreOps `json:"store_ops,omitempty"`
 	// SyncDecisionPct is the share of decisions that waited for a round
 	// trip; DroppedPct the leased tokens dropped unspent at expiry.
 	SyncDecisionPct float64          `json:"sync_decision_pct"`
@@ -95,24 +93,6 @@ type Summary struct {
 	// WallSeconds is the run's wall-clock time: the only field that
 	// differs between two runs of the same scenario and seed.
 	WallSeconds float64 `json:"wall_s"`
-}
-
-// StoreOps counts the store operations of a run by cause: lease items
-// that reached the store (a dry key's probe among them), returns, share
-// writes and deletes of retired shares. The share writes are split as the
-// lease service counts them (service.ShareCounts): the store's share not
-// known, lowered, a short key's, a kept raise written once its key ran
-// short; SharesDeferred counts the raises kept, which cost nothing.
-type StoreOps struct {
-	Grants         int64 `json:"grants"`
-	Returns        int64 `json:"returns"`
-	ShareWrites    int64 `json:"share_writes"`
-	SharesUnknown  int64 `json:"shares_unknown"`
-	SharesLowered  int64 `json:"shares_lowered"`
-	SharesShort    int64 `json:"shares_short"`
-	SharesFlushed  int64 `json:"shares_flushed"`
-	ShareDeletes   int64 `json:"share_deletes"`
-	SharesDeferred int64 `json:"shares_deferred"`
 }
 
 // WindowBound is how the fixed-window keys' windows kept the window bound
@@ -272,24 +252,13 @@ func (w *world) result() *Result {
 		}
 	}
 	var ops, synced, granted, dropped int64
-	var so StoreOps
 	paths := map[string]int64{}
 	for _, r := range w.rs {
 		// Counted where the store is called: a lease item the service
 		// answers from its memory of dry keys costs the store nothing.
 		g, ret := r.svc.StoreItems()
-		sc := r.svc.ShareCounts()
-		ops += g + ret + sc.Written()
-		so.Grants += g
-		so.Returns += ret
-		so.ShareWrites += sc.Written()
-		so.SharesUnknown += sc.Unknown
-		so.SharesLowered += sc.Lowered
-		so.SharesShort += sc.Short
-		so.SharesFlushed += sc.Flushed
-		so.SharesDeferred += sc.Deferred
+		ops += g + ret
 	}
-	so.ShareDeletes = w.shareDeletes
 	for _, x := range stats {
 		synced += int64(x.SyncDecisions)
 		granted += x.TokensGranted
@@ -308,8 +277,7 @@ func (w *world) result() *Result {
 		s.Requests = w.idealOps
 	} else {
 		s.Paths = paths
-		s.StoreOps = &so
-		ops += w.shareDeletes
+		ops += w.shareWrites
 	}
 	if m.admittedReqs > 0 {
 		s.StoreOpsPerAdmitted = round4(float64(ops) / float64(m.admittedReqs))

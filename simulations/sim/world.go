@@ -143,9 +143,9 @@ type world struct {
 	// mismatched are the policies of policy_mismatch faults (by index).
 	mismatched map[int]*policy.Set
 
-	natsMsgs, natsBytes, shareDeletes, idealOps int64
-	recvStale, recvErrors                       int64
-	firstErr                                    error
+	natsMsgs, natsBytes, shareWrites, idealOps int64
+	recvStale, recvErrors                      int64
+	firstErr                                   error
 }
 
 // storeTimeout is the lease services' StoreTimeout in a run: longer than any

@@ -25,7 +25,6 @@ func (x *Exchanger) tallyPhase(ctx context.Context) bool {
 	x.noteHold(x.node.Hold(ctx, x.acquire(ctx)))
 	x.drainTallies()
 	x.node.Tally(ctx, now)
-	x.siblings.Store(x.node.SiblingsHeard(now))
 	holding := x.node.Holding()
 	x.leader.Store(holding)
 	if holding {

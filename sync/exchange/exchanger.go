@@ -50,9 +50,6 @@ type Exchanger struct {
 
 	leader atomic.Bool
 	epochs atomic.Uint64
-	// siblings: another replica of the region was heard at the latest
-	// epoch (region.State.SiblingsHeard).
-	siblings atomic.Bool
 
 	tallies [16]tallyShard
 	seed    maphash.Seed
@@ -155,10 +152,6 @@ func (x *Exchanger) Observe(key string, rule *policy.Rule, demand, granted int64
 // Leader reports whether this replica ran its region's exchange at the
 // latest epoch.
 func (x *Exchanger) Leader() bool { return x.leader.Load() }
-
-// SiblingsHeard reports whether another replica of this region was heard
-// at the latest epoch: agents may lease through it.
-func (x *Exchanger) SiblingsHeard() bool { return x.siblings.Load() }
 
 // Epochs returns how many epochs the loop has run.
 func (x *Exchanger) Epochs() uint64 { return x.epochs.Load() }
