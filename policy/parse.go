@@ -350,20 +350,28 @@ func (p *parser) match(f yamlfield.Field, path string) []Descriptor {
 	return out
 }
 
+// nonEmptyList returns the items of f, a non-empty list of at most max
+// items (what and noun name them in its errors), or reports why it is not
+// one and returns nil.
+func (p *parser) nonEmptyList(f yamlfield.Field, path, what, noun string, max int) []*yaml.Node {
+	seq := f.Val
+	if seq.Kind != yaml.SequenceNode || len(seq.Content) == 0 {
+		p.Errorf(f.Key.Line, path, "must be a non-empty list of %s (got %s)", what, yamlfield.Describe(seq))
+		return nil
+	}
+	if len(seq.Content) > max {
+		p.Errorf(f.Key.Line, path, "has %d %s; the limit is %d", len(seq.Content), noun, max)
+		return nil
+	}
+	return seq.Content
+}
+
 // clients decodes a rule's clients: identities (a client certificate's URI
 // SAN, DNS name or common name), each exact or a prefix ending in "*".
 func (p *parser) clients(f yamlfield.Field, path string) []string {
-	seq := f.Val
-	if seq.Kind != yaml.SequenceNode || len(seq.Content) == 0 {
-		p.Errorf(f.Key.Line, path, "must be a non-empty list of client identities (got %s)", yamlfield.Describe(seq))
-		return nil
-	}
-	if len(seq.Content) > MaxClients {
-		p.Errorf(f.Key.Line, path, "has %d identities; the limit is %d", len(seq.Content), MaxClients)
-		return nil
-	}
-	out := make([]string, 0, len(seq.Content))
-	for i, n := range seq.Content {
+	items := p.nonEmptyList(f, path, "client identities", "identities", MaxClients)
+	out := make([]string, 0, len(items))
+	for i, n := range items {
 		field := path + "[" + strconv.Itoa(i) + "]"
 		switch {
 		case n.Kind != yaml.ScalarNode || n.ShortTag() != "!!str":

@@ -118,17 +118,9 @@ func (p *parser) matchPrefix(f yamlfield.Field, path string) []Descriptor {
 
 // replaceNames decodes a list of rule names; rules checks that they exist.
 func (p *parser) replaceNames(f yamlfield.Field, path string, r *Rule) []string {
-	seq := f.Val
-	if seq.Kind != yaml.SequenceNode || len(seq.Content) == 0 {
-		p.Errorf(f.Key.Line, path, "must be a non-empty list of rule names (got %s)", yamlfield.Describe(seq))
-		return nil
-	}
-	if len(seq.Content) > MaxRules {
-		p.Errorf(f.Key.Line, path, "has %d names; the limit is %d", len(seq.Content), MaxRules)
-		return nil
-	}
-	out := make([]string, 0, len(seq.Content))
-	for i, n := range seq.Content {
+	items := p.nonEmptyList(f, path, "rule names", "names", MaxRules)
+	out := make([]string, 0, len(items))
+	for i, n := range items {
 		field := path + "[" + strconv.Itoa(i) + "]"
 		switch {
 		case n.Kind != yaml.ScalarNode || n.ShortTag() != "!!str" || !validName(n.Value) || len(n.Value) > maxNameLen:

@@ -33,6 +33,7 @@ import (
 
 	leasev1 "github.com/ration-dev/ration/lease/v1"
 	"github.com/ration-dev/ration/policy"
+	"github.com/ration-dev/ration/policy/envoydesc"
 )
 
 // Leaser is the region's lease path as the server uses it; the lease
@@ -111,7 +112,7 @@ func (c Config) withDefaults() Config {
 	def(&c.IdleAfter, 2*time.Minute)
 	def(&c.LeaseTimeout, time.Second)
 	if c.DomainKey == "" {
-		c.DomainKey = "domain"
+		c.DomainKey = envoydesc.DefaultDomainKey
 	}
 	if c.Headroom == 0 {
 		c.Headroom = 1.1

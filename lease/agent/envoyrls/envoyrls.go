@@ -102,7 +102,7 @@ type Config struct {
 // withDefaults returns a copy of c with every zero field set to its default.
 func (c Config) withDefaults() Config {
 	if c.DomainKey == "" {
-		c.DomainKey = "domain"
+		c.DomainKey = envoydesc.DefaultDomainKey
 	}
 	if c.MaxDescriptors == 0 {
 		c.MaxDescriptors = 64
