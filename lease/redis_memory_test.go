@@ -3,6 +3,7 @@ package lease
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
 	"math/bits"
 	"os"
 	"strconv"
@@ -15,15 +16,20 @@ import (
 	"github.com/ration-dev/ration/internal/redistest"
 	"github.com/ration-dev/ration/policy"
 	"github.com/ration-dev/ration/region"
+	"github.com/ration-dev/ration/sync/codec"
 )
 
 // TestRedisMemoryPerKey writes N keys (RATION_REDIS_MEM_KEYS, default
 // 100,000; 10,000 with -short) to a redis-server of its own three ways,
 // grants only, then a share write, then a share write carrying tokens
 // (escrow), and reports INFO memory's used_memory per key: the growth from
-// the empty database divided by N. The same keys in the layout before
-// issue 12 (a hash and a share key each, written by hand as the old script
-// wrote them) are measured beside them as the baseline.
+// the empty database divided by N. Then everything ration keeps in Redis
+// for an active global key, in one figure: the escrow's key and the key's
+// record in the exchange's persisted state (issue 12 asks for about 150 B;
+// the test logs how far it is and bounds it where it is). The same keys in
+// the layout before issue 12 (a hash and a share key each, written by hand
+// as the old script wrote them) are measured beside them as the baseline,
+// and two layouts that would meet issue 12's figure as what-ifs.
 //
 // Redis's own cost of a key with an expiry is most of the figure: on Redis
 // 7.0 (jemalloc) a dictEntry in the keyspace and one in the expires dict
@@ -75,25 +81,61 @@ func TestRedisMemoryPerKey(t *testing.T) {
 		}
 		return s.Grant(ctx, reqs, make([]Grant, len(ks)))
 	}
-	// The tables' share of the figure: the rest does not depend on N.
-	tables := 2 * 8 * float64(uint64(1)<<bits.Len(uint(n-1))) / float64(n)
+	// The tables' share of the figure, for dicts of N entries: the rest
+	// does not depend on N. A key is in two (the keyspace and the expires
+	// dict); its exchange record in a third, the state hash's.
+	tables := func(dicts int) float64 {
+		return float64(dicts) * 8 * float64(uint64(1)<<bits.Len(uint(n-1))) / float64(n)
+	}
+	record := exchangeRecords(client, s)
+	// Load the script and let the server make its lazily made structures
+	// first: the first row would count them (17 B a key at 10,000 keys).
+	measureRedisMemory(t, client, keys[:1], []func(context.Context, []string) error{grant, share(7, 12_345), record})
+	if _, rec, err := encodeExchangeRecords(keys[:1]); err != nil {
+		t.Fatal(err)
+	} else {
+		t.Logf("an exchange record of a key named %q: %d B", keys[0], len(rec[0]))
+	}
 	for _, c := range []struct {
 		name  string
 		write []func(ctx context.Context, ks []string) error
+		dicts int
 		// bound is the figure less tables, what this layout reaches.
 		bound float64
 	}{
-		{"grants", []func(context.Context, []string) error{grant}, 129},
-		{"grants+share", []func(context.Context, []string) error{grant, share(0, 0)}, 145},
-		{"grants+escrow", []func(context.Context, []string) error{grant, share(7, 12_345)}, 161},
-		{"baseline=layout-before-issue-12/grants", []func(context.Context, []string) error{oldLayout(client, s, "")}, 0},
-		{"baseline=layout-before-issue-12/grants+share", []func(context.Context, []string) error{oldLayout(client, s, "500000")}, 0},
-		{"baseline=layout-before-issue-12/grants+escrow", []func(context.Context, []string) error{oldLayout(client, s, "500000:7:0:12345")}, 0},
+		{"grants", []func(context.Context, []string) error{grant}, 2, 129},
+		{"grants+share", []func(context.Context, []string) error{grant, share(0, 0)}, 2, 145},
+		{"grants+escrow", []func(context.Context, []string) error{grant, share(7, 12_345)}, 2, 161},
+		// Everything ration keeps in Redis for an active key of a global
+		// rule: the one figure issue 12 bounds (384 B less tables at
+		// 100,000 keys, 393 B at 10,000, where the state hash may be
+		// caught rehashing into a larger table, both tables held).
+		{"all=grants+escrow+exchange-record", []func(context.Context, []string) error{grant, share(7, 12_345), record}, 3, 395},
+		{"baseline=layout-before-issue-12/grants", []func(context.Context, []string) error{oldLayout(client, s, "")}, 2, 0},
+		{"baseline=layout-before-issue-12/grants+share", []func(context.Context, []string) error{oldLayout(client, s, "500000")}, 2, 0},
+		{"baseline=layout-before-issue-12/grants+escrow", []func(context.Context, []string) error{oldLayout(client, s, "500000:7:0:12345")}, 2, 0},
+		// Layouts that would meet issue 12's figure, modelled with filler
+		// values of the sizes they would hold (not written by the
+		// script): the keys in hashes of about 100 keys each (field: the
+		// key, value: the key's state with its own expiry, 39 B with an
+		// escrow), listpack-encoded, alone and with a 40 B exchange
+		// record in the same value (hash-max-listpack-value raised to 128).
+		{"what-if=hash-per-100-keys/escrow", []func(context.Context, []string) error{groupedLayout(client, n, 39)}, 0, 0},
+		{"what-if=hash-per-100-keys/escrow+40B-record", []func(context.Context, []string) error{groupedLayout(client, n, 79)}, 0, 0},
 	} {
 		perKey := measureRedisMemory(t, client, keys, c.write)
-		t.Logf("%-46s %6.1f B per key (%d keys; %.1f B of it the dicts' tables)", c.name, perKey, n, tables)
-		if c.bound > 0 && perKey > c.bound+tables+2 {
-			t.Errorf("%s: %.1f B per key, want ≤ %.1f", c.name, perKey, c.bound+tables+2)
+		t.Logf("%-46s %6.1f B per key (%d keys; %.1f B of it the dicts' tables)", c.name, perKey, n, tables(c.dicts))
+		if want := c.bound + tables(c.dicts) + 2; c.bound > 0 && perKey > want {
+			t.Errorf("%s: %.1f B per key, want ≤ %.1f", c.name, perKey, want)
+		}
+		if strings.HasPrefix(c.name, "all=") {
+			// Issue 12 asks for about 150 B (≤ 157.5 B, 5% over) counting
+			// everything. Not met on Redis 7.0 with a Redis key per key
+			// (about 149 B of Redis's own) and the exchange's records in
+			// a hash (about 234 B a key): logged, not failed, and the
+			// bound above keeps the figure from growing meanwhile. The
+			// what-if rows below show the layout that would meet it.
+			t.Logf("issue 12's about 150 B a key counting everything (≤ 157.5 B): %.1f B, %.2f× it", perKey, perKey/150)
 		}
 	}
 }
@@ -142,6 +184,44 @@ func usedMemory(t *testing.T, client redis.UniversalClient) int64 {
 	return field("used_memory") - field("mem_clients_normal")
 }
 
+// exchangeRecords writes each key's record of the exchange's persisted
+// state as sync/exchange.RedisCoordinator saves it: a field of the region's
+// state hash, "<prefix>exchange:{<region>}:state", whose value is the
+// key's field of the Snapshot message (encodeExchangeRecords).
+func exchangeRecords(client redis.UniversalClient, s *RedisStore) func(ctx context.Context, ks []string) error {
+	state := s.cfg.Prefix + "exchange:{eu}:state"
+	return func(ctx context.Context, ks []string) error {
+		head, records, err := encodeExchangeRecords(ks)
+		if err != nil {
+			return err
+		}
+		args := []any{"", head}
+		for i, k := range ks {
+			args = append(args, k, records[i])
+		}
+		return client.HSet(ctx, state, args...).Err()
+	}
+}
+
+// encodeExchangeRecords is the head and records (codec.EncodeSnapshotParts)
+// of a region whose keys ks each hold a steady key's state among three
+// regions, as BenchmarkEpochAtScale's keys do after 60 epochs: a
+// generation, the base, one gift made, received and acknowledged, and the
+// smoothed demands.
+func encodeExchangeRecords(ks []string) (head []byte, records [][]byte, err error) {
+	snap := region.Snapshot{Region: "eu", Regions: []string{"ap", "eu", "us"}, Epoch: 1_700_000_060, Heard: make([]uint64, 3), HeardAt: make([]time.Time, 3)}
+	z := func() []int64 { return make([]int64, 3) }
+	for i, k := range ks {
+		snap.Keys = append(snap.Keys, region.KeySnapshot{
+			Key: k, Generation: 1_700_000_001, Base: 333_333,
+			Row: []int64{0, 0, 1420 + int64(i)}, Taken: z(), In: []int64{0, 0, 226_933}, InTaken: z(),
+			Refund: z(), Unclaim: z(), Ack: []int64{0, 0, 1420 + int64(i)}, AckTaken: z(), Settled: make([]uint64, 3),
+			Tokens: z(), TokensIn: z(), TokensInWindow: z(), Demand: []float64{118.99999999999999, 159, 1.9967431728041785},
+		})
+	}
+	return codec.EncodeSnapshotParts(&snap)
+}
+
 // oldLayout writes keys as the script before issue 12 did after a grant:
 // the bucket hash with its expiry and, unless share is "", the share key.
 func oldLayout(client redis.UniversalClient, s *RedisStore, share string) func(ctx context.Context, ks []string) error {
@@ -153,6 +233,31 @@ func oldLayout(client redis.UniversalClient, s *RedisStore, share string) func(c
 			if share != "" {
 				pipe.Set(ctx, s.oldShareKey(k), share, 0)
 			}
+		}
+		_, err := pipe.Exec(ctx)
+		return err
+	}
+}
+
+// groupedLayout writes keys as fields of about n/100 hashes (by the key's
+// FNV-1a hash), each value size bytes of filler, and gives every hash an
+// expiry, as a layout of several keys per Redis key would (hashes of up to
+// 128 fields of up to hash-max-listpack-value bytes are listpacks). It
+// raises hash-max-listpack-value to 128 for values above the default 64.
+func groupedLayout(client redis.UniversalClient, n, size int) func(ctx context.Context, ks []string) error {
+	val := strings.Repeat("x", size)
+	groups := uint32(max(n/100, 1))
+	return func(ctx context.Context, ks []string) error {
+		if err := client.ConfigSet(ctx, "hash-max-listpack-value", strconv.Itoa(max(64, size))).Err(); err != nil {
+			return err
+		}
+		pipe := client.Pipeline()
+		for _, k := range ks {
+			h := fnv.New32a()
+			_, _ = h.Write([]byte(k))
+			g := "ration:{g" + strconv.FormatUint(uint64(h.Sum32()%groups), 10) + "}"
+			pipe.HSet(ctx, g, k, val)
+			pipe.PExpire(ctx, g, 2*time.Minute)
 		}
 		_, err := pipe.Exec(ctx)
 		return err
