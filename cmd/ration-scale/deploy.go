@@ -179,6 +179,8 @@ func (p printer) start(o options, d *deployment) {
 	fmt.Fprintf(p.w, "active keys: distinct keys the sweep decided within the regions' idle time (%v); sweep lag: keys it is behind its schedule\n", regionIdle)
 	fmt.Fprintf(p.w, "columns: rss, cpu/s and heap (go_memstats_heap_inuse_bytes) of regiond; epoch = mean exchange epoch;\n"+
 		"  items/s = keys leased (one store operation each); l-err, x-err = failed store calls of the lease service and of the exchange in the interval; redis = INFO used_memory;\n"+
-		"  B/rkey = used_memory/DBSIZE; B/key = (used_memory − before the load)/active keys; rcpu/s = redis-server CPU;\n"+
+		"  keys = the keys' own Redis keys (DBSIZE less the exchange's hold and state), B/kkey = their bytes each (used_memory − before the load − the state's);\n"+
+		"  xrecs = the exchange's persisted records (one a key it holds state for), B/xrec = the state's MEMORY USAGE each;\n"+
+		"  B/key = (used_memory − before the load)/max(keys, xrecs), everything ration keeps in Redis per key; rcpu/s = redis-server CPU;\n"+
 		"  nats = regiond's connection, bytes published (in) and delivered (out); agent keys held; adm/den/fail = decisions, fail = by failure mode\n\n")
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -147,12 +148,29 @@ func sample(line string) (string, float64, bool) {
 	return name, v, err == nil
 }
 
-// redisMemory is INFO memory's used_memory and DBSIZE.
+// redisMemory is INFO memory's used_memory and DBSIZE, and what of them
+// is the exchange's: its keys and its persisted state's records and bytes.
 type redisMemory struct {
 	used, keys int64
+	// xkeys are the exchange's own keys (its hold and its state), not a
+	// key's; xrecords the state's per-key records (its fields less the
+	// head), and xbytes MEMORY USAGE's estimate of the state.
+	xkeys, xrecords, xbytes int64
 }
 
-func readRedis(ctx context.Context, rc *redis.Client) (redisMemory, error) {
+// storePrefix is regiond's Redis key prefix (lease.RedisConfig's default),
+// and exchangeKey a key of the exchange's in region reg, as
+// sync/exchange.RedisCoordinator names it.
+const storePrefix = "ration:"
+
+func exchangeKey(reg, what string) string { return storePrefix + "exchange:{" + reg + "}:" + what }
+
+// stateSamples is how many of the state's fields MEMORY USAGE looks at to
+// estimate the whole: enough for records of similar size, and O(samples)
+// rather than O(keys) on a Redis that serves the leases meanwhile.
+const stateSamples = 1000
+
+func readRedis(ctx context.Context, rc *redis.Client, reg string) (redisMemory, error) {
 	var m redisMemory
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -169,6 +187,25 @@ func readRedis(ctx context.Context, rc *redis.Client) (redisMemory, error) {
 	}
 	if m.keys, err = rc.DBSize(ctx).Result(); err != nil {
 		return m, fmt.Errorf("DBSIZE: %w", err)
+	}
+	state := exchangeKey(reg, "state")
+	if m.xkeys, err = rc.Exists(ctx, exchangeKey(reg, "lease"), state).Result(); err != nil {
+		return m, fmt.Errorf("EXISTS: %w", err)
+	}
+	if typ, err := rc.Type(ctx, state).Result(); err != nil {
+		return m, fmt.Errorf("TYPE %s: %w", state, err)
+	} else if typ == "hash" {
+		n, err := rc.HLen(ctx, state).Result()
+		if err != nil {
+			return m, fmt.Errorf("HLEN %s: %w", state, err)
+		}
+		m.xrecords = max(n-1, 0) // the head is at field ""
+	}
+	if m.xkeys > 0 {
+		m.xbytes, err = rc.MemoryUsage(ctx, state, stateSamples).Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return m, fmt.Errorf("MEMORY USAGE %s: %w", state, err)
+		}
 	}
 	return m, nil
 }

@@ -35,7 +35,13 @@ type regionLine struct {
 	RedisUsed    int64   `json:"redis_used_memory_bytes"`
 	RedisKeys    int64   `json:"redis_dbsize"`
 	RedisPerRKey float64 `json:"redis_bytes_per_redis_key"`
-	RedisPerKey  float64 `json:"redis_bytes_per_active_key"`
+	RedisPerKey  float64 `json:"redis_bytes_per_key"`
+	// The parts of RedisPerKey: the keys' own Redis keys (bucket, share
+	// and escrow, one each) and the exchange's persisted records.
+	BucketKeys   int64   `json:"redis_key_keys"`
+	PerBucketKey float64 `json:"redis_bytes_per_key_key"`
+	XchgRecords  int64   `json:"exchange_records"`
+	PerXchgRec   float64 `json:"exchange_state_bytes_per_record"`
 	RedisCPU     float64 `json:"redis_cpu_s_per_s"`
 	NATSIn       float64 `json:"nats_in_bytes_per_s"`
 	NATSOut      float64 `json:"nats_out_bytes_per_s"`
@@ -176,7 +182,7 @@ func (s *sampler) sample(ctx context.Context, now time.Time) error {
 		t.line = regionLine{Kind: "region", T: now.Sub(s.start).Seconds(), Region: t.name, PID: t.daemon.pid()}
 		err := t.sampleDaemon(ctx, s.hc)
 		if err == nil {
-			err = t.sampleRedis(ctx, active)
+			err = t.sampleRedis(ctx)
 		}
 		if err != nil {
 			return fmt.Errorf("region %s: %w", t.name, err)
@@ -216,14 +222,14 @@ func (t *target) sampleDaemon(ctx context.Context, hc *http.Client) error {
 }
 
 // sampleRedis reads the region's Redis: memory, keys and CPU.
-func (t *target) sampleRedis(ctx context.Context, active int64) error {
+func (t *target) sampleRedis(ctx context.Context) error {
 	l := &t.line
 	ru, err := readProc(t.redis.pid())
 	if err != nil {
 		return err
 	}
 	l.RedisCPU = t.count.rate("redis cpu", ru.cpu)
-	rm, err := readRedis(ctx, t.rc)
+	rm, err := readRedis(ctx, t.rc, t.name)
 	if err != nil {
 		return err
 	}
@@ -231,8 +237,20 @@ func (t *target) sampleRedis(ctx context.Context, active int64) error {
 	if rm.keys > 0 {
 		l.RedisPerRKey = float64(rm.used) / float64(rm.keys)
 	}
-	if active > 0 {
-		l.RedisPerKey = float64(rm.used-t.base) / float64(active)
+	// A key ration holds state for in this Redis has its own Redis key,
+	// an exchange record, or both: dividing by the larger count is the
+	// per-key figure at its highest. The key's own Redis keys cost what
+	// is not the exchange's state; an exchange record, the state's
+	// estimate over its records.
+	l.BucketKeys, l.XchgRecords = rm.keys-rm.xkeys, rm.xrecords
+	if held := max(l.BucketKeys, l.XchgRecords); held > 0 {
+		l.RedisPerKey = float64(rm.used-t.base) / float64(held)
+	}
+	if l.BucketKeys > 0 {
+		l.PerBucketKey = float64(rm.used-t.base-rm.xbytes) / float64(l.BucketKeys)
+	}
+	if l.XchgRecords > 0 {
+		l.PerXchgRec = float64(rm.xbytes) / float64(l.XchgRecords)
 	}
 	return nil
 }
@@ -311,13 +329,13 @@ func (p printer) interval(s *sampler) {
 	a := s.all
 	fmt.Fprintf(p.w, "t=%v active keys %d (sweep lag %d), driven %.0f/s, harness cpu %.2f s/s, nats in %s/s out %s/s\n",
 		time.Duration(a.T*float64(time.Second)).Round(time.Second), a.ActiveKeys, a.SweepLag, a.Driven, a.HarnessCPU, mb(a.NATSIn), mb(a.NATSOut))
-	fmt.Fprintf(p.w, "  %-4s %8s %6s %8s %8s %8s %6s %6s %9s %9s %7s %6s %6s %9s %9s %9s %8s %8s %6s\n",
-		"reg", "rss", "cpu/s", "heap", "epoch", "items/s", "l-err", "x-err", "redis", "dbsize", "B/rkey", "B/key", "rcpu/s", "nats-in/s", "nats-out/s", "agentkeys", "adm/s", "den/s", "fail/s")
+	fmt.Fprintf(p.w, "  %-4s %8s %6s %8s %8s %8s %6s %6s %9s %8s %6s %8s %6s %6s %6s %9s %9s %9s %8s %8s %6s\n",
+		"reg", "rss", "cpu/s", "heap", "epoch", "items/s", "l-err", "x-err", "redis", "keys", "B/kkey", "xrecs", "B/xrec", "B/key", "rcpu/s", "nats-in/s", "nats-out/s", "agentkeys", "adm/s", "den/s", "fail/s")
 	for _, t := range s.regions {
 		l := t.line
-		fmt.Fprintf(p.w, "  %-4s %8s %6.2f %8s %6.0fms %8.0f %6.0f %6.0f %9s %9d %7.0f %6.0f %6.2f %9s %9s %9d %8.0f %8.0f %6.0f\n",
-			l.Region, mb(float64(l.RSS)), l.CPU, mb(float64(l.HeapInuse)), l.EpochMS, l.LeaseItems, l.LeaseErrors, l.XchgErrors, mb(float64(l.RedisUsed)), l.RedisKeys,
-			l.RedisPerRKey, l.RedisPerKey, l.RedisCPU, mb(l.NATSIn), mb(l.NATSOut), l.AgentKeys, l.Admitted, l.Denied, l.FailureMode)
+		fmt.Fprintf(p.w, "  %-4s %8s %6.2f %8s %6.0fms %8.0f %6.0f %6.0f %9s %8d %6.0f %8d %6.0f %6.0f %6.2f %9s %9s %9d %8.0f %8.0f %6.0f\n",
+			l.Region, mb(float64(l.RSS)), l.CPU, mb(float64(l.HeapInuse)), l.EpochMS, l.LeaseItems, l.LeaseErrors, l.XchgErrors, mb(float64(l.RedisUsed)),
+			l.BucketKeys, l.PerBucketKey, l.XchgRecords, l.PerXchgRec, l.RedisPerKey, l.RedisCPU, mb(l.NATSIn), mb(l.NATSOut), l.AgentKeys, l.Admitted, l.Denied, l.FailureMode)
 	}
 	fmt.Fprintf(p.w, "  agents: %d keys held, live heap %s above the start, %.0f B/key\n", a.AgentKeys, mb(float64(a.AgentHeap)), a.AgentPerKey)
 }
