@@ -9,7 +9,7 @@ import (
 // keys with both of its checks: at most maxHeldKeyBytes per held key, and
 // the heap after every key is evicted within twice the empty agent's
 // (TestAgentMemoryPerKey with RATION_MEM_KEYS checks only the second). It
-// wants some 400 MB and half a minute, so it runs only when asked:
+// wants some 600 MB and half a minute, so it runs only when asked:
 //
 //	RATION_MEM_MILLION=1 go test -run TestAgentMemoryAtAMillion -v ./lease/agent
 func TestAgentMemoryAtAMillion(t *testing.T) {
