@@ -178,7 +178,8 @@ func (p printer) start(o options, d *deployment) {
 		l.Keys, o.load.sweep, l.SweepRate, 100*l.Move, l.Hot, l.Zipf, l.Agents, l.Seed)
 	fmt.Fprintf(p.w, "active keys: distinct keys the sweep decided within the regions' idle time (%v); sweep lag: keys it is behind its schedule\n", regionIdle)
 	fmt.Fprintf(p.w, "columns: rss, cpu/s and heap (go_memstats_heap_inuse_bytes) of regiond; epoch = mean exchange epoch;\n"+
-		"  items/s = keys leased (one store operation each); l-err, x-err = failed store calls of the lease service and of the exchange in the interval; redis = INFO used_memory;\n"+
+		"  items/s = keys leased (one store operation each); l-err, x-err = failed store calls of the lease service and of the exchange in the interval,\n"+
+		"  x-save = of them the persisted state's saves; state-w/s = persisted state written; redis = INFO used_memory;\n"+
 		"  keys = the keys' own Redis keys (DBSIZE less the exchange's hold and state), B/kkey = their bytes each (used_memory − before the load − the state's);\n"+
 		"  xrecs = the exchange's persisted records (one a key it holds state for), B/xrec = the state's MEMORY USAGE each;\n"+
 		"  B/key = (used_memory − before the load)/max(keys, xrecs), everything ration keeps in Redis per key; rcpu/s = redis-server CPU;\n"+

@@ -74,6 +74,8 @@ type daemonMetrics struct {
 	leaseItems     float64 // ration_lease_items_total: keys asked for, one store operation each
 	leaseErrors    float64 // ration_store_errors_total: the lease service's failed store calls
 	exchangeErrors float64 // ration_exchange_store_errors_total: the exchange's
+	saveErrors     float64 // of them, {op="save"}: its persisted state's saves
+	stateWritten   float64 // ration_exchange_state_written_bytes_total
 }
 
 // scrapeMetrics reads regiond's /metrics in the Prometheus text format
@@ -120,6 +122,11 @@ func parseMetrics(r io.Reader, m *daemonMetrics) error {
 			m.leaseErrors += value
 		case "ration_exchange_store_errors_total":
 			m.exchangeErrors += value
+			if strings.Contains(line, `op="save"`) {
+				m.saveErrors += value
+			}
+		case "ration_exchange_state_written_bytes_total":
+			m.stateWritten += value
 		}
 	}
 	return sc.Err()

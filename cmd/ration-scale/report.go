@@ -32,6 +32,8 @@ type regionLine struct {
 	LeaseItems   float64 `json:"lease_items_per_s"`
 	LeaseErrors  float64 `json:"lease_store_errors"`
 	XchgErrors   float64 `json:"exchange_store_errors"`
+	SaveErrors   float64 `json:"exchange_save_errors"`
+	StateWritten float64 `json:"exchange_state_written_bytes_per_s"`
 	RedisUsed    int64   `json:"redis_used_memory_bytes"`
 	RedisKeys    int64   `json:"redis_dbsize"`
 	RedisPerRKey float64 `json:"redis_bytes_per_redis_key"`
@@ -218,6 +220,8 @@ func (t *target) sampleDaemon(ctx context.Context, hc *http.Client) error {
 	l.LeaseItems = t.count.rate("lease items", m.leaseItems)
 	l.LeaseErrors = t.count.delta("lease errors", m.leaseErrors)
 	l.XchgErrors = t.count.delta("exchange errors", m.exchangeErrors)
+	l.SaveErrors = t.count.delta("save errors", m.saveErrors)
+	l.StateWritten = t.count.rate("state written", m.stateWritten)
 	return nil
 }
 
@@ -329,12 +333,12 @@ func (p printer) interval(s *sampler) {
 	a := s.all
 	fmt.Fprintf(p.w, "t=%v active keys %d (sweep lag %d), driven %.0f/s, harness cpu %.2f s/s, nats in %s/s out %s/s\n",
 		time.Duration(a.T*float64(time.Second)).Round(time.Second), a.ActiveKeys, a.SweepLag, a.Driven, a.HarnessCPU, mb(a.NATSIn), mb(a.NATSOut))
-	fmt.Fprintf(p.w, "  %-4s %8s %6s %8s %8s %8s %6s %6s %9s %8s %6s %8s %6s %6s %6s %9s %9s %9s %8s %8s %6s\n",
-		"reg", "rss", "cpu/s", "heap", "epoch", "items/s", "l-err", "x-err", "redis", "keys", "B/kkey", "xrecs", "B/xrec", "B/key", "rcpu/s", "nats-in/s", "nats-out/s", "agentkeys", "adm/s", "den/s", "fail/s")
+	fmt.Fprintf(p.w, "  %-4s %8s %6s %8s %8s %8s %6s %6s %6s %9s %9s %8s %6s %8s %6s %6s %6s %9s %9s %9s %8s %8s %6s\n",
+		"reg", "rss", "cpu/s", "heap", "epoch", "items/s", "l-err", "x-err", "x-save", "state-w/s", "redis", "keys", "B/kkey", "xrecs", "B/xrec", "B/key", "rcpu/s", "nats-in/s", "nats-out/s", "agentkeys", "adm/s", "den/s", "fail/s")
 	for _, t := range s.regions {
 		l := t.line
-		fmt.Fprintf(p.w, "  %-4s %8s %6.2f %8s %6.0fms %8.0f %6.0f %6.0f %9s %8d %6.0f %8d %6.0f %6.0f %6.2f %9s %9s %9d %8.0f %8.0f %6.0f\n",
-			l.Region, mb(float64(l.RSS)), l.CPU, mb(float64(l.HeapInuse)), l.EpochMS, l.LeaseItems, l.LeaseErrors, l.XchgErrors, mb(float64(l.RedisUsed)),
+		fmt.Fprintf(p.w, "  %-4s %8s %6.2f %8s %6.0fms %8.0f %6.0f %6.0f %6.0f %9s %9s %8d %6.0f %8d %6.0f %6.0f %6.2f %9s %9s %9d %8.0f %8.0f %6.0f\n",
+			l.Region, mb(float64(l.RSS)), l.CPU, mb(float64(l.HeapInuse)), l.EpochMS, l.LeaseItems, l.LeaseErrors, l.XchgErrors, l.SaveErrors, mb(l.StateWritten), mb(float64(l.RedisUsed)),
 			l.BucketKeys, l.PerBucketKey, l.XchgRecords, l.PerXchgRec, l.RedisPerKey, l.RedisCPU, mb(l.NATSIn), mb(l.NATSOut), l.AgentKeys, l.Admitted, l.Denied, l.FailureMode)
 	}
 	fmt.Fprintf(p.w, "  agents: %d keys held, live heap %s above the start, %.0f B/key\n", a.AgentKeys, mb(float64(a.AgentHeap)), a.AgentPerKey)
