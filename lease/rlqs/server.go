@@ -15,7 +15,9 @@
 // sends TTL 0 to every bucket. docs/RLQS.md states the bound.
 //
 // Start: New(Config{Leaser: svc}), Register on a gRPC server, Shutdown
-// before stopping that server.
+// before stopping that server. Core is one stream's decisions without I/O
+// (time and policy as arguments, the lease calls as an outbox), which the
+// stream handler and the simulator both drive.
 package rlqs
 
 import (
@@ -145,13 +147,19 @@ func (c Config) withDefaults() Config {
 func (c Config) Validate() error { return c.withDefaults().validate() }
 
 func (c Config) validate() error {
+	if c.Leaser == nil {
+		return fmt.Errorf("%w: Leaser is required", ErrInvalidConfig)
+	}
+	return c.validateCore()
+}
+
+// validateCore checks what a Core uses: all but the Leaser.
+func (c Config) validateCore() error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
 	}
 	whole := func(d time.Duration) bool { return d%time.Second == 0 }
 	switch {
-	case c.Leaser == nil:
-		return bad("Leaser is required")
 	case c.TTL < time.Second || !whole(c.TTL):
 		return bad("TTL %v: whole seconds, at least 1s", c.TTL)
 	case c.Slack < 0:
@@ -178,10 +186,8 @@ type Server struct {
 	rlqsv3.UnimplementedRateLimitQuotaServiceServer
 
 	cfg  Config
-	z    sizing
-	lim  limits
 	met  *metrics
-	fair fair          // demand per store key across streams
+	fair Fair          // demand per store key across streams
 	seq  atomic.Uint64 // stream ids: each stream leases as agent rlqs/<id>
 	wg   sync.WaitGroup
 	mu   sync.Mutex
@@ -201,8 +207,6 @@ func New(cfg Config) (*Server, error) {
 	}
 	return &Server{
 		cfg:  cfg,
-		z:    sizing{ttl: cfg.TTL, slack: cfg.Slack, fill: cfg.FillInterval, headroom: cfg.Headroom, use: cfg.Use},
-		lim:  limits{entries: cfg.MaxEntries, entryLen: cfg.MaxEntryLen, requests: cfg.MaxRequests},
 		met:  m,
 		done: make(chan struct{}),
 	}, nil
