@@ -20,9 +20,10 @@ type Summary struct {
 	Algorithm Algorithm `json:"algorithm"`
 	DurationS float64   `json:"duration_s"`
 	Regions   []string  `json:"regions"`
-	// Agents at the start, and keys.
-	Agents int `json:"agents"`
-	Keys   int `json:"keys"`
+	// Agents and RLQS proxies at the start, and keys.
+	Agents  int `json:"agents"`
+	Proxies int `json:"proxies,omitempty"`
+	Keys    int `json:"keys"`
 	// Requests is the number of requests decided; Demanded and Admitted
 	// are tokens asked for and admitted.
 	Requests int64 `json:"requests"`
@@ -169,6 +170,14 @@ func (w *world) result() *Result {
 	if w.alg == Ideal {
 		s.Agents = 0
 	}
+	if w.px != nil {
+		s.Proxies = w.px.initial
+		for _, r := range w.rs {
+			if r.proxied() {
+				s.Agents -= sc.AgentsPerRegion
+			}
+		}
+	}
 	s.IdealAdmitted = sum64(m.vs.idealAdmitted)
 	s.VersusIdealPct = ratioPct(s.Admitted, s.IdealAdmitted)
 	s.Steps = w.steps()
@@ -276,6 +285,7 @@ func (w *world) result() *Result {
 		ops = w.idealOps
 		s.Requests = w.idealOps
 	} else {
+		s.Requests += w.proxyPaths(paths)
 		s.Paths = paths
 		ops += w.shareWrites
 	}
