@@ -62,7 +62,7 @@ type Outbox struct {
 // defaults filled, sharing fair with the other streams of its region's
 // server. now starts its ticks.
 func NewCore(cfg Config, fair *Fair, agentID string, now time.Time) (*Core, error) {
-	cfg = cfg.withDefaults()
+	cfg = cfg.WithDefaults()
 	if err := cfg.validateCore(); err != nil {
 		return nil, err
 	}

@@ -101,7 +101,8 @@ type Config struct {
 	Clock func() time.Time
 }
 
-func (c Config) withDefaults() Config {
+// WithDefaults returns c with its zero fields set to their defaults.
+func (c Config) WithDefaults() Config {
 	def := func(d *time.Duration, v time.Duration) {
 		if *d == 0 {
 			*d = v
@@ -144,7 +145,7 @@ func (c Config) withDefaults() Config {
 }
 
 // Validate reports whether c, with its defaults, is usable by New.
-func (c Config) Validate() error { return c.withDefaults().validate() }
+func (c Config) Validate() error { return c.WithDefaults().validate() }
 
 func (c Config) validate() error {
 	if c.Leaser == nil {
@@ -197,7 +198,7 @@ type Server struct {
 
 // New returns a Server for cfg, its defaults filled on a copy.
 func New(cfg Config) (*Server, error) {
-	cfg = cfg.withDefaults()
+	cfg = cfg.WithDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}

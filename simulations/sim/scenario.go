@@ -178,7 +178,7 @@ type Fault struct {
 	// Proxies that crash or whose streams break (crash_proxies,
 	// disconnect_proxies).
 	Proxies int
-	Line   int
+	Line    int
 }
 
 // ErrInvalid is wrapped by every validation error of Parse.
