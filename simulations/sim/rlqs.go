@@ -74,10 +74,11 @@ var proxyPathNames = [nPaths]string{"rlqs_token_bucket", "rlqs_allow_all", "rlqs
 
 // proxyWorld is the run's proxies.
 type proxyWorld struct {
-	cfg     rlqs.Config // the RLQS servers', defaults filled
-	rnd     *rand.Rand  // the proxies' own: other scenarios draw nothing from it
-	seq     uint64      // streams opened
-	initial int         // proxies at the start: at most as many live at once
+	cfg     rlqs.Config       // the RLQS servers', defaults filled
+	rnd     *rand.Rand        // the proxies' own: other scenarios draw nothing from it
+	seq     uint64            // streams opened
+	initial int               // proxies at the start: at most as many live at once
+	keyOf   map[[2]string]int // key index by the bucket id's rule and value
 	dec     [nPaths][2]int64
 }
 
@@ -132,7 +133,11 @@ func (w *world) newProxies() error {
 	if sc.RLQS == nil || w.alg == Ideal {
 		return nil
 	}
-	w.px = &proxyWorld{cfg: rlqs.Config{}.WithDefaults(), rnd: rand.New(rand.NewPCG(sc.Seed, 0x726c7173))}
+	w.px = &proxyWorld{cfg: rlqs.Config{}.WithDefaults(), rnd: rand.New(rand.NewPCG(sc.Seed, 0x726c7173)),
+		keyOf: make(map[[2]string]int, len(w.keys))}
+	for ki, k := range w.keys {
+		w.px.keyOf[[2]string{k.ds[0].Value, k.ds[1].Value}] = ki
+	}
 	for _, r := range w.rs {
 		n := sc.RLQS.Proxies[r.name]
 		if n == 0 {
@@ -371,9 +376,9 @@ func sameBucket(a, b *typev3.TokenBucket) bool {
 // proxyKey is the key index of a bucket id: its rule descriptor's rule,
 // and the value of its group's descriptor.
 func (w *world) proxyKey(id map[string]string) int {
-	for ki := range w.keys {
-		ds := w.keys[ki].ds
-		if id[ds[0].Key] == ds[0].Value && id[ds[1].Key] == ds[1].Value && len(id) == 2 {
+	rule := id[w.keys[0].ds[0].Key]
+	for name, value := range id {
+		if ki, ok := w.px.keyOf[[2]string{rule, value}]; ok && w.keys[ki].ds[1].Key == name && len(id) == 2 {
 			return ki
 		}
 	}
