@@ -79,7 +79,11 @@ type proxyWorld struct {
 	seq     uint64            // streams opened
 	initial int               // proxies at the start: at most as many live at once
 	keyOf   map[[2]string]int // key index by the bucket id's rule and value
-	dec     [nPaths][2]int64
+	// The worst, over keys and checks, of the assignments in force: Σ
+	// max_tokens against the bound's term for it, and Σ tokens_per_fill
+	// against L per fill_interval (what L·(TTL + Slack) assumes).
+	maxRatio, fillRatio float64
+	dec                 [nPaths][2]int64
 }
 
 // regionProxies is one region's proxies and RLQS server.
@@ -595,4 +599,48 @@ func (w *world) proxyPaths(paths map[string]int64) int64 {
 		}
 	}
 	return n
+}
+
+// RLQSSummary is what the proxies' assignments held, checked every 100 ms
+// against the assumptions of the bound's terms (docs/RLQS.md): the worst
+// Σ max_tokens of one key's assignments in force ÷ the term for them (L ×
+// fill_interval / 2 + one cost per proxy), and the worst Σ tokens_per_fill
+// ÷ L per fill_interval, which L·(TTL + Slack) takes as at most 1.
+type RLQSSummary struct {
+	MaxTokensRatioMax     float64 `json:"max_tokens_ratio_max"`
+	TokensPerFillRatioMax float64 `json:"tokens_per_fill_ratio_max"`
+}
+
+// proxyCheck notes, at t, the assignments in force against the bound's
+// assumptions.
+func (w *world) proxyCheck(t int64) {
+	if w.px == nil {
+		return
+	}
+	c := &w.px.cfg
+	for ki := range w.keys {
+		k := &w.keys[ki]
+		var maxSum, fillSum float64
+		for _, r := range w.rs {
+			if !r.proxied() {
+				continue
+			}
+			for _, p := range r.px.live {
+				if b := p.buckets[ki]; b != nil && b.tb != nil && b.assigned && t < b.expires {
+					maxSum += float64(int64(b.tb.GetMaxTokens()) * k.cost)
+					fillSum += float64(int64(b.tb.GetTokensPerFill().GetValue())*k.cost) / b.tb.GetFillInterval().AsDuration().Seconds()
+				}
+			}
+		}
+		term := k.rate*c.FillInterval.Seconds()/2 + float64(int64(w.px.initial)*k.cost)
+		w.px.maxRatio = max(w.px.maxRatio, maxSum/term)
+		w.px.fillRatio = max(w.px.fillRatio, fillSum/k.rate)
+	}
+}
+
+func (w *world) proxySummary() *RLQSSummary {
+	if w.px == nil {
+		return nil
+	}
+	return &RLQSSummary{MaxTokensRatioMax: round4(w.px.maxRatio), TokensPerFillRatioMax: round4(w.px.fillRatio)}
 }

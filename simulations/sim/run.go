@@ -92,6 +92,7 @@ func (w *world) loop(progress func(done, total time.Duration)) {
 				w.m.checkConvergence(t)
 			}
 			w.checkTerms(t)
+			w.proxyCheck(t)
 		}
 		w.arrivals(t)
 		w.pollAgents(t)
