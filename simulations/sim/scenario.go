@@ -3,7 +3,9 @@
 // (lease/agent's Driver), the regional allocator (lease.MemoryStore behind
 // the real lease/service), and the cross-region share exchange (region)
 // on a virtual clock, with a modelled network and Redis, and checks the
-// admitted traffic of every key against the bound of DESIGN.md.
+// admitted traffic of every key against the bound of DESIGN.md. Regions
+// may be served by Envoy proxies instead of agents, their RLQS streams
+// planned by lease/rlqs's Core (rlqs.go).
 //
 // A scenario is a YAML file (see simulations/README.md); Parse validates
 // it, Run simulates it with one algorithm and returns a Result whose
