@@ -481,4 +481,3 @@ func (w *world) closeFallback(b *envoyBucket, ki int, t int64) {
 		b.fbOpen = false
 	}
 }
-

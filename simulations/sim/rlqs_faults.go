@@ -77,4 +77,3 @@ func (w *world) proxyHeal(i int, r *regiond, t int64) {
 	}
 	delete(r.px.cut, i)
 }
-
