@@ -15,7 +15,9 @@
 // sends TTL 0 to every bucket. docs/RLQS.md states the bound.
 //
 // Start: New(Config{Leaser: svc}), Register on a gRPC server, Shutdown
-// before stopping that server.
+// before stopping that server. Core is one stream's decisions without I/O
+// (time and policy as arguments, the lease calls as an outbox), which the
+// stream handler and the simulator both drive.
 package rlqs
 
 import (
@@ -99,7 +101,8 @@ type Config struct {
 	Clock func() time.Time
 }
 
-func (c Config) withDefaults() Config {
+// WithDefaults returns c with its zero fields set to their defaults.
+func (c Config) WithDefaults() Config {
 	def := func(d *time.Duration, v time.Duration) {
 		if *d == 0 {
 			*d = v
@@ -142,16 +145,22 @@ func (c Config) withDefaults() Config {
 }
 
 // Validate reports whether c, with its defaults, is usable by New.
-func (c Config) Validate() error { return c.withDefaults().validate() }
+func (c Config) Validate() error { return c.WithDefaults().validate() }
 
 func (c Config) validate() error {
+	if c.Leaser == nil {
+		return fmt.Errorf("%w: Leaser is required", ErrInvalidConfig)
+	}
+	return c.validateCore()
+}
+
+// validateCore checks what a Core uses: all but the Leaser.
+func (c Config) validateCore() error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
 	}
 	whole := func(d time.Duration) bool { return d%time.Second == 0 }
 	switch {
-	case c.Leaser == nil:
-		return bad("Leaser is required")
 	case c.TTL < time.Second || !whole(c.TTL):
 		return bad("TTL %v: whole seconds, at least 1s", c.TTL)
 	case c.Slack < 0:
@@ -178,10 +187,8 @@ type Server struct {
 	rlqsv3.UnimplementedRateLimitQuotaServiceServer
 
 	cfg  Config
-	z    sizing
-	lim  limits
 	met  *metrics
-	fair fair          // demand per store key across streams
+	fair Fair          // demand per store key across streams
 	seq  atomic.Uint64 // stream ids: each stream leases as agent rlqs/<id>
 	wg   sync.WaitGroup
 	mu   sync.Mutex
@@ -191,7 +198,7 @@ type Server struct {
 
 // New returns a Server for cfg, its defaults filled on a copy.
 func New(cfg Config) (*Server, error) {
-	cfg = cfg.withDefaults()
+	cfg = cfg.WithDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -201,8 +208,6 @@ func New(cfg Config) (*Server, error) {
 	}
 	return &Server{
 		cfg:  cfg,
-		z:    sizing{ttl: cfg.TTL, slack: cfg.Slack, fill: cfg.FillInterval, headroom: cfg.Headroom, use: cfg.Use},
-		lim:  limits{entries: cfg.MaxEntries, entryLen: cfg.MaxEntryLen, requests: cfg.MaxRequests},
 		met:  m,
 		done: make(chan struct{}),
 	}, nil

@@ -21,6 +21,7 @@ const (
 	evHeal                    // a partition ends, or crashed agents come back
 	evClone                   // the store state a failover will fall back to
 	evDry                     // a regiond's notice of a dry key reaches an agent (WatchDry)
+	evProxy                   // an RLQS proxy's or stream's event (rlqs.go)
 )
 
 // event is one scheduled happening. Ties in time are broken by seq, the
@@ -41,6 +42,7 @@ type event struct {
 	report *region.Report
 	fault  int
 	dry    *service.DryKey // evDry
+	px     *proxyEvent     // evProxy
 }
 
 // eventQueue is a binary min-heap of events by (at, seq).

@@ -36,7 +36,10 @@ func (w *world) fault(i int, t int64) {
 		}
 	case "add_agents":
 		w.addAgents(r, f.Agents)
+	case "crash_proxies", "disconnect_proxies":
+		w.proxyFault(i, r, t)
 	case "unreachable":
+		w.proxyFault(i, r, t)
 		r.unreachable++
 		w.fallbackStart(i, r, t)
 		w.ev.push(event{at: t + int64(f.For), kind: evHeal, fault: i})
@@ -47,6 +50,7 @@ func (w *world) fault(i int, t int64) {
 	case "restart":
 		// The regiond process dies: its agents cannot reach it, and its
 		// exchange stops (no epochs, no reports in or out).
+		w.proxyFault(i, r, t)
 		r.unreachable++
 		r.down++
 		w.fallbackStart(i, r, t)
@@ -65,8 +69,11 @@ func (w *world) heal(i int, t int64) {
 	case "crash_agents":
 		n := int(math.Round(f.Fraction * float64(w.sc.AgentsPerRegion)))
 		w.addAgents(r, n)
+	case "crash_proxies", "disconnect_proxies":
+		w.proxyHeal(i, r, t)
 	case "unreachable":
 		r.unreachable--
+		w.proxyHeal(i, r, t)
 		w.healTerms(i)
 	case "policy_mismatch":
 		r.base = w.set
@@ -78,6 +85,7 @@ func (w *world) heal(i int, t int64) {
 		if r.down == 0 {
 			w.restart(r)
 		}
+		w.proxyHeal(i, r, t)
 	}
 }
 

@@ -335,8 +335,9 @@ func (m *meter) checkConvergence(t int64) {
 }
 
 // boundBase is B for key k without faults, the same for every window
-// length: b + L·τ + one cost per region whose b × (least share) is below a
-// cost.
+// length: b + L·τ (where agents serve) + the RLQS proxies' terms (where
+// proxies serve, proxyBound) + one cost per region whose b × (least
+// share) is below a cost.
 // The least share a region's bucket may run at is, for escrow, the
 // exchange's floor (max-min targets never go below it), for static its
 // fixed share; the ideal bucket is one bucket of b with no leases.
@@ -344,7 +345,10 @@ func (w *world) boundBase(k *simKey) float64 {
 	if w.alg == Ideal {
 		return k.burst
 	}
-	b := k.burst + k.rate*w.sc.LeaseTTL.Seconds()
+	b := k.burst + w.proxyBound(k)
+	if w.agentsServe() {
+		b += k.rate * w.sc.LeaseTTL.Seconds()
+	}
 	for _, r := range w.rs {
 		if w.belowCost(r, k) {
 			b += float64(k.cost)

@@ -100,7 +100,7 @@ func (p *parser) intIn(f yamlfield.Field, path string, lo, hi int64, rng string)
 }
 
 var scenarioFields = []string{"name", "seed", "start", "duration", "step", "grid", "sample", "regions",
-	"agents_per_region", "sync_period", "lease_ttl", "lease_period", "network", "redis", "keys", "demand", "faults"}
+	"agents_per_region", "sync_period", "lease_ttl", "lease_period", "network", "redis", "keys", "demand", "faults", "rlqs"}
 
 func (p *parser) document(data []byte) *Scenario {
 	root := p.Root(data, yamlfield.Document{Empty: "document is empty"})
@@ -228,6 +228,10 @@ func (p *parser) body(fs fields, sc *Scenario) {
 	if f, ok := fs.Get("faults"); ok {
 		sc.Faults = p.faults(f.Val, sc)
 	}
+	if f, ok := fs.Get("rlqs"); ok {
+		sc.RLQS = p.rlqs(f.Val, sc)
+	}
+	p.checkProxyFaults(sc)
 }
 
 // checkTimes validates what depends on several fields.

@@ -26,8 +26,9 @@ func (p *parser) faults(v *yaml.Node, sc *Scenario) []Fault {
 
 var (
 	faultFields = []string{"at", "partition", "for", "redis_failover", "lost_writes", "crash_agents", "add_agents",
-		"region", "unreachable", "restart", "policy_mismatch", "limit_factor"}
-	faultKinds = []string{"partition", "redis_failover", "crash_agents", "add_agents", "unreachable", "restart", "policy_mismatch"}
+		"region", "unreachable", "restart", "policy_mismatch", "limit_factor", "crash_proxies", "disconnect_proxies"}
+	faultKinds = []string{"partition", "redis_failover", "crash_agents", "add_agents", "unreachable", "restart", "policy_mismatch",
+		"crash_proxies", "disconnect_proxies"}
 	// faultOptions are the fields other than at and the kind's own that
 	// each kind takes.
 	faultOptions = map[string][]string{
@@ -41,6 +42,9 @@ var (
 		// and burst (default 10) for a while: a policy that reached one
 		// region and not the others.
 		"policy_mismatch": {"for", "limit_factor"},
+		// RLQS proxies (parse_rlqs.go).
+		"crash_proxies":      {"region", "for"},
+		"disconnect_proxies": {"region", "for"},
 	}
 )
 
@@ -80,7 +84,7 @@ func (p *parser) fault(n *yaml.Node, path string, sc *Scenario) (Fault, bool) {
 // or its region field for the kinds whose value is an amount.
 func (p *parser) faultRegion(fs fields, path string, sc *Scenario, f *Fault) {
 	name := f.Kind
-	if f.Kind == "crash_agents" || f.Kind == "add_agents" {
+	if f.Kind == "crash_agents" || f.Kind == "add_agents" || f.Kind == "crash_proxies" || f.Kind == "disconnect_proxies" {
 		if _, ok := fs.Get("region"); !ok {
 			p.Errorf(fs.line, path+".region", "is required for %s", f.Kind)
 			return
@@ -100,7 +104,7 @@ func (p *parser) faultRegion(fs fields, path string, sc *Scenario, f *Fault) {
 func (p *parser) faultValues(fs fields, path string, f *Fault) {
 	if v, ok := fs.Get("for"); ok {
 		f.For, _ = p.duration(v, path+".for")
-	} else if f.Kind == "partition" || f.Kind == "unreachable" || f.Kind == "restart" || f.Kind == "policy_mismatch" {
+	} else if f.Kind == "partition" || f.Kind == "unreachable" || f.Kind == "restart" || f.Kind == "policy_mismatch" || f.Kind == "disconnect_proxies" {
 		p.Errorf(fs.line, path+".for", "is required for %s", f.Kind)
 	}
 	if f.Kind == "policy_mismatch" {
@@ -123,6 +127,13 @@ func (p *parser) faultValues(fs fields, path string, f *Fault) {
 				p.Errorf(v.Key.Line, path+".crash_agents", "must be a fraction in (0, 1]")
 			}
 			f.Fraction = x
+		}
+	}
+	for _, kind := range []string{"crash_proxies", "disconnect_proxies"} {
+		if v, ok := fs.Get(kind); ok {
+			if x, ok := p.intIn(v, path+"."+kind, 1, 100_000, "1, 100000"); ok {
+				f.Proxies = int(x)
+			}
 		}
 	}
 	if v, ok := fs.Get("add_agents"); ok {

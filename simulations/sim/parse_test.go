@@ -120,9 +120,13 @@ func TestReadmeExampleParses(t *testing.T) {
 	for _, f := range sc.Faults {
 		kinds[f.Kind] = true
 	}
-	for _, k := range []string{"partition", "redis_failover", "crash_agents", "add_agents", "unreachable", "restart", "policy_mismatch"} {
+	for _, k := range []string{"partition", "redis_failover", "crash_agents", "add_agents", "unreachable", "restart", "policy_mismatch",
+		"crash_proxies", "disconnect_proxies"} {
 		if !kinds[k] {
 			t.Errorf("the README example shows no %s fault", k)
 		}
+	}
+	if sc.RLQS == nil || sc.RLQS.Fallback.Kind != FallbackTokenBucket {
+		t.Errorf("the README example shows no rlqs block with a token-bucket fallback (got %+v)", sc.RLQS)
 	}
 }

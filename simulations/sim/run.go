@@ -92,6 +92,7 @@ func (w *world) loop(progress func(done, total time.Duration)) {
 				w.m.checkConvergence(t)
 			}
 			w.checkTerms(t)
+			w.proxyCheck(t)
 		}
 		w.arrivals(t)
 		w.pollAgents(t)
@@ -150,6 +151,8 @@ func (w *world) handle(e *event) {
 		w.heal(e.fault, e.at)
 	case evClone:
 		w.rs[e.region].snap = w.rs[e.region].store.Clone()
+	case evProxy:
+		w.proxyEvent(e.px)
 	case evDry:
 		if a := e.ag; a.alive && a.r.unreachable == 0 {
 			if retry := a.r.svc.DryRetry(*e.dry); retry > 0 {
@@ -196,6 +199,10 @@ func (w *world) request(r *regiond, ri int, now time.Duration) {
 		if w.idealOut[0].Granted > 0 {
 			w.m.admitted(ki, ri, k.cost, int64(now))
 		}
+		return
+	}
+	if r.proxied() {
+		w.proxyRequest(r, ri, ki, now)
 		return
 	}
 	if len(r.agents) == 0 {

@@ -3,7 +3,9 @@
 // (lease/agent's Driver), the regional allocator (lease.MemoryStore behind
 // the real lease/service), and the cross-region share exchange (region)
 // on a virtual clock, with a modelled network and Redis, and checks the
-// admitted traffic of every key against the bound of DESIGN.md.
+// admitted traffic of every key against the bound of DESIGN.md. Regions
+// may be served by Envoy proxies instead of agents, their RLQS streams
+// planned by lease/rlqs's Core (rlqs.go).
 //
 // A scenario is a YAML file (see simulations/README.md); Parse validates
 // it, Run simulates it with one algorithm and returns a Result whose
@@ -52,6 +54,9 @@ type Scenario struct {
 	Keys                  []KeyGroup
 	Demand                []DemandStep
 	Faults                []Fault
+	// RLQS, when set, serves some regions' requests by Envoy proxies
+	// leasing over RLQS instead of agents (yaml rlqs).
+	RLQS *RLQS
 
 	// File is where the scenario was read from, for messages.
 	File string
@@ -155,7 +160,10 @@ type Fault struct {
 	// "unreachable" (the region's agents cannot reach their regiond) or
 	// "restart" (the regiond is down for For and comes back with the
 	// exchange state it last persisted) or "policy_mismatch" (the region's
-	// policy defines every rule with Factor × its limit and burst for For).
+	// policy defines every rule with Factor × its limit and burst for For),
+	// "crash_proxies" (Proxies RLQS proxies vanish; with For, as many new
+	// ones start then) or "disconnect_proxies" (their streams break for
+	// For: they enforce what they hold, then their fallback).
 	Kind   string
 	Region string
 	// For: how long a partition, an unreachable regiond or a restart lasts; for
@@ -169,7 +177,10 @@ type Fault struct {
 	Agents int
 	// Factor of a policy mismatch.
 	Factor float64
-	Line   int
+	// Proxies that crash or whose streams break (crash_proxies,
+	// disconnect_proxies).
+	Proxies int
+	Line    int
 }
 
 // ErrInvalid is wrapped by every validation error of Parse.

@@ -20,9 +20,10 @@ type Summary struct {
 	Algorithm Algorithm `json:"algorithm"`
 	DurationS float64   `json:"duration_s"`
 	Regions   []string  `json:"regions"`
-	// Agents at the start, and keys.
-	Agents int `json:"agents"`
-	Keys   int `json:"keys"`
+	// Agents and RLQS proxies at the start, and keys.
+	Agents  int `json:"agents"`
+	Proxies int `json:"proxies,omitempty"`
+	Keys    int `json:"keys"`
 	// Requests is the number of requests decided; Demanded and Admitted
 	// are tokens asked for and admitted.
 	Requests int64 `json:"requests"`
@@ -88,8 +89,11 @@ type Summary struct {
 	SyncDecisionPct float64          `json:"sync_decision_pct"`
 	DroppedPct      float64          `json:"dropped_pct"`
 	Paths           map[string]int64 `json:"paths,omitempty"`
-	ReportsStale    int64            `json:"reports_stale"`
-	ReportErrors    int64            `json:"report_errors"`
+	// RLQS is what the proxies' assignments held against the bound's
+	// assumptions; absent without proxies.
+	RLQS         *RLQSSummary `json:"rlqs,omitempty"`
+	ReportsStale int64        `json:"reports_stale"`
+	ReportErrors int64        `json:"report_errors"`
 	// WallSeconds is the run's wall-clock time: the only field that
 	// differs between two runs of the same scenario and seed.
 	WallSeconds float64 `json:"wall_s"`
@@ -168,6 +172,14 @@ func (w *world) result() *Result {
 	}
 	if w.alg == Ideal {
 		s.Agents = 0
+	}
+	if w.px != nil {
+		s.Proxies = w.px.initial
+		for _, r := range w.rs {
+			if r.proxied() {
+				s.Agents -= sc.AgentsPerRegion
+			}
+		}
 	}
 	s.IdealAdmitted = sum64(m.vs.idealAdmitted)
 	s.VersusIdealPct = ratioPct(s.Admitted, s.IdealAdmitted)
@@ -276,6 +288,8 @@ func (w *world) result() *Result {
 		ops = w.idealOps
 		s.Requests = w.idealOps
 	} else {
+		s.Requests += w.proxyPaths(paths)
+		s.RLQS = w.proxySummary()
 		s.Paths = paths
 		ops += w.shareWrites
 	}
@@ -362,6 +376,18 @@ func WriteTable(out io.Writer, sums []Summary) error {
 		row("window admitted max", win(func(b *WindowBound) string { return fmt.Sprintf("%.2f%%", b.AdmittedMaxPct) }))
 		row("window bound ratio max", win(func(b *WindowBound) string { return fmt.Sprintf("%.3f", b.RatioMax) }))
 		row("windows over window bound", win(func(b *WindowBound) string { return fmt.Sprint(b.WindowsOver) }))
+	}
+	if slices.ContainsFunc(sums, func(s Summary) bool { return s.RLQS != nil }) {
+		px := func(f func(r *RLQSSummary) float64) func(s *Summary) string {
+			return func(s *Summary) string {
+				if s.RLQS == nil {
+					return "-"
+				}
+				return fmt.Sprintf("%.3f", f(s.RLQS))
+			}
+		}
+		row("rlqs Σ max_tokens / term", px(func(r *RLQSSummary) float64 { return r.MaxTokensRatioMax }))
+		row("rlqs Σ tokens_per_fill / L", px(func(r *RLQSSummary) float64 { return r.TokensPerFillRatioMax }))
 	}
 	row("utilization", func(s *Summary) string { return optPct(s.UtilizationPct) })
 	row("admitted vs ideal", func(s *Summary) string { return optPct(s.VersusIdealPct) })

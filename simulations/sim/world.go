@@ -79,6 +79,9 @@ type regiond struct {
 	// Disagreements counter that enforced follows.
 	base, enforced *policy.Set
 	agreeGen       uint64
+	// px is its RLQS proxies, which serve its requests instead of agents
+	// (rlqs.go); nil: none.
+	px *regionProxies
 }
 
 // agentSim is one agent of a region.
@@ -142,6 +145,8 @@ type world struct {
 	windowKeys map[string]int
 	// mismatched are the policies of policy_mismatch faults (by index).
 	mismatched map[int]*policy.Set
+
+	px *proxyWorld // the RLQS proxies (rlqs.go); nil: none
 
 	natsMsgs, natsBytes, shareWrites, idealOps int64
 	recvStale, recvErrors                      int64
@@ -226,8 +231,11 @@ func newWorld(sc *Scenario, alg Algorithm) (*world, error) {
 		w.idealReq = make([]lease.GrantRequest, len(w.keys))
 		w.idealOut = make([]lease.Grant, 1)
 	} else {
+		if err := w.newProxies(); err != nil {
+			return nil, err
+		}
 		for _, r := range w.rs {
-			for j := 0; j < sc.AgentsPerRegion; j++ {
+			for j := 0; j < sc.AgentsPerRegion && !r.proxied(); j++ {
 				if err := w.addAgent(r); err != nil {
 					return nil, err
 				}
