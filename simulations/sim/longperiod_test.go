@@ -1,7 +1,6 @@
 package sim
 
 import (
-	"errors"
 	"math"
 	"path/filepath"
 	"strings"
@@ -49,18 +48,7 @@ func TestParsePeriodErrors(t *testing.T) {
 		{"algorithm not a string", keyWith("algorithm: 3"), `s.yaml:5: keys[0].algorithm: must be one of "token_bucket", "fixed_window" (got integer 3)`},
 	}
 	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			sc, err := Parse("s.yaml", []byte(tc.doc))
-			if err == nil {
-				t.Fatalf("got scenario %+v, want error %q", sc, tc.want)
-			}
-			if !errors.Is(err, ErrInvalid) {
-				t.Errorf("got error %v, want one wrapping ErrInvalid", err)
-			}
-			if !strings.Contains(err.Error(), tc.want) {
-				t.Errorf("got error\n%v\nwant it to contain\n%s", err, tc.want)
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { wantParseError(t, tc.doc, tc.want) })
 	}
 }
 

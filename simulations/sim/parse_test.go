@@ -41,21 +41,26 @@ func TestParseErrors(t *testing.T) {
 		{"reclaim not a duration", strings.Replace(goodHead, "limit: 10 }", "limit: 10, partition_reclaim_after: soon }", 1), `s.yaml:5: keys[0].partition_reclaim_after: must be a Go duration`},
 	}
 	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			sc, err := Parse("s.yaml", []byte(tc.doc))
-			if err == nil {
-				t.Fatalf("got scenario %+v, want error %q", sc, tc.want)
-			}
-			if !errors.Is(err, ErrInvalid) {
-				t.Errorf("got error %v, want one wrapping ErrInvalid", err)
-			}
-			if fe := (*FieldError)(nil); !errors.As(err, &fe) || fe.File != "s.yaml" || !errors.Is(fe, ErrInvalid) {
-				t.Errorf("errors.As(%v, *FieldError): got %#v, want the first problem, wrapping ErrInvalid", err, fe)
-			}
-			if !strings.Contains(err.Error(), tc.want) {
-				t.Errorf("got error\n%v\nwant it to contain\n%s", err, tc.want)
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { wantParseError(t, tc.doc, tc.want) })
+	}
+}
+
+// wantParseError parses doc as s.yaml and wants an error wrapping
+// ErrInvalid, a *FieldError of that file, whose text contains want.
+func wantParseError(t *testing.T, doc, want string) {
+	t.Helper()
+	sc, err := Parse("s.yaml", []byte(doc))
+	if err == nil {
+		t.Fatalf("got scenario %+v, want error %q", sc, want)
+	}
+	if !errors.Is(err, ErrInvalid) {
+		t.Errorf("got error %v, want one wrapping ErrInvalid", err)
+	}
+	if fe := (*FieldError)(nil); !errors.As(err, &fe) || fe.File != "s.yaml" || !errors.Is(fe, ErrInvalid) {
+		t.Errorf("errors.As(%v, *FieldError): got %#v, want the first problem, wrapping ErrInvalid", err, fe)
+	}
+	if !strings.Contains(err.Error(), want) {
+		t.Errorf("got error\n%v\nwant it to contain\n%s", err, want)
 	}
 }
 

@@ -2,8 +2,6 @@ package sim
 
 import (
 	"bytes"
-	"errors"
-	"strings"
 	"testing"
 	"time"
 
@@ -48,18 +46,7 @@ func TestParseRLQSErrors(t *testing.T) {
 		{"crash count", "rlqs: { proxies: { us: 1 } }\nfaults:\n  - { at: 1s, crash_proxies: 0.5, region: us }\n", "s.yaml:10: faults[0].crash_proxies: must be an integer"},
 	}
 	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			sc, err := Parse("s.yaml", []byte(goodHead+tc.doc))
-			if err == nil {
-				t.Fatalf("got scenario %+v, want error %q", sc, tc.want)
-			}
-			if !errors.Is(err, ErrInvalid) {
-				t.Errorf("got error %v, want one wrapping ErrInvalid", err)
-			}
-			if !strings.Contains(err.Error(), tc.want) {
-				t.Errorf("got error\n%v\nwant it to contain\n%s", err, tc.want)
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { wantParseError(t, goodHead+tc.doc, tc.want) })
 	}
 }
 
