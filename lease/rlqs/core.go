@@ -130,7 +130,7 @@ func (c *Core) Report(now time.Time, pol *policy.Set, m *rlqsv3.RateLimitQuotaUs
 				c.met.invalid.WithLabelValues(badTooMany).Inc()
 				continue
 			}
-			q = &quota{id: u.id, bucket: u.bucket, sampled: now, lastActive: now}
+			q = &quota{id: u.id, bucket: u.bucket, sampled: now, reported: now, lastActive: now}
 			c.resolve(q, pol)
 			c.quotas[u.id] = q
 			c.met.buckets.Inc()
