@@ -46,9 +46,13 @@ func (w *world) proxyPaths(paths map[string]int64) int64 {
 // Σ max_tokens of one key's assignments in force ÷ the term for them (L ×
 // fill_interval / 2 + one cost per proxy), and the worst Σ tokens_per_fill
 // ÷ L per fill_interval, which L·(TTL + Slack) takes as at most 1.
+//
+// BankMax is the worst Σ of one key's banks (store tokens debited and not
+// yet in an assignment, docs/RLQS.md "The bank") ÷ L × 1 s.
 type RLQSSummary struct {
 	MaxTokensRatioMax     float64 `json:"max_tokens_ratio_max"`
 	TokensPerFillRatioMax float64 `json:"tokens_per_fill_ratio_max"`
+	BankRatioMax          float64 `json:"bank_ratio_max"`
 }
 
 // proxyCheck notes, at t, the assignments in force against the bound's
@@ -60,10 +64,15 @@ func (w *world) proxyCheck(t int64) {
 	c := &w.px.cfg
 	for ki := range w.keys {
 		k := &w.keys[ki]
-		var maxSum, fillSum float64
+		var maxSum, fillSum, bank float64
 		for _, r := range w.rs {
 			if !r.proxied() {
 				continue
+			}
+			for _, p := range r.px.live {
+				if p.stream != nil {
+					bank += float64(p.stream.core.Banked(k.storeKey))
+				}
 			}
 			for _, p := range r.px.live {
 				if b := p.buckets[ki]; b != nil && b.tb != nil && b.assigned && t < b.expires {
@@ -75,6 +84,7 @@ func (w *world) proxyCheck(t int64) {
 		term := k.rate*c.FillInterval.Seconds()/2 + float64(int64(w.px.initial)*k.cost)
 		w.px.maxRatio = max(w.px.maxRatio, maxSum/term)
 		w.px.fillRatio = max(w.px.fillRatio, fillSum/k.rate)
+		w.px.bankRatio = max(w.px.bankRatio, bank/k.rate)
 	}
 }
 
@@ -82,5 +92,6 @@ func (w *world) proxySummary() *RLQSSummary {
 	if w.px == nil {
 		return nil
 	}
-	return &RLQSSummary{MaxTokensRatioMax: round4(w.px.maxRatio), TokensPerFillRatioMax: round4(w.px.fillRatio)}
+	return &RLQSSummary{MaxTokensRatioMax: round4(w.px.maxRatio), TokensPerFillRatioMax: round4(w.px.fillRatio),
+		BankRatioMax: round4(w.px.bankRatio)}
 }
