@@ -4,14 +4,17 @@ package sim
 // the server controls"): the refills pre-debited ahead, L·(TTL + Slack),
 // and the tokens standing in the proxies' token buckets, half a fill of
 // their rates, about L × fill/2, plus one token (a cost) of rounding per
-// proxy's bucket. The fallback's part is added per stretch
-// (fallbackDecide).
+// proxy's bucket; and the banks, tokens saved for upsizes that may be
+// spent later than TTL + Slack after their debit, at most what the
+// buckets' targets need fresh: the same two terms again. The fallback's
+// part is added per stretch (fallbackDecide).
 func (w *world) proxyBound(k *simKey) float64 {
 	if w.px == nil {
 		return 0
 	}
 	c := &w.px.cfg
-	return k.rate*(c.TTL+c.Slack).Seconds() + k.rate*c.FillInterval.Seconds()/2 + float64(int64(w.px.initial)*k.cost)
+	held := k.rate*(c.TTL+c.Slack).Seconds() + k.rate*c.FillInterval.Seconds()/2 + float64(int64(w.px.initial)*k.cost)
+	return 2 * held
 }
 
 // agentsServe reports whether some region's requests go to agents.
