@@ -130,7 +130,7 @@ func (c *Core) Report(now time.Time, pol *policy.Set, m *rlqsv3.RateLimitQuotaUs
 				c.met.invalid.WithLabelValues(badTooMany).Inc()
 				continue
 			}
-			q = &quota{id: u.id, bucket: u.bucket, sampled: now, lastActive: now}
+			q = &quota{id: u.id, bucket: u.bucket, sampled: now, reported: now, lastActive: now}
 			c.resolve(q, pol)
 			c.quotas[u.id] = q
 			c.met.buckets.Inc()
@@ -230,6 +230,7 @@ func (c *Core) plan(qs []*quota) {
 				asks = append(asks, q)
 			} else {
 				c.add(q, c.z.settle(q, c.now, 0))
+				c.trim(q)
 			}
 		}
 	}
@@ -316,7 +317,27 @@ func (c *Core) settle(q *quota, g *leasev1.LeaseGrant) action {
 	q.spare = g.GetRemaining()
 	granted := max(0, min(g.GetGranted(), q.want))
 	c.met.debited.Add(float64(granted))
-	return c.z.settle(q, c.now, granted)
+	a := c.z.settle(q, c.now, granted)
+	c.trim(q)
+	return a
+}
+
+// trim returns to the store what q's bank holds beyond the next
+// keep-alive's refills, unless it is saving for an upsize still to come:
+// the change of a fresh bucket, savings for an upsize its target no longer
+// needs, what a bucket denied could not use. Banked tokens were debited
+// earlier than the assignment that spends them, so each one held widens
+// the bound by one (docs/RLQS.md, "The bank"); returned, they wait in the
+// region's bucket, capped at its capacity.
+func (c *Core) trim(q *quota) {
+	if q.rule == nil || q.upsize && q.active != q.target {
+		return
+	}
+	keep := c.z.refill(q.active, c.cfg.KeepAlive, q.rule.Cost)
+	if n := q.bank - keep; n > 0 {
+		c.returns = append(c.returns, c.returnRequests([]retItem{{rule: q.rule.Name, key: q.key, tokens: n}})...)
+		q.bank = keep
+	}
 }
 
 // Expire is the response that expires every bucket now (TTL 0), so that
@@ -397,4 +418,17 @@ func (c *Core) add(q *quota, a action) {
 	if a.kind != actNone {
 		c.acts = append(c.acts, c.encode(q, a))
 	}
+}
+
+// Banked is the store tokens this stream's buckets of storeKey (rule and
+// key, as policy.StoreKey names them) hold debited and not yet in an
+// assignment: what docs/RLQS.md's bank term counts.
+func (c *Core) Banked(storeKey string) int64 {
+	var n int64
+	for _, q := range c.quotas {
+		if q.rule != nil && q.storeKey == storeKey {
+			n += q.bank
+		}
+	}
+	return n
 }

@@ -10,9 +10,11 @@ import (
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/ration-dev/ration/lease"
 	"github.com/ration-dev/ration/lease/service"
+	leasev1 "github.com/ration-dev/ration/lease/v1"
 )
 
 // coreRig is a Core leasing from the real lease service on a memory store,
@@ -136,4 +138,97 @@ func TestCoreOneRoundAtATime(t *testing.T) {
 		}
 	}()
 	r.core.Tick(r.now, r.svc.Policy())
+}
+
+// TestBankHoldsOnlyUpsizeSavings pins docs/RLQS.md's bank term on the
+// real lease service: a bucket whose demand jumps from 20/s to 80/s for
+// 5 s while another agent drains the region's bucket saves for its larger
+// token bucket over many ticks, so tokens debited at t are in an
+// assignment sent more than TTL + Slack later (the term is needed); a bank
+// never holds more than that saving, need(target), besides the next
+// keep-alive's refills; and when the demand falls back and the upsize is
+// given up, what the bank held beyond that is returned to the store.
+func TestBankHoldsOnlyUpsizeSavings(t *testing.T) {
+	r := newCoreRig(t)
+	id := map[string]string{"tenant": "a", "route": "/"}
+	usage := func(n uint64) *rlqsv3.RateLimitQuotaUsageReports {
+		return &rlqsv3.RateLimitQuotaUsageReports{Domain: "edge", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{{
+			BucketId: &rlqsv3.BucketId{Bucket: id}, TimeElapsed: durationpb.New(time.Second), NumRequestsAllowed: n}}}
+	}
+	// An agent leasing 80/s of the key's 100/s while the demand is high
+	// (its Key is the bucket's, set below).
+	other := &leasev1.LeaseRequest{Agent: &leasev1.Agent{Id: "other"}, Items: []*leasev1.LeaseItem{{Rule: "edge-tenant", Want: 40}}}
+	z := r.core.z
+	h := z.ttl + z.slack
+	var firstSaved, gapped time.Time
+	var returned int64
+	do := func(out Outbox) { // the round's calls, as the stream makes them
+		for {
+			for _, rr := range out.Returns {
+				for _, it := range rr.GetItems() {
+					returned += it.GetTokens()
+				}
+				if _, err := r.svc.Return(context.Background(), rr); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if out.Lease == nil {
+				return
+			}
+			resp, err := r.svc.Lease(context.Background(), out.Lease)
+			out = r.core.Leased(resp, err)
+		}
+	}
+	for i := range 80 { // 40 s of ticks
+		r.now = r.now.Add(500 * time.Millisecond)
+		if i%2 == 0 {
+			n := uint64(20)
+			if i >= 10 && i < 20 {
+				n = 80
+			}
+			out, err := r.core.Report(r.now, r.svc.Policy(), usage(n))
+			if err != nil {
+				t.Fatal(err)
+			}
+			do(out)
+		}
+		if i >= 10 && i < 30 {
+			for _, q := range r.core.quotas {
+				other.Items[0].Key = q.key
+			}
+			_, err := r.svc.Lease(context.Background(), other)
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		do(r.core.Tick(r.now, r.svc.Policy()))
+		var q *quota
+		for _, q = range r.core.quotas {
+		}
+		cost := q.rule.Cost
+		keep := z.refill(q.active, r.core.cfg.KeepAlive, cost)
+		saving := q.upsize && q.active != q.target
+		switch {
+		case saving && firstSaved.IsZero():
+			firstSaved = r.now
+		case !saving && !firstSaved.IsZero():
+			if r.now.Sub(firstSaved) > h {
+				gapped = r.now // a fresh bucket paid with tokens banked more than h ago
+			}
+			firstSaved = time.Time{}
+		}
+		if saving && q.bank > z.need(q.target, cost)+keep {
+			t.Fatalf("tick %d: bank %d while saving, more than need(target) %d and a keep-alive's %d", i, q.bank, z.need(q.target, cost), keep)
+		}
+		if !saving && q.bank > keep {
+			t.Fatalf("tick %d: bank %d not saving, more than a keep-alive's refills %d", i, q.bank, keep)
+		}
+	}
+	if gapped.IsZero() {
+		t.Error("no saving lasted more than TTL + Slack: the test no longer shows the bank term's case")
+	}
+	if returned == 0 {
+		t.Error("the savings of an upsize given up were not returned")
+	}
+	t.Logf("a fresh bucket paid at %v with tokens banked over more than %v; %d tokens returned", gapped, h, returned)
 }

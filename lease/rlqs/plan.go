@@ -81,8 +81,9 @@ type quota struct {
 	sampled           time.Time // when the current sample began
 	sumAll, sumAllow  int64
 	lastActive        time.Time // the last report with a request in it
-	demandCarry       float64   // fractions of a request not yet told to the exchange
-	allowedCarry      float64
+	reported          time.Time // the last report
+	// What the exchange is told: the requests reported, as they were.
+	tellAll, tellAllowed teller
 
 	// What the proxy holds: the active strategy, refills pre-debited until
 	// paidUntil, and store tokens debited but not yet given (bank).
@@ -118,11 +119,26 @@ type quota struct {
 // clock, never less than the proxy's own time_elapsed nor than one second
 // (Envoy truncates time_elapsed to whole seconds, so it may read 0 s, and
 // reports at once after an assignment, a fraction of a second after its
-// periodic one). A rate rises at once and falls by half per sample.
+// periodic one). A rate rises at once and falls by half per sample: it
+// sizes the proxy's token bucket. The exchange is told the requests
+// themselves (teller), not this rate, whose fall by halves and rise at once
+// would overstate a noisy demand and hold a fallen one for samples.
 func (q *quota) observe(u usage, now time.Time) {
 	n := u.allowed + u.denied
 	if n > 0 {
 		q.lastActive = now
+	}
+	gap := now.Sub(q.reported)
+	q.reported = now
+	q.tellAll.add(n)
+	q.tellAllowed.add(u.allowed)
+	if gap >= time.Second/2 || q.tellAll.rate == 0 {
+		// What is pending is told by about the next report, taken to come
+		// as long after this one as this one after the last; a report a
+		// moment after another leaves the pace as it was.
+		span := max(gap, u.elapsed, time.Second)
+		q.tellAll.pace(span)
+		q.tellAllowed.pace(span)
 	}
 	q.sumAll += n
 	q.sumAllow += u.allowed
@@ -140,6 +156,37 @@ func (q *quota) observe(u usage, now time.Time) {
 	q.sampled, q.sumAll, q.sumAllow = now, 0, 0
 }
 
+// teller tells the exchange a count the proxy reports (its requests, or
+// its allowed ones): reported requests wait in pending and are told at
+// rate per second over the keep-alive ticks, since Envoy reports every
+// five seconds and the exchange moves share every second. Summed, the
+// exchange hears exactly the requests reported, about one report interval
+// after they were seen, with no bias and no smoothing of its own (the
+// exchange smooths and adds noise headroom itself).
+type teller struct {
+	pending float64 // reported, not yet told
+	rate    float64 // per second
+	carry   float64 // told, a fraction of a request not yet in an item
+}
+
+func (t *teller) add(n int64) { t.pending += float64(n) }
+
+// pace tells what is pending over span from now on.
+func (t *teller) pace(span time.Duration) { t.rate = t.pending / span.Seconds() }
+
+// take is the whole requests to tell for elapsed.
+func (t *teller) take(elapsed time.Duration) int64 {
+	x := min(t.pending, t.rate*elapsed.Seconds())
+	t.pending -= x
+	t.carry += x
+	n := int64(t.carry + 1e-9) // float error must not hold back a request
+	t.carry = max(0, t.carry-float64(n))
+	return n
+}
+
+// untake puts n requests back to be told later.
+func (t *teller) untake(n int64) { t.pending += float64(n) }
+
 func follow(old, sample float64) float64 {
 	if sample >= old {
 		return sample
@@ -148,15 +195,13 @@ func follow(old, sample float64) float64 {
 }
 
 // tally returns the requests and allowed requests to tell the exchange for
-// elapsed: the learned rates spread over ticks, since Envoy reports every
-// five seconds and the exchange moves share every second.
+// elapsed (teller): never more allowed than requests in one tally.
 func (q *quota) tally(elapsed time.Duration) (demand, allowed int64) {
-	q.demandCarry += q.rate * elapsed.Seconds()
-	q.allowedCarry += min(q.allowedRate, q.rate) * elapsed.Seconds()
-	demand, allowed = int64(q.demandCarry), int64(q.allowedCarry)
-	allowed = min(allowed, demand)
-	q.demandCarry -= float64(demand)
-	q.allowedCarry -= float64(allowed)
+	demand, allowed = q.tellAll.take(elapsed), q.tellAllowed.take(elapsed)
+	if allowed > demand {
+		q.tellAllowed.untake(allowed - demand)
+		allowed = demand
+	}
 	return demand, allowed
 }
 

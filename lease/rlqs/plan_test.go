@@ -126,14 +126,19 @@ func TestObserveRobustToCadence(t *testing.T) {
 	if math.Abs(q.rate-50) > 0.5 {
 		t.Fatalf("idle report: rate %v, want 50", q.rate)
 	}
-	// tally spreads the learned rate over ticks.
+	// tally tells the requests reported, not the learned rate, over the
+	// time to the next report (as long as the last gap, 5 s): 1 + 2,000 +
+	// 10 + 490 requests, 1 + 1,600 + 10 + 490 allowed.
 	var d, a int64
-	for range 10 {
+	for i := range 10 {
 		dd, aa := q.tally(500 * time.Millisecond)
+		if aa > dd {
+			t.Fatalf("tick %d: %d allowed told, more than %d requests", i, aa, dd)
+		}
 		d, a = d+dd, a+aa
 	}
-	if d < 249 || d > 250 || a > d {
-		t.Fatalf("tallies over 5 s: %d demand, %d allowed; want 250 and no more allowed", d, a)
+	if d != 2501 || a != 2101 {
+		t.Fatalf("tallies over 5 s: %d demand, %d allowed; want 2501 and 2101", d, a)
 	}
 }
 
@@ -211,4 +216,95 @@ func TestPreDebitCoversSpend(t *testing.T) {
 			t.Fatalf("seed %d run %d: the proxy may spend %.1f in all, the store granted %.0f", seed, run, spent, granted)
 		}
 	}
+}
+
+// TestTallyTellsRequestsSeen drives one bucket's reports as Envoy sends
+// them (every second, then every 5 s with a quick report after some,
+// time_elapsed truncated to whole seconds, timers and arrivals jittered),
+// with Poisson requests of 400/s that fall to 100/s, and ticks every
+// 500 ms: the exchange is told every request reported and no more, about
+// one report interval late, and a fallen demand at once rather than by
+// halves.
+func TestTallyTellsRequestsSeen(t *testing.T) {
+	seed := time.Now().UnixNano()
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(uint64(seed), 0))
+	rate := func(ms int) float64 {
+		if ms < 30_000 {
+			return 400
+		}
+		return 100
+	}
+	// Report send times on the proxy's clock, in ms.
+	var sends []int
+	for s := 1000; s < 60_000; s += 1000 {
+		sends = append(sends, s+rng.IntN(3)-1)
+	}
+	for s := 60_000; s < 120_000; s += 5000 {
+		sends = append(sends, s+rng.IntN(3)-1)
+		if s%10_000 == 0 {
+			sends = append(sends, s+100)
+		}
+	}
+	q := &quota{rule: ruleOf(1), sampled: at(0), reported: at(0)}
+	var seen, told int64
+	toldIn := map[int]int64{} // by second of the tick
+	tick := 250 + rng.IntN(500)
+	last := 0
+	for _, s := range sends {
+		arrive := s + rng.IntN(2)
+		for ; tick < arrive; tick += 500 {
+			d, a := q.tally(500 * time.Millisecond)
+			if a > d || d < 0 {
+				t.Fatalf("seed %d: tick %d ms: %d allowed told of %d requests", seed, tick, a, d)
+			}
+			told += d
+			toldIn[tick/1000] += d
+			if told > seen {
+				t.Fatalf("seed %d: tick %d ms: told %d, more than the %d reported", seed, tick, told, seen)
+			}
+			// Behind by at most a report interval and a tick of demand.
+			if lag := float64(seen - told); lag > rate(tick)*5.5+40 && tick > 62_000 || lag > 400*1.5+60 {
+				t.Fatalf("seed %d: tick %d ms: %d reported not told", seed, tick, seen-told)
+			}
+		}
+		var n int64
+		for ms := last; ms < s; ms++ {
+			n += poisson(rng, rate(ms)/1000)
+		}
+		seen += n
+		el := time.Duration(s-last) * time.Millisecond
+		q.observe(usage{allowed: n * 4 / 5, denied: n - n*4/5, elapsed: el.Truncate(time.Second)}, at(arrive))
+		last = s
+	}
+	// Each 2 s after the fall are told about 200 (the second before holds
+	// the last report of 400/s): four standard deviations of Poisson noise,
+	// and a tick's share at either end, since a report that reaches the
+	// server just after a tick, rather than just before, is told a tick
+	// later.
+	for s := 32; s < 58; s += 2 {
+		if d := toldIn[s] + toldIn[s+1]; d < 90 || d > 310 {
+			t.Fatalf("seed %d: seconds %d–%d told %d requests, want 200 ± 110", seed, s, s+2, d)
+		}
+	}
+	// At a 5 s cadence, 5 s of ticks tell about 500.
+	for s := 70; s < 115; s += 5 {
+		var d int64
+		for i := range 5 {
+			d += toldIn[s+i]
+		}
+		if d < 400 || d > 600 {
+			t.Fatalf("seed %d: seconds %d–%d told %d requests, want 500 ± 100", seed, s, s+5, d)
+		}
+	}
+}
+
+// poisson draws a Poisson count of mean m (small).
+func poisson(rng *rand.Rand, m float64) int64 {
+	l, k, p := math.Exp(-m), int64(0), rng.Float64()
+	for p > l {
+		k++
+		p *= rng.Float64()
+	}
+	return k
 }

@@ -82,8 +82,8 @@ type proxyWorld struct {
 	// The worst, over keys and checks, of the assignments in force: Σ
 	// max_tokens against the bound's term for it, and Σ tokens_per_fill
 	// against L per fill_interval (what L·(TTL + Slack) assumes).
-	maxRatio, fillRatio float64
-	dec                 [nPaths][2]int64
+	maxRatio, fillRatio, bankRatio float64
+	dec                            [nPaths][2]int64
 }
 
 // regionProxies is one region's proxies and RLQS server.

@@ -4,14 +4,17 @@ package sim
 // the server controls"): the refills pre-debited ahead, L·(TTL + Slack),
 // and the tokens standing in the proxies' token buckets, half a fill of
 // their rates, about L × fill/2, plus one token (a cost) of rounding per
-// proxy's bucket. The fallback's part is added per stretch
-// (fallbackDecide).
+// proxy's bucket; and the banks, tokens saved for upsizes that may be
+// spent later than TTL + Slack after their debit, at most what the
+// buckets' targets need fresh: the same two terms again. The fallback's
+// part is added per stretch (fallbackDecide).
 func (w *world) proxyBound(k *simKey) float64 {
 	if w.px == nil {
 		return 0
 	}
 	c := &w.px.cfg
-	return k.rate*(c.TTL+c.Slack).Seconds() + k.rate*c.FillInterval.Seconds()/2 + float64(int64(w.px.initial)*k.cost)
+	held := k.rate*(c.TTL+c.Slack).Seconds() + k.rate*c.FillInterval.Seconds()/2 + float64(int64(w.px.initial)*k.cost)
+	return 2 * held
 }
 
 // agentsServe reports whether some region's requests go to agents.
@@ -46,9 +49,13 @@ func (w *world) proxyPaths(paths map[string]int64) int64 {
 // Σ max_tokens of one key's assignments in force ÷ the term for them (L ×
 // fill_interval / 2 + one cost per proxy), and the worst Σ tokens_per_fill
 // ÷ L per fill_interval, which L·(TTL + Slack) takes as at most 1.
+//
+// BankMax is the worst Σ of one key's banks (store tokens debited and not
+// yet in an assignment, docs/RLQS.md "The bank") ÷ L × 1 s.
 type RLQSSummary struct {
 	MaxTokensRatioMax     float64 `json:"max_tokens_ratio_max"`
 	TokensPerFillRatioMax float64 `json:"tokens_per_fill_ratio_max"`
+	BankRatioMax          float64 `json:"bank_ratio_max"`
 }
 
 // proxyCheck notes, at t, the assignments in force against the bound's
@@ -60,10 +67,15 @@ func (w *world) proxyCheck(t int64) {
 	c := &w.px.cfg
 	for ki := range w.keys {
 		k := &w.keys[ki]
-		var maxSum, fillSum float64
+		var maxSum, fillSum, bank float64
 		for _, r := range w.rs {
 			if !r.proxied() {
 				continue
+			}
+			for _, p := range r.px.live {
+				if p.stream != nil {
+					bank += float64(p.stream.core.Banked(k.storeKey))
+				}
 			}
 			for _, p := range r.px.live {
 				if b := p.buckets[ki]; b != nil && b.tb != nil && b.assigned && t < b.expires {
@@ -75,6 +87,7 @@ func (w *world) proxyCheck(t int64) {
 		term := k.rate*c.FillInterval.Seconds()/2 + float64(int64(w.px.initial)*k.cost)
 		w.px.maxRatio = max(w.px.maxRatio, maxSum/term)
 		w.px.fillRatio = max(w.px.fillRatio, fillSum/k.rate)
+		w.px.bankRatio = max(w.px.bankRatio, bank/k.rate)
 	}
 }
 
@@ -82,5 +95,6 @@ func (w *world) proxySummary() *RLQSSummary {
 	if w.px == nil {
 		return nil
 	}
-	return &RLQSSummary{MaxTokensRatioMax: round4(w.px.maxRatio), TokensPerFillRatioMax: round4(w.px.fillRatio)}
+	return &RLQSSummary{MaxTokensRatioMax: round4(w.px.maxRatio), TokensPerFillRatioMax: round4(w.px.fillRatio),
+		BankRatioMax: round4(w.px.bankRatio)}
 }
