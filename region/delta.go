@@ -363,7 +363,7 @@ func (s *State) reportList(r *Report) []*keyState {
 			fp != ks.fp,
 			from != 0 && ks.fpAt >= from, // asked again
 			fp != 0 && inRange(ks.bucket, r.RefreshFrom, r.RefreshCount),
-			fp != 0 && !rest && s.epoch >= ks.fpAt+ackDue && s.unacknowledged(ks),
+			fp != 0 && !rest && s.unacknowledged(ks),
 			ks.tallyAt == s.epoch && d.talliedAt != s.epoch: // one phase: no tally report carries it
 		default:
 			continue
@@ -392,14 +392,6 @@ func (s *State) goneEntries(r *Report) {
 	}
 	s.pruneGone()
 }
-
-// ackDue is how many epochs after a key's listing its news (a gift, a
-// reclaim, an exit record) goes unacknowledged before the listing is
-// repeated. A receiver acknowledges in its next exchange report, which is
-// made as the sender makes its own next one: listing the news again there
-// repeats what is already on its way, and was a third of the listings of a
-// share move. A lost listing is asked for again (Resend) in any case.
-const ackDue = 2
 
 // unacknowledged reports whether the key's entry carries news a peer has not
 // confirmed: a gift or reclaim not acknowledged, an exit record announced,
