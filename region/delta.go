@@ -159,6 +159,9 @@ func (s *State) header(exchange bool) Report {
 	*prev = s.epoch
 	r.RefreshFrom, r.RefreshCount = c.advance(s.epoch, s.cfg.Refresh, *full)
 	r.Resend = s.resendRequests()
+	if !exchange {
+		r.Resend = s.lateRequests(r.Resend)
+	}
 	return r
 }
 
@@ -363,7 +366,7 @@ func (s *State) reportList(r *Report) []*keyState {
 			fp != ks.fp,
 			from != 0 && ks.fpAt >= from, // asked again
 			fp != 0 && inRange(ks.bucket, r.RefreshFrom, r.RefreshCount),
-			fp != 0 && !rest && s.unacknowledged(ks),
+			fp != 0 && !rest && s.epoch >= ks.fpAt+ackDue && s.unacknowledged(ks),
 			ks.tallyAt == s.epoch && d.talliedAt != s.epoch: // one phase: no tally report carries it
 		default:
 			continue
@@ -392,6 +395,15 @@ func (s *State) goneEntries(r *Report) {
 	}
 	s.pruneGone()
 }
+
+// ackDue is how many epochs after a key's listing its news (a gift, a
+// reclaim, an exit record) goes unacknowledged before the listing is
+// repeated. A receiver acknowledges in its next exchange report, made as
+// the sender makes its own next one: listing the news again there repeats
+// what is on its way, a third of a share move's listings. A receiver that
+// missed the listing asks for it in its next tally report, which the sender
+// answers in that same next exchange report (lateRequests).
+const ackDue = 2
 
 // unacknowledged reports whether the key's entry carries news a peer has not
 // confirmed: a gift or reclaim not acknowledged, an exit record announced,

@@ -4,8 +4,12 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/ration-dev/ration/region"
 )
@@ -19,8 +23,9 @@ type deltaPair struct {
 	now  time.Time
 	// lose decides whether a report from a region is lost on its way.
 	lose func(from string, r *region.Report) bool
-	// last are the latest reports of a: tally and exchange.
-	tally, exch region.Report
+	// last are the latest reports of a: tally and exchange; exchB is b's
+	// latest exchange report.
+	tally, exch, exchB region.Report
 }
 
 const deltaTestRefresh = 10
@@ -63,7 +68,7 @@ func (d *deltaPair) epoch(demA, demB func(k int) int64) {
 	ra, rb := epochAll(d.t, d.a, d.now), epochAll(d.t, d.b, d.now)
 	d.send(d.b, ra)
 	d.send(d.a, rb)
-	d.tally, d.exch = ta, ra
+	d.tally, d.exch, d.exchB = ta, ra, rb
 }
 
 func steady(v int64) func(int) int64 { return func(int) int64 { return v } }
@@ -335,4 +340,83 @@ func holdDemandRun(t *testing.T, rng *rand.Rand) (steadyBad, late bool) {
 		}
 	}
 	return steadyBad, true
+}
+
+// TestDeltaDeliveredGiftIsNotRepeated checks that a gift that arrived is not
+// listed again in the giver's next report, which the receiver's
+// acknowledgement crosses (ackDue): a listing repeats the one before it only
+// when its bucket is refreshed, or when the acknowledgement is overdue.
+func TestDeltaDeliveredGiftIsNotRepeated(t *testing.T) {
+	d := newDeltaPair(t, 20)
+	for i := 0; i < 5; i++ {
+		d.epoch(steady(100), steady(100))
+	}
+	key := d.keys[7]
+	bucket := region.RefreshBucket(key)
+	moved := oneMoved(7, 900, 100)
+	var prev *region.KeyReport // b's entry in its previous report
+	gifts, repeats := 0, 0
+	for i := 0; i < 20; i++ {
+		d.epoch(moved, steady(100))
+		r := d.b.Report() // the report just sent, again
+		var cur *region.KeyReport
+		for j := range r.Keys {
+			if r.Keys[j].Key == key {
+				cur = &r.Keys[j]
+			}
+		}
+		refreshed := r.RefreshCount >= region.RefreshBuckets || (bucket+region.RefreshBuckets-r.RefreshFrom)%region.RefreshBuckets < r.RefreshCount
+		if cur != nil && prev != nil && !refreshed && cmp.Equal(*prev, *cur, cmpopts.EquateEmpty()) {
+			repeats++
+			t.Errorf("epoch %d: b lists %s as it did in its previous report: %+v", r.Epoch, key, *cur)
+		}
+		if cur != nil && len(cur.Row) == 2 && (prev == nil || len(prev.Row) != 2 || cur.Row[0] > prev.Row[0]) {
+			gifts++
+		}
+		prev = cur
+	}
+	if gifts == 0 {
+		t.Fatalf("setup: b never gave a share of %s", key)
+	}
+	t.Logf("%d gifts, %d repeated listings", gifts, repeats)
+}
+
+// TestDeltaLostGiftIsAskedForAtOnce checks that a receiver missing a peer's
+// exchange report of the epoch before asks for it in its next tally report,
+// so that the giver lists the gift again in its next exchange report.
+func TestDeltaLostGiftIsAskedForAtOnce(t *testing.T) {
+	d := newDeltaPair(t, 20)
+	for i := 0; i < 5; i++ {
+		d.epoch(steady(100), steady(100))
+	}
+	key := d.keys[7]
+	moved := oneMoved(7, 900, 100)
+	var lost uint64
+	d.lose = func(from string, r *region.Report) bool {
+		if from != "b" || !r.Exchange || lost != 0 {
+			return false
+		}
+		for _, e := range r.Keys {
+			if e.Key == key && len(e.Row) == 2 && e.Row[0] > 0 {
+				lost = r.Epoch
+				return true
+			}
+		}
+		return false
+	}
+	for i := 0; i < 10 && lost == 0; i++ {
+		d.epoch(moved, steady(100))
+	}
+	if lost == 0 {
+		t.Fatalf("setup: b never gave a share of %s", key)
+	}
+	d.lose = func(string, *region.Report) bool { return false }
+	d.epoch(moved, steady(100))
+	want := region.ResendRequest{Region: "b", Replica: d.b.Config().Replica, Exchange: true, From: lost}.String()
+	if !slices.Contains(d.tally.Resend, want) {
+		t.Errorf("a's tally report after losing b's exchange report of epoch %d asks %v, want %q among them", lost, d.tally.Resend, want)
+	}
+	if r := d.exchB; r.Resent != lost {
+		t.Errorf("b's next exchange report answers Resent %d, want %d", r.Resent, lost)
+	}
 }

@@ -175,7 +175,7 @@ func (s *State) Commit(p Plan) error {
 			ks.applied = -1 // the write may have happened; gifts wait
 			continue
 		}
-		if ks.gen != st.gen || s.byKey[ks.key] != ks {
+		if ks.gen != st.gen || !s.holds(ks) {
 			continue // cannot happen between Epoch and Commit; stay safe
 		}
 		row, tk := s.ownRow(ks), s.ownTaken(ks)
@@ -225,7 +225,7 @@ func (s *State) Apply() []ShareChange {
 	for _, ks := range s.toApply {
 		ks.toApply = false
 		s.touch(ks)
-		if s.byKey[ks.key] != ks || ks.gen == 0 || ks.applied < 0 || !slices.Equal(ks.inTaken(), ks.inTakenStored()) {
+		if !s.holds(ks) || ks.gen == 0 || ks.applied < 0 || !slices.Equal(ks.inTaken(), ks.inTakenStored()) {
 			continue
 		}
 		a := clamp(s.own(ks), 0, PPM)

@@ -63,7 +63,7 @@ func (s *State) reportSize(list []*keyState) (entries, ints, acks int) {
 func (s *State) keyReport(e *KeyReport, ks *keyState, b *rowSlab, acks *[]uint64) {
 	n := s.n
 	e.Key, e.Generation = ks.key, ks.gen
-	e.SharePPM = s.Share(ks.key)
+	e.SharePPM = s.shareOf(ks) // ks is held: Report lists s.keys
 	e.Demand, e.Granted = ks.held.demand, ks.held.granted
 	if ks.gen != 0 {
 		e.Base = s.effectiveBase(ks)

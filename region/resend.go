@@ -105,6 +105,27 @@ func (s *State) resendRequests() []string {
 	return out
 }
 
+// lateRequests adds to a tally report's requests those for the exchange
+// reports of the epoch before that have not come: a peer region's exchange
+// report of an epoch arrives a fraction of a period after it is made, well
+// before our next tally report, and one that has not is most likely lost
+// (or was never made: its answer then lists nothing). Asked for at once, it
+// is listed again in the sender's next exchange report, as soon as the
+// receiver's acknowledgement would have come (ackDue); waiting for that
+// report's Prev to tell us would cost an epoch more.
+func (s *State) lateRequests(out []string) []string {
+	for i := range s.replicas {
+		rep := &s.replicas[i]
+		k, pos := rep.region, rep.streamExch
+		if !rep.live || k == s.self || pos.since == 0 || rep.want[1] != 0 || rep.lastExch != s.exchEpoch[k] ||
+			!s.heard(s.now, k) || pos.epoch+1 >= s.epoch || len(out) >= maxResend {
+			continue
+		}
+		out = append(out, ResendRequest{Region: s.cfg.Regions[k], Replica: rep.name, Exchange: true, From: pos.epoch + 1}.String())
+	}
+	return out
+}
+
 // asked takes the requests in r that name this replica.
 func (s *State) asked(r *Report) {
 	for _, q := range r.Resend {

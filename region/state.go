@@ -412,6 +412,12 @@ func (s *State) addKey(key string) *keyState {
 	return ks
 }
 
+// holds reports whether ks is the state held for its key (not dropped
+// since): what s.byKey[ks.key] == ks says, without hashing the key.
+func (s *State) holds(ks *keyState) bool {
+	return int(ks.idx) < len(s.keys) && s.keys[ks.idx] == ks
+}
+
 // removeKey drops s.keys[i], moving the last key into its place.
 func (s *State) removeKey(i int) {
 	ks := s.keys[i]
