@@ -125,6 +125,9 @@ func (m *dryMemory) claim(key string, want, cost, now int64) (d dryKey, dry bool
 			f.done = make(chan struct{})
 			sh.flight[key] = f
 		}
+		if probe {
+			sh.unprobeLocked(key) // not sent: the next ask probes
+		}
 		return dryKey{}, false, f.done, false
 	case !ok:
 		// The first ask in flight: what the last answer left, when asks
@@ -167,6 +170,17 @@ func (sh *dryShard) dryLocked(key string, now int64) (dryKey, bool, bool) {
 		sh.old[key] = d
 	}
 	return dryKey{}, false, true
+}
+
+// unprobeLocked undoes dryLocked's probe mark on key (sh.mu held).
+func (sh *dryShard) unprobeLocked(key string) {
+	if d, ok := sh.cur[key]; ok {
+		d.probing = false
+		sh.cur[key] = d
+	} else if d, ok := sh.old[key]; ok {
+		d.probing = false
+		sh.old[key] = d
+	}
 }
 
 // wetLocked returns key's wet entry, what an answer left, and forgets it:

@@ -471,3 +471,30 @@ func TestClaimSendsWhatInFlightLeaves(t *testing.T) {
 		t.Fatal("the ask that waited is not denied from memory once the bucket is empty")
 	}
 }
+
+// TestProbeThatWaitsIsNotSpent: the ask let through as trust passes waits
+// when another ask for the key is still in flight; it did not probe, so
+// once that ask fails the next one probes rather than being denied as if
+// a probe were on its way.
+func TestProbeThatWaitsIsNotSpent(t *testing.T) {
+	m := newDryMemory(1024)
+	const key, limit = "per-tenant/tenant=acme", time.Second
+	at := int64(1_000_000_000)
+	if _, dry, wait, _ := m.claim(key, 1, 1, at); dry || wait != nil {
+		t.Fatal("the first ask was not sent")
+	}
+	// Another ask's answer leaves the key dry for 10ms meanwhile.
+	g := lease.Grant{RetryAfter: 10 * time.Millisecond, Rate: 100, Capacity: 200}
+	if _, dry := m.note(key, &g, lease.Limit{Rate: 100, Burst: 200, Cost: 1}, at, limit); !dry {
+		t.Fatal("not dry")
+	}
+	at += int64(10 * time.Millisecond)
+	_, dry, wait, probe := m.claim(key, 1, 1, at)
+	if dry || wait == nil || probe {
+		t.Fatalf("the ask as trust passes: dry %v, wait %v, probe %v; want it to wait for the ask in flight", dry, wait, probe)
+	}
+	m.land(key, 1, 0, false, at, limit) // the store failed
+	if _, dry, wait, probe := m.claim(key, 1, 1, at); dry || wait != nil || !probe {
+		t.Fatalf("the ask after: dry %v, wait %v, probe %v; want it to probe", dry, wait, probe)
+	}
+}
