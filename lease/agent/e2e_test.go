@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/ration-dev/ration/internal/redistest"
 	"github.com/ration-dev/ration/internal/regiond"
 	"github.com/ration-dev/ration/lease"
@@ -18,13 +20,20 @@ import (
 // serving policy doc, and stops it at cleanup.
 func startRegiond(t *testing.T, redisURL, doc string) *regiond.Daemon {
 	t.Helper()
+	return startRegiondWith(t, redisURL, doc, nil)
+}
+
+// startRegiondWith is startRegiond with its metrics on reg (nil: a registry
+// of its own).
+func startRegiondWith(t *testing.T, redisURL, doc string, reg *prometheus.Registry) *regiond.Daemon {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), "policy.yaml")
 	if err := os.WriteFile(path, []byte(doc), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	d, err := regiond.New(regiond.Config{
 		Region: "eu", Listen: "127.0.0.1:0", Admin: "-", RedisURL: redisURL,
-		PolicyFile: path, Logger: quietLogger(),
+		PolicyFile: path, Logger: quietLogger(), Registry: reg,
 	})
 	if err != nil {
 		t.Fatal(err)

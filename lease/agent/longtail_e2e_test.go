@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/ration-dev/ration/internal/redistest"
 )
 
@@ -45,7 +47,8 @@ func TestEndToEndLongTail(t *testing.T) {
 	}
 	t.Logf("seed %d (replay: RATION_SEED=%d go test ./lease/agent -run '%s')", seed, seed, t.Name())
 	url := redistest.Start(t)
-	d := startRegiond(t, url, longTailPolicy)
+	reg := prometheus.NewRegistry()
+	d := startRegiondWith(t, url, longTailPolicy, reg)
 	scripts := redisScriptCalls(t, url)
 
 	const (
@@ -73,6 +76,8 @@ func TestEndToEndLongTail(t *testing.T) {
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	ops0 := scripts()
+	byOp0, byOutcome0 := counterVec(t, reg, "ration_store_items_total", "op"), counterVec(t, reg, "ration_lease_items_total", "outcome")
+	slow0, errs0 := slowGrants(t, reg), counterVec(t, reg, "ration_store_errors_total", "op")
 	start := time.Now()
 	for ai, a := range agents {
 		wg.Add(1)
@@ -144,6 +149,14 @@ func TestEndToEndLongTail(t *testing.T) {
 	per := float64(ops) / float64(max(adm, 1))
 	t.Logf("%v: %d requests, %d admitted (and %d held), %d Redis script calls = %.4f per admitted request; %d decisions waited for a round trip (%.1f%%), %d lease calls",
 		elapsed, req, adm, held, ops, per, sync, 100*float64(sync)/float64(max(req, 1)), leaseCalls)
+	logCauses(t, agents, counterDiff(counterVec(t, reg, "ration_store_items_total", "op"), byOp0),
+		counterDiff(counterVec(t, reg, "ration_lease_items_total", "outcome"), byOutcome0))
+	// A round trip slower than the lease TTL (a loaded machine: Redis or
+	// these processes starved of CPU) brings tokens that reach the agent
+	// expired and are dropped: a script call that admits nothing, which
+	// spending them would only save by spending past τ.
+	t.Logf("%d grant store calls took over %v (the lease TTL), %.0f failed; agents dropped %d tokens (leases that expired unspent, most of them late answers)",
+		slowGrants(t, reg)-slow0, 100*time.Millisecond, counterDiff(counterVec(t, reg, "ration_store_errors_total", "op"), errs0)["grant"], dropped)
 	var over []string
 	var hotAdmitted int64
 	for i := range admitted {
@@ -162,4 +175,99 @@ func TestEndToEndLongTail(t *testing.T) {
 	if per > 1.0 {
 		t.Errorf("%.3f Redis script calls per admitted request, want at most 1.0", per)
 	}
+}
+
+// counterVec returns the values of the counter vector name on reg by its
+// label.
+func counterVec(t *testing.T, reg *prometheus.Registry, name, label string) map[string]float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make(map[string]float64)
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == label {
+					out[lp.GetValue()] += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return out
+}
+
+// slowGrants returns how many grant store calls the service on reg timed
+// over 100ms, the default lease TTL (a bucket bound of its histogram).
+func slowGrants(t *testing.T, reg *prometheus.Registry) uint64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "ration_store_call_duration_seconds" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if len(m.GetLabel()) != 1 || m.GetLabel()[0].GetValue() != "grant" {
+				continue
+			}
+			h := m.GetHistogram()
+			for _, b := range h.GetBucket() {
+				if b.GetUpperBound() == 0.1 {
+					return h.GetSampleCount() - b.GetCumulativeCount()
+				}
+			}
+		}
+	}
+	t.Fatal("no grant store call histogram with a 100ms bucket")
+	return 0
+}
+
+// counterDiff returns a - b by label.
+func counterDiff(a, b map[string]float64) map[string]float64 {
+	out := make(map[string]float64, len(a))
+	for k, v := range a {
+		out[k] = v - b[k]
+	}
+	return out
+}
+
+// logCauses logs the store operations by cause: the region's items sent to
+// the store by op and its lease items by outcome (a store denial is a
+// denied item not answered from the dry memory), and the agents' calls
+// that failed, fell back or were dropped.
+func logCauses(t *testing.T, agents []*Agent, byOp, byOutcome map[string]float64) {
+	t.Helper()
+	var st Stats
+	var paths [numPaths][2]uint64
+	for _, a := range agents {
+		s := a.Stats()
+		st.CallErrors += s.CallErrors
+		st.RefreshCalls += s.RefreshCalls
+		st.RefreshItems += s.RefreshItems
+		st.ReturnCalls += s.ReturnCalls
+		st.FallbackActivations += s.FallbackActivations
+		st.BreakerOpenings += s.BreakerOpenings
+		st.Evictions += s.Evictions
+		for p := range s.Decisions {
+			paths[p][0] += s.Decisions[p][0]
+			paths[p][1] += s.Decisions[p][1]
+		}
+	}
+	t.Logf("region: store items %v; lease items %v: %.0f store denials (denied items not answered from the dry memory)",
+		byOp, byOutcome, byOutcome["denied"]-byOutcome["dry"])
+	var ps []string
+	for p := range paths {
+		if paths[p][0]+paths[p][1] > 0 {
+			ps = append(ps, fmt.Sprintf("%v %d/%d", Path(p), paths[p][1], paths[p][0]))
+		}
+	}
+	t.Logf("agents: decisions allowed/denied by path %v; %d call errors, %d refresh calls (%d items), %d return calls, %d fallbacks, %d breaker openings, %d evictions",
+		ps, st.CallErrors, st.RefreshCalls, st.RefreshItems, st.ReturnCalls, st.FallbackActivations, st.BreakerOpenings, st.Evictions)
 }

@@ -23,6 +23,12 @@ import (
 // longer trusted one ask probes the store while the others wait a refill's
 // time, and concurrent asks for a key that one call is asking the store for
 // wait for that answer (claim): a herd costs one store operation.
+//
+// Asks for a key go to the store together only while what its last answer
+// left covers them (the flight's left): a herd woken by an answer that left
+// one token sends one ask, not one each, since the others would reach an
+// empty bucket, a store operation that admits nothing. The rest wait for
+// the next answer, which either covers them or leaves the key dry.
 
 // dryShards spreads the memory over locks: every Lease call looks its keys up.
 const dryShards = 64
@@ -33,19 +39,34 @@ const dryShards = 64
 // after the answer), the time a cost takes to refill (step), its rate and
 // capacity, which a denial reports, and whether an ask let through once
 // trust passed is still on its way to the store (probing).
+//
+// A wet entry (until 0) instead holds what an answer left (left) for asks
+// that waited for it, until trust; it never denies.
 type dryKey struct {
 	until, trust, step int64
 	rate, capacity     float64
+	left               float64
 	probing            bool
+}
+
+// keyFlight is a key's asks on their way to the store: how many, what they
+// want, what the bucket holds beyond that as far as the answers so far tell
+// (left; nothing known is 0), and the channel closed at the next answer for
+// asks waiting for it (nil while none does).
+type keyFlight struct {
+	n     int
+	wants int64
+	left  float64
+	done  chan struct{}
 }
 
 type dryShard struct {
 	mu       sync.Mutex
 	cur, old map[string]dryKey
-	// flight holds the keys a Lease call is asking the store for, with the
-	// call's channel, closed once its answers are noted: a concurrent ask
-	// for one of them waits for it rather than asking too (claim).
-	flight map[string]chan struct{}
+	// flight holds the keys asked of the store now: a concurrent ask that
+	// what they leave may not cover waits for their next answer rather than
+	// asking too (claim).
+	flight map[string]keyFlight
 }
 
 // dryMemory is the service's memory of dry keys. The zero value is not
@@ -63,7 +84,7 @@ func newDryMemory(keys int) *dryMemory {
 	m := &dryMemory{seed: maphash.MakeSeed(), half: max(keys/dryShards/2, 1)}
 	for i := range m.shards {
 		m.shards[i].cur = make(map[string]dryKey)
-		m.shards[i].flight = make(map[string]chan struct{})
+		m.shards[i].flight = make(map[string]keyFlight)
 	}
 	return m
 }
@@ -72,18 +93,19 @@ func (m *dryMemory) shard(key string) *dryShard {
 	return &m.shards[maphash.String(m.seed, key)%dryShards]
 }
 
-// claim decides an ask of key at now: dry, with what is remembered; or
-// another call is asking the store for key, and wait is closed once its
-// answer is noted; or the ask goes to the store (a probe when it is the one
-// let through as trust passed), and, with ch not nil, key is in flight with
-// ch until land. A nil memory sends every ask.
+// claim decides an ask of key for want tokens of cost at now: dry, with
+// what is remembered; or asks for key are on their way to the store and
+// what they leave may not cover this one, and wait is closed at their next
+// answer (then decide again); or the ask goes to the store (a probe when it
+// is the one let through as trust passed), in flight until land. A nil
+// memory sends every ask.
 //
 // Dry means trusted dry, or, within a step after trust, while the one ask
 // let through then (the probe) is on its way to the store: a bucket that
 // held less than a cost when trust passed holds less than two a step later,
 // and the probe asks for at least one, so the store would deny the others
 // too.
-func (m *dryMemory) claim(key string, now int64, ch chan struct{}) (d dryKey, dry bool, wait chan struct{}, probe bool) {
+func (m *dryMemory) claim(key string, want, cost, now int64) (d dryKey, dry bool, wait chan struct{}, probe bool) {
 	if m == nil {
 		return dryKey{}, false, nil, false
 	}
@@ -94,16 +116,30 @@ func (m *dryMemory) claim(key string, now int64, ch chan struct{}) (d dryKey, dr
 	if dry {
 		return d, true, nil, false
 	}
-	if ch == nil {
-		return dryKey{}, false, nil, probe
+	f, ok := sh.flight[key]
+	switch {
+	case ok && f.left < float64(cost):
+		// What the asks in flight leave may be less than a cost: their
+		// answer tells.
+		if f.done == nil {
+			f.done = make(chan struct{})
+			sh.flight[key] = f
+		}
+		if probe {
+			sh.unprobeLocked(key) // not sent: the next ask probes
+		}
+		return dryKey{}, false, f.done, false
+	case !ok:
+		// The first ask in flight: what the last answer left, when asks
+		// waited for it, else nothing known.
+		if w, wet := sh.wetLocked(key, now); wet {
+			f.left = w.left
+		}
 	}
-	switch f := sh.flight[key]; {
-	case f == ch: // the same key twice in one call: both go with it
-		return dryKey{}, false, nil, probe
-	case f != nil:
-		return dryKey{}, false, f, false
-	}
-	sh.flight[key] = ch
+	f.n++
+	f.wants += want
+	f.left -= float64(want)
+	sh.flight[key] = f
 	return dryKey{}, false, nil, probe
 }
 
@@ -115,7 +151,7 @@ func (sh *dryShard) dryLocked(key string, now int64) (dryKey, bool, bool) {
 		d, ok = sh.old[key]
 	}
 	switch {
-	case !ok:
+	case !ok, d.until == 0: // a wet entry never denies
 		return dryKey{}, false, false
 	case now < d.trust:
 		return d, true, false
@@ -136,17 +172,81 @@ func (sh *dryShard) dryLocked(key string, now int64) (dryKey, bool, bool) {
 	return dryKey{}, false, true
 }
 
-// land ends key's flight with ch, once its answer is noted.
-func (m *dryMemory) land(key string, ch chan struct{}) {
-	if m == nil || ch == nil {
+// unprobeLocked undoes dryLocked's probe mark on key (sh.mu held).
+func (sh *dryShard) unprobeLocked(key string) {
+	if d, ok := sh.cur[key]; ok {
+		d.probing = false
+		sh.cur[key] = d
+	} else if d, ok := sh.old[key]; ok {
+		d.probing = false
+		sh.old[key] = d
+	}
+}
+
+// wetLocked returns key's wet entry, what an answer left, and forgets it:
+// it tells the first ask after it (sh.mu held).
+func (sh *dryShard) wetLocked(key string, now int64) (dryKey, bool) {
+	d, ok := sh.cur[key]
+	if !ok {
+		d, ok = sh.old[key]
+	}
+	if !ok || d.until != 0 {
+		return dryKey{}, false
+	}
+	delete(sh.cur, key)
+	delete(sh.old, key)
+	return d, now < d.trust
+}
+
+// land ends an ask of key for want tokens that claim sent, once its answer
+// is noted: tokens are what the bucket held after it (known false: the
+// store failed). It wakes the asks waiting for key; when it was the last
+// in flight and they were, what it left stays for them (a wet entry, for
+// at most limit, and only where note left nothing: a dry key is answered
+// from memory).
+func (m *dryMemory) land(key string, want int64, tokens float64, known bool, at int64, limit time.Duration) {
+	if m == nil {
 		return
 	}
 	sh := m.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if sh.flight[key] == ch {
-		delete(sh.flight, key)
+	f, ok := sh.flight[key]
+	if !ok {
+		return // forgotten by clear
 	}
+	f.n--
+	f.wants -= want
+	// Asks still in flight may have reached the store before this one,
+	// so tokens may already lack their wants: counting them off again
+	// errs low, which only makes an ask wait.
+	f.left = 0
+	if known {
+		f.left = tokens - float64(f.wants)
+	}
+	woken := f.done != nil
+	if woken {
+		close(f.done)
+		f.done = nil
+	}
+	if f.n > 0 {
+		sh.flight[key] = f
+		return
+	}
+	delete(sh.flight, key)
+	if !woken || !known || limit <= 0 {
+		return
+	}
+	if _, inCur := sh.cur[key]; inCur {
+		return
+	}
+	if _, inOld := sh.old[key]; inOld {
+		return
+	}
+	if len(sh.cur) >= m.half {
+		sh.old, sh.cur = sh.cur, make(map[string]dryKey, m.half)
+	}
+	sh.cur[key] = dryKey{trust: at + int64(limit), left: tokens}
 }
 
 // note records the store's answer g to an ask of key under l, received at

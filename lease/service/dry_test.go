@@ -317,3 +317,184 @@ func TestWatchDry(t *testing.T) {
 		}
 	}
 }
+
+// TestHerdSendsWhatTheAnswerCovers: asks that waited for an answer which
+// left two tokens send two asks, not one each: the third would reach an
+// empty bucket, a store operation that admits nothing. It waits for their
+// answers, which leave the key dry, and is denied from memory; and no ask
+// stays in flight after.
+func TestHerdSendsWhatTheAnswerCovers(t *testing.T) {
+	clk := &clock{now: time.Unix(1_700_000_000, 0)}
+	st := &gatedStore{Store: lease.NewMemoryStore(lease.MemoryConfig{Clock: clk.Now}), entered: make(chan struct{}), gate: make(chan struct{})}
+	f := start(t, Config{Store: st, Clock: clk.Now})
+	const herd = 3
+	var waits atomic.Int64
+	waiting := make(chan struct{})
+	f.svc.joined = func() {
+		if waits.Add(1) == herd {
+			close(waiting)
+		}
+	}
+	ask := func(id string, want int64, got chan<- int64) {
+		resp, err := f.client.Lease(context.Background(), &leasev1.LeaseRequest{Agent: agent(id),
+			Items: []*leasev1.LeaseItem{{Rule: "per-tenant", Key: "tenant=acme", Want: want}}})
+		if err != nil {
+			t.Error(err)
+			got <- -1
+			return
+		}
+		got <- resp.Grants[0].GetGranted()
+	}
+	first := make(chan int64, 1)
+	go ask("a0", 198, first) // of the bucket's 200, at a clock that stands still
+	<-st.entered
+	rest := make(chan int64, herd)
+	for i := range herd {
+		go ask(fmt.Sprint("a", i+1), 1, rest)
+	}
+	<-waiting // the herd waits for the first's answer
+	close(st.gate)
+	if g := <-first; g != 198 {
+		t.Fatalf("the first ask got %d, want 198", g)
+	}
+	var granted []int64
+	for range herd {
+		granted = append(granted, <-rest)
+	}
+	if sum := granted[0] + granted[1] + granted[2]; sum != 2 {
+		t.Fatalf("the herd got %v, want two tokens between them", granted)
+	}
+	if n := st.items.Load(); n != 3 {
+		t.Fatalf("the store was asked %d items, want 3: the first and the two asks its answer covered", n)
+	}
+	for i := range f.svc.dry.shards {
+		sh := &f.svc.dry.shards[i]
+		sh.mu.Lock()
+		n := len(sh.flight)
+		sh.mu.Unlock()
+		if n != 0 {
+			t.Fatalf("shard %d holds %d keys in flight after every answer", i, n)
+		}
+	}
+}
+
+// TestHerdGoesTogetherWhenCovered: asks that waited for an answer which
+// left plenty go to the store together, not one after another.
+func TestHerdGoesTogetherWhenCovered(t *testing.T) {
+	clk := &clock{now: time.Unix(1_700_000_000, 0)}
+	st := &gatedStore{Store: lease.NewMemoryStore(lease.MemoryConfig{Clock: clk.Now}), entered: make(chan struct{}), gate: make(chan struct{})}
+	f := start(t, Config{Store: st, Clock: clk.Now})
+	const herd = 5
+	var waits atomic.Int64
+	waiting := make(chan struct{})
+	f.svc.joined = func() {
+		if n := waits.Add(1); n == herd {
+			close(waiting)
+		} else if n > herd {
+			t.Errorf("an ask waited again (%d waits for a herd of %d): the answer covered it", n, herd)
+		}
+	}
+	got := make(chan int64, herd+1)
+	ask := func(id string, want int64) {
+		resp, err := f.client.Lease(context.Background(), &leasev1.LeaseRequest{Agent: agent(id),
+			Items: []*leasev1.LeaseItem{{Rule: "per-tenant", Key: "tenant=roomy", Want: want}}})
+		if err != nil {
+			t.Error(err)
+			got <- -1
+			return
+		}
+		got <- resp.Grants[0].GetGranted()
+	}
+	go ask("a0", 10)
+	<-st.entered
+	for i := range herd {
+		go ask(fmt.Sprint("a", i+1), 10)
+	}
+	<-waiting
+	close(st.gate)
+	for range herd + 1 {
+		if g := <-got; g != 10 {
+			t.Fatalf("an ask got %d, want 10", g)
+		}
+	}
+}
+
+// TestClaimSendsWhatInFlightLeaves: claim and land on the memory itself.
+// While an ask is in flight and nothing is known, others wait; its answer
+// (two tokens left) lets two of them go and the third wait for theirs; the
+// answer that empties the bucket leaves the key dry.
+func TestClaimSendsWhatInFlightLeaves(t *testing.T) {
+	m := newDryMemory(1024)
+	const key, limit = "per-tenant/tenant=acme", time.Second
+	at := int64(1_000_000_000)
+	if _, dry, wait, _ := m.claim(key, 198, 1, at); dry || wait != nil {
+		t.Fatalf("the first ask: dry %v, wait %v; want it sent", dry, wait)
+	}
+	var waits []chan struct{}
+	for i := range 3 {
+		_, dry, wait, _ := m.claim(key, 1, 1, at)
+		if dry || wait == nil {
+			t.Fatalf("ask %d while the first is in flight: dry %v, wait %v; want it to wait", i, dry, wait)
+		}
+		waits = append(waits, wait)
+	}
+	m.land(key, 198, 2, true, at, limit) // the bucket holds 2 after it
+	for i, w := range waits {
+		select {
+		case <-w:
+		default:
+			t.Fatalf("ask %d not woken by the answer", i)
+		}
+	}
+	sent, waiting := 0, 0
+	for range 3 {
+		switch _, dry, wait, _ := m.claim(key, 1, 1, at); {
+		case dry:
+			t.Fatal("a woken ask denied from memory: the bucket holds two")
+		case wait != nil:
+			waiting++
+		default:
+			sent++
+		}
+	}
+	if sent != 2 || waiting != 1 {
+		t.Fatalf("%d woken asks sent and %d waiting, want 2 and 1", sent, waiting)
+	}
+	g := lease.Grant{Granted: 1, Tokens: 0, Rate: 100, Capacity: 200}
+	l := lease.Limit{Rate: 100, Burst: 200, Cost: 1}
+	m.land(key, 1, 1, true, at, limit)
+	if _, dry := m.note(key, &g, l, at, limit); !dry {
+		t.Fatal("the answer that left nothing did not leave the key dry")
+	}
+	m.land(key, 1, 0, true, at, limit)
+	if _, dry, _, _ := m.claim(key, 1, 1, at); !dry {
+		t.Fatal("the ask that waited is not denied from memory once the bucket is empty")
+	}
+}
+
+// TestProbeThatWaitsIsNotSpent: the ask let through as trust passes waits
+// when another ask for the key is still in flight; it did not probe, so
+// once that ask fails the next one probes rather than being denied as if
+// a probe were on its way.
+func TestProbeThatWaitsIsNotSpent(t *testing.T) {
+	m := newDryMemory(1024)
+	const key, limit = "per-tenant/tenant=acme", time.Second
+	at := int64(1_000_000_000)
+	if _, dry, wait, _ := m.claim(key, 1, 1, at); dry || wait != nil {
+		t.Fatal("the first ask was not sent")
+	}
+	// Another ask's answer leaves the key dry for 10ms meanwhile.
+	g := lease.Grant{RetryAfter: 10 * time.Millisecond, Rate: 100, Capacity: 200}
+	if _, dry := m.note(key, &g, lease.Limit{Rate: 100, Burst: 200, Cost: 1}, at, limit); !dry {
+		t.Fatal("not dry")
+	}
+	at += int64(10 * time.Millisecond)
+	_, dry, wait, probe := m.claim(key, 1, 1, at)
+	if dry || wait == nil || probe {
+		t.Fatalf("the ask as trust passes: dry %v, wait %v, probe %v; want it to wait for the ask in flight", dry, wait, probe)
+	}
+	m.land(key, 1, 0, false, at, limit) // the store failed
+	if _, dry, wait, probe := m.claim(key, 1, 1, at); dry || wait != nil || !probe {
+		t.Fatalf("the ask after: dry %v, wait %v, probe %v; want it to probe", dry, wait, probe)
+	}
+}

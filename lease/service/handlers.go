@@ -185,51 +185,58 @@ func (s *Service) Lease(ctx context.Context, req *leasev1.LeaseRequest) (*leasev
 
 // grantBatch fills b.out: from the memory of dry keys where it holds the
 // key, from the store for the rest, which it remembers. An ask for a key
-// that another call is asking the store for waits for that answer and
-// decides again (one store operation for a herd of asks), but only after
-// this call's own asks are answered, so that two calls never wait for each
-// other.
+// that other asks are on their way to the store for, and that what they
+// leave may not cover, waits for their answer and decides again (one store
+// operation for a herd of asks), but only after this call's own asks are
+// answered, so that no call waits for one that waits for it. Asks waiting
+// this way end: each answer either leaves the key dry (answered from
+// memory) or tells what the bucket holds.
 func (s *Service) grantBatch(ctx context.Context, b *batch, now time.Time) error {
-	var ch chan struct{}
-	if s.dry != nil {
-		ch = make(chan struct{})
-		defer close(ch)
-	}
 	b.waitIdx, b.waitCh = b.waitIdx[:0], b.waitCh[:0]
 	for i := range b.grants {
-		if !s.fromMemory(b, i, now, ch) {
-			continue
+		s.decideItem(b, i, now)
+	}
+	for {
+		if err := s.sendGrants(ctx, b); err != nil {
+			return err
 		}
+		if len(b.waitIdx) == 0 {
+			return nil
+		}
+		// Every wait ends before any item decides again: a call waits
+		// only while it has no ask of its own in flight.
+		for _, ch := range b.waitCh {
+			select {
+			case <-ch:
+			case <-ctx.Done():
+				return status.FromContextError(ctx.Err()).Err()
+			}
+		}
+		b.send, b.sendIdx = b.send[:0], b.sendIdx[:0]
+		idx := b.waitIdx
+		b.waitIdx, b.waitCh = nil, nil
+		now := s.cfg.Clock()
+		for _, i := range idx {
+			s.decideItem(b, i, now)
+		}
+	}
+}
+
+// decideItem answers item i from the memory of dry keys, or puts it on b's
+// waits (the asks in flight for its key may leave it nothing), or on the
+// asks to send.
+func (s *Service) decideItem(b *batch, i int, now time.Time) {
+	if s.fromMemory(b, i, now) {
 		b.send = append(b.send, b.grants[i])
 		b.sendIdx = append(b.sendIdx, i)
 	}
-	if err := s.sendGrants(ctx, b, ch); err != nil {
-		return err
-	}
-	if len(b.waitIdx) == 0 {
-		return nil
-	}
-	b.send, b.sendIdx = b.send[:0], b.sendIdx[:0]
-	for j, i := range b.waitIdx {
-		select {
-		case <-b.waitCh[j]:
-		case <-ctx.Done():
-			return status.FromContextError(ctx.Err()).Err()
-		}
-		if s.fromMemory(b, i, s.cfg.Clock(), nil) {
-			b.send = append(b.send, b.grants[i])
-			b.sendIdx = append(b.sendIdx, i)
-		}
-	}
-	return s.sendGrants(ctx, b, nil)
 }
 
 // fromMemory answers item i from the memory of dry keys, or puts it on
-// b's waits (ch not nil: another call asks the store for its key), and
-// reports whether it is left to send.
-func (s *Service) fromMemory(b *batch, i int, now time.Time, ch chan struct{}) bool {
+// b's waits, and reports whether it is left to send.
+func (s *Service) fromMemory(b *batch, i int, now time.Time) bool {
 	at := now.UnixNano()
-	d, dry, wait, probe := s.dry.claim(b.keys[i], at, ch)
+	d, dry, wait, probe := s.dry.claim(b.keys[i], b.grants[i].Want, b.grants[i].Limit.Cost, at)
 	if probe {
 		s.metrics.dryProbes.Inc()
 	}
@@ -249,8 +256,8 @@ func (s *Service) fromMemory(b *batch, i int, now time.Time, ch chan struct{}) b
 }
 
 // sendGrants asks the store for b.send, fills their answers in b.out and
-// notes them in the memory, ending the flights of ch.
-func (s *Service) sendGrants(ctx context.Context, b *batch, ch chan struct{}) error {
+// notes them in the memory, ending their flights.
+func (s *Service) sendGrants(ctx context.Context, b *batch) error {
 	if len(b.send) == 0 {
 		return nil
 	}
@@ -273,7 +280,8 @@ func (s *Service) sendGrants(ctx context.Context, b *batch, ch chan struct{}) er
 				s.announce(b.rules[i], b.keys[i], until)
 			}
 		}
-		s.dry.land(b.keys[i], ch)
+		known := err == nil && out[j].Err == nil
+		s.dry.land(b.keys[i], b.send[j].Want, out[j].Tokens, known, done, s.dryFor(b.rules[i]))
 	}
 	if err != nil {
 		s.metrics.lease.storeErrors.Inc()
