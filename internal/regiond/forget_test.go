@@ -2,6 +2,7 @@ package regiond
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 	"github.com/ration-dev/ration/lease/service"
 	leasev1 "github.com/ration-dev/ration/lease/v1"
 	"github.com/ration-dev/ration/policy"
+	"github.com/ration-dev/ration/sync/exchange"
 )
 
 // TestShareWritesForgetDryKeys: a share the exchange writes (or deletes)
@@ -22,11 +24,15 @@ func TestShareWritesForgetDryKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 	mem := lease.NewMemoryStore(lease.MemoryConfig{Clock: clock})
-	svc, err := service.New(service.Config{Region: "eu", Store: mem, Policy: pol, Clock: clock, InitialShare: 500_000})
+	keeper, err := service.NewShareKeeper(service.ShareKeeperConfig{Store: mem, Clock: clock})
 	if err != nil {
 		t.Fatal(err)
 	}
-	fx := forgetting{mem, svc}
+	svc, err := service.New(service.Config{Region: "eu", Store: keeper, Policy: pol, Clock: clock, InitialShare: 500_000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fx := forgetting{mem, svc, keeper, new(atomic.Pointer[exchange.Exchanger])}
 	ctx := context.Background()
 	ask := func() int64 {
 		t.Helper()
