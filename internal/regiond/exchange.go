@@ -38,10 +38,9 @@ type forgetting struct {
 	shareStore
 	svc    *service.Service
 	keeper *service.ShareKeeper
-	// x is the exchange once started: while it hears another replica of
-	// the region, agents may lease there, unseen by the keeper, which then
-	// keeps no raise.
-	x *atomic.Pointer[exchange.Exchanger]
+	// siblings reports whether agents may lease through another replica
+	// of the region, unseen by the keeper, which then keeps no raise.
+	siblings func() bool
 }
 
 func (f forgetting) SetShares(ctx context.Context, ups []lease.ShareUpdate, out []lease.ShareResult) error {
@@ -69,13 +68,19 @@ func (f forgetting) Incarnation(ctx context.Context) (string, error) {
 	if err != nil {
 		return inc, err
 	}
-	x := f.x.Load()
-	f.keeper.KeepRaises(x != nil && !x.SiblingsHeard())
+	f.keeper.KeepRaises(!f.siblings())
 	f.keeper.SawIncarnation(inc)
 	if ferr := f.keeper.Flush(ctx, f.shareStore.SetShares); ferr != nil {
 		return inc, fmt.Errorf("regiond: writing kept share raises: %w", ferr)
 	}
 	return inc, nil
+}
+
+// siblingsHeard reports whether the exchange hears another replica of this
+// region (or has not started: it cannot tell).
+func (d *Daemon) siblingsHeard() bool {
+	x := d.obs.x.Load()
+	return x == nil || x.SiblingsHeard()
 }
 
 // resetting is the exchange's election: once this replica takes the hold
@@ -238,7 +243,7 @@ func (d *Daemon) startExchange() error {
 		DecideAfter: cfg.DecideAfter,
 		Refresh:     cfg.ReportRefresh,
 		Conn:        d.nc,
-		Store:       forgetting{d.shares, d.svc, d.keeper, &d.obs.x},
+		Store:       forgetting{d.shares, d.svc, d.keeper, d.siblingsHeard},
 		Coordinator: resetting{coord, d.keeper},
 		Policy:      d.pol.Base, // what this region loaded; the service enforces it made stricter
 		PolicyName:  d.pol.Name,
