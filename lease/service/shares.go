@@ -112,9 +112,9 @@ type ShareKeeper struct {
 
 type wrote struct{ ppm, at int64 }
 
-// granted is what grants told of a key: since when they are remembered,
-// and when the latest found it short and with plenty (Clock ns).
-type granted struct{ sinceAt, shortAt, plentyAt int64 }
+// granted is what grants told of a key since the keeper began to watch:
+// when the latest found it short and with plenty (Clock ns, 0: none).
+type granted struct{ shortAt, plentyAt int64 }
 
 // NewShareKeeper returns a ShareKeeper for cfg, filling its defaults on a
 // copy; it keeps raises until KeepRaises(false).
@@ -154,13 +154,8 @@ func (k *ShareKeeper) Grant(ctx context.Context, reqs []lease.GrantRequest, out 
 // sawGrant notes a grant of key at now (k.mu held).
 func (k *ShareKeeper) sawGrant(key string, short bool, now int64) {
 	g, ok := k.seen[key]
-	if !ok {
-		if len(k.seen) >= k.cfg.MaxKeys {
-			k.sweep(now)
-		}
-		// Not granted since the keeper began to watch: grants found
-		// plenty since then, as far as it knows.
-		g.sinceAt = k.started
+	if !ok && len(k.seen) >= k.cfg.MaxKeys {
+		k.sweep(now)
 	}
 	if short {
 		g.shortAt = now
@@ -254,11 +249,15 @@ func (k *ShareKeeper) cause(u lease.ShareUpdate, now int64) shareCause {
 	}
 	g, ok := k.seen[u.Key]
 	switch {
-	case ok && g.plentyAt > g.shortAt && now-max(g.sinceAt, g.shortAt) >= int64(k.cfg.ShortFor) && now-g.plentyAt < int64(k.cfg.Quiet):
+	case ok && g.plentyAt > g.shortAt && now-max(k.started, g.shortAt) >= int64(k.cfg.ShortFor) && now-g.plentyAt < int64(k.cfg.Quiet):
+		// Every grant found plenty for ShortFor (since the keeper began
+		// to watch, or since the latest short one), the latest within
+		// Quiet.
 		return shareKept
-	case !ok && now-k.started >= max(int64(k.cfg.ShortFor), refill(u.Limit, w.ppm)):
-		// Not granted since the keeper began to watch, long enough ago
-		// for the bucket to have refilled: it is full.
+	case !ok && refill(u.Limit, w.ppm) <= int64(k.cfg.Quiet) && now-k.started >= max(int64(k.cfg.ShortFor), refill(u.Limit, w.ppm)):
+		// Not granted since the keeper began to watch (or not within
+		// Quiet, whose entry a sweep dropped), long enough ago for the
+		// bucket to have refilled: it is full.
 		return shareKept
 	}
 	return shareShort

@@ -227,3 +227,24 @@ func TestShareKeeperNeverAboveExchange(t *testing.T) {
 		t.Fatalf("nothing kept or flushed (%+v): the test checks nothing", c)
 	}
 }
+
+// TestShareKeeperSlowBuckets: a key that no grant was seen for is kept as
+// full only when its bucket refills within Quiet; a slow one (a quota of a
+// few tokens in ten minutes) may be empty, and its raises are written.
+func TestShareKeeperSlowBuckets(t *testing.T) {
+	r := newKeeperRig(t)
+	slow := lease.Limit{Rate: 0.01, Burst: 10, Cost: 1, InitialShare: 333_333}
+	set := func(key string, l lease.Limit, ppm int64) {
+		t.Helper()
+		if err := r.k.SetShares(context.Background(), r.mem.SetShares, []lease.ShareUpdate{{Key: key, SharePPM: ppm, Limit: l}}, make([]lease.ShareResult, 1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	set("slow", slow, 300_000)
+	set("fast", userLimit, 300_000)
+	r.now = r.now.Add(time.Hour - time.Second) // within MaxKeep
+	set("slow", slow, 400_000)
+	set("fast", userLimit, 400_000)
+	r.wantStored("slow", 400_000)
+	r.wantStored("fast", 300_000)
+}
