@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"sync/atomic"
 	"time"
@@ -41,6 +42,7 @@ type forgetting struct {
 	// siblings reports whether agents may lease through another replica
 	// of the region, unseen by the keeper, which then keeps no raise.
 	siblings func() bool
+	log      *slog.Logger
 }
 
 func (f forgetting) SetShares(ctx context.Context, ups []lease.ShareUpdate, out []lease.ShareResult) error {
@@ -71,7 +73,9 @@ func (f forgetting) Incarnation(ctx context.Context) (string, error) {
 	f.keeper.KeepRaises(!f.siblings())
 	f.keeper.SawIncarnation(inc)
 	if ferr := f.keeper.Flush(ctx, f.shareStore.SetShares); ferr != nil {
-		return inc, fmt.Errorf("regiond: writing kept share raises: %w", ferr)
+		// The raises stay kept for the next epoch; the incarnation read
+		// stands (the Node must see a store that lost writes).
+		f.log.Warn("regiond: writing kept share raises", "err", ferr)
 	}
 	return inc, nil
 }
@@ -243,7 +247,7 @@ func (d *Daemon) startExchange() error {
 		DecideAfter: cfg.DecideAfter,
 		Refresh:     cfg.ReportRefresh,
 		Conn:        d.nc,
-		Store:       forgetting{d.shares, d.svc, d.keeper, d.siblingsHeard},
+		Store:       forgetting{d.shares, d.svc, d.keeper, d.siblingsHeard, d.log},
 		Coordinator: resetting{coord, d.keeper},
 		Policy:      d.pol.Base, // what this region loaded; the service enforces it made stricter
 		PolicyName:  d.pol.Name,

@@ -2,6 +2,7 @@ package regiond
 
 import (
 	"context"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -32,7 +33,7 @@ func TestShareWritesForgetDryKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fx := forgetting{mem, svc, keeper, func() bool { return false }}
+	fx := forgetting{mem, svc, keeper, func() bool { return false }, slog.New(slog.DiscardHandler)}
 	ctx := context.Background()
 	ask := func() int64 {
 		t.Helper()
@@ -129,7 +130,7 @@ func TestKeptRaisesAndTheHold(t *testing.T) {
 		t.Fatal(err)
 	}
 	siblings := false
-	fx := forgetting{mem, svc, keeper, func() bool { return siblings }}
+	fx := forgetting{mem, svc, keeper, func() bool { return siblings }, slog.New(slog.DiscardHandler)}
 	coord := resetting{exchange.NewMemoryCoordinator(clock), keeper}
 	ctx := context.Background()
 	limit := service.Limit(pol.Rule("r"), 500_000, now)

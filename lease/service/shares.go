@@ -56,6 +56,9 @@ type ShareKeeperConfig struct {
 	// MaxKeep is how old the keeper's latest write of a key's share may be
 	// for a raise of it to be kept. Default 1h.
 	MaxKeep time.Duration
+	// FlushBatch is the most kept raises one call writes (Flush, or added
+	// to a SetShares); the rest wait for the next. Default 500.
+	FlushBatch int
 	// MaxKeys bounds the keys whose grants are remembered; beyond it the
 	// keeper keeps no raise for a while. Default 1<<20.
 	MaxKeys int
@@ -76,6 +79,9 @@ func (c ShareKeeperConfig) withDefaults() ShareKeeperConfig {
 	}
 	if c.MaxKeep == 0 {
 		c.MaxKeep = time.Hour
+	}
+	if c.FlushBatch == 0 {
+		c.FlushBatch = 500
 	}
 	if c.MaxKeys == 0 {
 		c.MaxKeys = 1 << 20
@@ -123,8 +129,8 @@ func NewShareKeeper(cfg ShareKeeperConfig) (*ShareKeeper, error) {
 	switch {
 	case cfg.Store == nil:
 		return nil, errors.Join(ErrShareKeeperConfig, errors.New("Store is required"))
-	case cfg.ShortFor < 0 || cfg.Quiet < 0 || cfg.MaxKeep < 0 || cfg.MaxKeys < 0:
-		return nil, errors.Join(ErrShareKeeperConfig, errors.New("ShortFor, Quiet, MaxKeep and MaxKeys must not be negative"))
+	case cfg.ShortFor < 0 || cfg.Quiet < 0 || cfg.MaxKeep < 0 || cfg.MaxKeys < 0 || cfg.FlushBatch < 0:
+		return nil, errors.Join(ErrShareKeeperConfig, errors.New("ShortFor, Quiet, MaxKeep, MaxKeys and FlushBatch must not be negative"))
 	}
 	return &ShareKeeper{cfg: cfg, written: map[string]wrote{}, pending: map[string]lease.ShareUpdate{},
 		due: map[string]struct{}{}, seen: map[string]granted{}, keep: true, started: cfg.Clock().UnixNano()}, nil
@@ -276,16 +282,22 @@ func (k *ShareKeeper) Flush(ctx context.Context, write ShareWrite) error {
 }
 
 // takeDue appends the due kept raises to send, with index -1 (k.mu held).
+// At most FlushBatch are taken; the rest stay due for the next call.
 func (k *ShareKeeper) takeDue(send []lease.ShareUpdate, idx []int) ([]lease.ShareUpdate, []int) {
+	n := 0
 	for key := range k.due {
+		if n == k.cfg.FlushBatch {
+			break
+		}
+		delete(k.due, key)
 		if u, ok := k.pending[key]; ok {
 			send = append(send, u)
 			idx = append(idx, -1)
 			delete(k.pending, key)
 			k.counts.Flushed++
+			n++
 		}
 	}
-	clear(k.due)
 	return send, idx
 }
 

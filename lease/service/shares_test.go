@@ -248,3 +248,39 @@ func TestShareKeeperSlowBuckets(t *testing.T) {
 	r.wantStored("slow", 400_000)
 	r.wantStored("fast", 300_000)
 }
+
+// TestShareKeeperFlushBatch: a flush writes at most FlushBatch kept raises;
+// the rest are written by the next.
+func TestShareKeeperFlushBatch(t *testing.T) {
+	r := newKeeperRig(t)
+	k, err := NewShareKeeper(ShareKeeperConfig{Store: r.mem, Clock: func() time.Time { return r.now }, FlushBatch: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.k = k
+	keys := []string{"a", "b", "c"}
+	for _, key := range keys {
+		r.set(key, 300_000)
+	}
+	r.now = r.now.Add(11 * time.Second)
+	for _, key := range keys {
+		r.set(key, 400_000) // kept
+	}
+	r.k.KeepRaises(false)
+	count := func() (n int) {
+		for _, key := range keys {
+			if r.stored(key) == 400_000 {
+				n++
+			}
+		}
+		return n
+	}
+	r.flush()
+	if got := count(); got != 2 {
+		t.Fatalf("after one flush %d raises written, want 2", got)
+	}
+	r.flush()
+	if got := count(); got != 3 {
+		t.Fatalf("after two flushes %d raises written, want 3", got)
+	}
+}
