@@ -16,24 +16,30 @@ import (
 // need (per-user: 1.17 store operations per admitted request were share
 // writes). A raise only lets the bucket grant more, so the store may hold a
 // lower share than the exchange counts as applied, never a higher one: a
-// ShareKeeper keeps the raise of a key whose bucket had plenty at the latest
-// grant it saw, and writes it once a grant finds the key short.
+// ShareKeeper keeps the raise of a key whose bucket has plenty, and writes
+// it once a grant finds the key short.
+//
+// Plenty: every grant the keeper saw of the key for the last ShortFor found
+// plenty, the latest within Quiet; or no grant touched the key since the
+// keeper began to watch, long enough ago for its bucket to have refilled
+// (and it refills within Quiet). Short: a denial or a partial grant, a
+// bucket left more than one cost below its capacity (a key being spent
+// from) or unable to serve one more request (a bucket of a request or two,
+// whose every token counts). The keeper begins to watch afresh at each
+// Reset, so a run's first ShortFor keeps nothing: every bucket is full at
+// the start, however soon it is drained.
 //
 // What the keeper knows of the store's share of a key comes only from its
 // own writes since Reset: the caller resets it when another replica may have
-// written (it takes the exchange over) and the keeper resets itself when the
-// store's incarnation changes (SawIncarnation). It keeps no raise while the
-// caller says another replica of the region serves agents (KeepRaises),
-// whose grants it cannot see. A share it wrote longer ago than MaxKeep is
-// written again, so that the store's share lives (its ShareTTL) as long as
-// the exchange's rewrites (region.Config.Rewrite) expect.
-//
-// Which grants count as short: a denial or a partial grant, a bucket left
-// more than one cost below its capacity (a key being spent from) or unable
-// to serve one more request (a bucket of a request or two, whose every
-// token counts: a raise is all its refill). A key
-// found short keeps its raises written at once until a grant finds it full
-// again and ShortFor has passed.
+// written or granted (it takes the exchange over) and the keeper resets
+// itself when the store's incarnation changes (SawIncarnation). It keeps no
+// raise while the caller says another replica of the region serves agents
+// (KeepRaises), whose grants it cannot see. A share it wrote longer ago than
+// MaxKeep is written again, so that the store's share lives (its ShareTTL)
+// as long as the exchange's rewrites (region.Config.Rewrite) expect. Tokens
+// received with a kept raise are credited when it is written: the update
+// carries the cumulative tokens of its generation, which the store credits
+// once.
 
 // ShareWrite writes share updates to the region's store, one result each
 // (lease.RedisStore's and lease.MemoryStore's SetShares).
