@@ -32,6 +32,11 @@ func newAdminMetrics(reg prometheus.Registerer, d *Daemon) (*adminMetrics, error
 			return nil, err
 		}
 	}
+	if d.keeper != nil {
+		if err := reg.Register(newShareUpdates(d.keeper)); err != nil {
+			return nil, err
+		}
+	}
 	return m, nil
 }
 

@@ -36,10 +36,13 @@ var defaultPolicy []byte
 // Daemon is one regiond replica. Start it, then Shutdown it; Shutdown waits
 // for every goroutine that Start began.
 type Daemon struct {
-	cfg     Config
-	log     *slog.Logger
-	store   service.Store
-	shares  shareStore         // the same store, as the exchange writes it
+	cfg    Config
+	log    *slog.Logger
+	store  service.Store
+	shares shareStore // the same store, as the exchange writes it
+	// keeper is the store as the lease service grants from it and the
+	// exchange writes shares through it (nil without an exchange).
+	keeper  *service.ShareKeeper
 	mem     *lease.MemoryStore // nil with Redis
 	redis   *lease.RedisStore  // nil with the memory store
 	closeDB func() error
@@ -167,6 +170,13 @@ func New(cfg Config) (*Daemon, error) {
 		scfg.ShareRetryAfter = cfg.SyncPeriod
 		scfg.Observer = &d.obs
 		scfg.InitialShareFor = func(string, *policy.Rule) int64 { return d.initial }
+		// The exchange's raises of keys whose bucket has plenty wait
+		// until a grant finds them short (lease/service/shares.go).
+		if d.keeper, err = service.NewShareKeeper(service.ShareKeeperConfig{Store: d.store}); err != nil {
+			d.closeDB()
+			return nil, fmt.Errorf("regiond: %w", err)
+		}
+		scfg.Store = d.keeper
 	}
 	d.svc, err = service.New(scfg)
 	if err != nil {

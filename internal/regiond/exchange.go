@@ -6,8 +6,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"sync/atomic"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
@@ -27,17 +29,24 @@ type shareStore interface {
 	Shares(ctx context.Context, keys []string, out []int64) error
 }
 
-// forgetting is the region's store as the exchange writes shares to it: the
-// lease service forgets what it remembers of a key's bucket once its share
-// is written (or the write may have landed), since a raised share or tokens
-// given with it may let a dry bucket grant at once.
+// forgetting is the region's store as the exchange writes shares to it:
+// through the share keeper, which keeps the raises of keys whose bucket has
+// plenty (service.ShareKeeper), and the lease service forgets what it
+// remembers of a key's bucket once its share is written (or the write may
+// have landed), since a raised share or tokens given with it may let a dry
+// bucket grant at once.
 type forgetting struct {
 	shareStore
-	svc *service.Service
+	svc    *service.Service
+	keeper *service.ShareKeeper
+	// siblings reports whether agents may lease through another replica
+	// of the region, unseen by the keeper, which then keeps no raise.
+	siblings func() bool
+	log      *slog.Logger
 }
 
 func (f forgetting) SetShares(ctx context.Context, ups []lease.ShareUpdate, out []lease.ShareResult) error {
-	err := f.shareStore.SetShares(ctx, ups, out)
+	err := f.keeper.SetShares(ctx, f.shareStore.SetShares, ups, out)
 	for i := range ups {
 		f.svc.Forget(ups[i].Key)
 	}
@@ -47,7 +56,51 @@ func (f forgetting) SetShares(ctx context.Context, ups []lease.ShareUpdate, out 
 func (f forgetting) DeleteShares(ctx context.Context, keys []string) error {
 	err := f.shareStore.DeleteShares(ctx, keys)
 	f.svc.Forget(keys...)
+	f.keeper.Forget(keys...)
 	return err
+}
+
+// Incarnation reads the store's incarnation. The keeper knows the shares in
+// the store from its own writes; a new incarnation may have lost them, so it
+// forgets them. The exchange reads it before each epoch's writes, while it
+// holds the region: the raises kept for keys that ran short are written
+// then, and all of them once a sibling replica is heard.
+func (f forgetting) Incarnation(ctx context.Context) (string, error) {
+	inc, err := f.shareStore.Incarnation(ctx)
+	if err != nil {
+		return inc, err
+	}
+	f.keeper.KeepRaises(!f.siblings())
+	f.keeper.SawIncarnation(inc)
+	if ferr := f.keeper.Flush(ctx, f.shareStore.SetShares); ferr != nil {
+		// The raises stay kept for the next epoch; the incarnation read
+		// stands (the Node must see a store that lost writes).
+		f.log.Warn("regiond: writing kept share raises", "err", ferr)
+	}
+	return inc, nil
+}
+
+// siblingsHeard reports whether the exchange hears another replica of this
+// region (or has not started: it cannot tell).
+func (d *Daemon) siblingsHeard() bool {
+	x := d.obs.x.Load()
+	return x == nil || x.SiblingsHeard()
+}
+
+// resetting is the exchange's election: once this replica takes the hold
+// (it was free, or lapsed), another replica may have written shares since
+// the keeper last did, so it forgets what it knew of them.
+type resetting struct {
+	exchange.Coordinator
+	keeper *service.ShareKeeper
+}
+
+func (r resetting) Acquire(ctx context.Context, reg, holder string, ttl time.Duration) (region.Hold, error) {
+	h, err := r.Coordinator.Acquire(ctx, reg, holder, ttl)
+	if err != nil || h != region.HoldRenewed {
+		r.keeper.Reset()
+	}
+	return h, err
 }
 
 // observer forwards the lease service's tallies to the exchange once it
@@ -194,8 +247,8 @@ func (d *Daemon) startExchange() error {
 		DecideAfter: cfg.DecideAfter,
 		Refresh:     cfg.ReportRefresh,
 		Conn:        d.nc,
-		Store:       forgetting{d.shares, d.svc},
-		Coordinator: coord,
+		Store:       forgetting{d.shares, d.svc, d.keeper, d.siblingsHeard, d.log},
+		Coordinator: resetting{coord, d.keeper},
 		Policy:      d.pol.Base, // what this region loaded; the service enforces it made stricter
 		PolicyName:  d.pol.Name,
 		OnDisagree:  d.pol.disagree,

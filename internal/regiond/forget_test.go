@@ -2,6 +2,7 @@ package regiond
 
 import (
 	"context"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -9,6 +10,8 @@ import (
 	"github.com/ration-dev/ration/lease/service"
 	leasev1 "github.com/ration-dev/ration/lease/v1"
 	"github.com/ration-dev/ration/policy"
+	"github.com/ration-dev/ration/region"
+	"github.com/ration-dev/ration/sync/exchange"
 )
 
 // TestShareWritesForgetDryKeys: a share the exchange writes (or deletes)
@@ -22,11 +25,15 @@ func TestShareWritesForgetDryKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 	mem := lease.NewMemoryStore(lease.MemoryConfig{Clock: clock})
-	svc, err := service.New(service.Config{Region: "eu", Store: mem, Policy: pol, Clock: clock, InitialShare: 500_000})
+	keeper, err := service.NewShareKeeper(service.ShareKeeperConfig{Store: mem, Clock: clock})
 	if err != nil {
 		t.Fatal(err)
 	}
-	fx := forgetting{mem, svc}
+	svc, err := service.New(service.Config{Region: "eu", Store: keeper, Policy: pol, Clock: clock, InitialShare: 500_000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fx := forgetting{mem, svc, keeper, func() bool { return false }, slog.New(slog.DiscardHandler)}
 	ctx := context.Background()
 	ask := func() int64 {
 		t.Helper()
@@ -98,5 +105,136 @@ func TestRaisesForAnotherReplicasAgents(t *testing.T) {
 	})
 	if !holder.Exchanger().Leader() {
 		t.Logf("the holder changed during the test (%s no longer holds): its own grants may have been seen", holder.cfg.Replica)
+	}
+}
+
+// TestKeptRaisesAndTheHold: through the daemon's wiring, a raise of a key
+// whose bucket has plenty stays out of the store until the exchange reads
+// the store's incarnation after a grant found the key short; every kept
+// raise is written once a sibling replica is heard; and once this replica
+// takes the exchange's hold afresh, every write reaches the store.
+func TestKeptRaisesAndTheHold(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	clock := func() time.Time { return now }
+	pol, err := policy.Parse("p.yaml", []byte("rules:\n  - {name: r, key: [k], limit: 10, period: 1s}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem := lease.NewMemoryStore(lease.MemoryConfig{Clock: clock})
+	keeper, err := service.NewShareKeeper(service.ShareKeeperConfig{Store: mem, Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := service.New(service.Config{Region: "eu", Store: keeper, Policy: pol, Clock: clock, InitialShare: 500_000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	siblings := false
+	fx := forgetting{mem, svc, keeper, func() bool { return siblings }, slog.New(slog.DiscardHandler)}
+	coord := resetting{exchange.NewMemoryCoordinator(clock), keeper}
+	ctx := context.Background()
+	limit := service.Limit(pol.Rule("r"), 500_000, now)
+	write := func(key string, ppm int64) {
+		t.Helper()
+		if err := fx.SetShares(ctx, []lease.ShareUpdate{{Key: key, SharePPM: ppm, Limit: limit}}, make([]lease.ShareResult, 1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stored := func(key string) int64 {
+		t.Helper()
+		out := make([]int64, 1)
+		if err := mem.Shares(ctx, []string{key}, out); err != nil {
+			t.Fatal(err)
+		}
+		return out[0]
+	}
+	epoch := func() {
+		t.Helper()
+		if _, err := fx.Incarnation(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ask := func(k string, want int64) int64 {
+		t.Helper()
+		resp, err := svc.Lease(ctx, &leasev1.LeaseRequest{Agent: &leasev1.Agent{Id: "a"}, Items: []*leasev1.LeaseItem{{Rule: "r", Key: k, Want: want}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Grants[0].GetGranted()
+	}
+	key := policy.StoreKey("r", "k=1")
+	epoch()
+	write(key, 200_000)
+	if g := ask("k=1", 1); g != 1 {
+		t.Fatalf("granted %d, want 1 from a full bucket", g)
+	}
+	now = now.Add(11 * time.Second) // plenty for ShortFor
+	write(key, 800_000)
+	if got := stored(key); got != 200_000 {
+		t.Fatalf("the store holds %d ppm, want the 200,000 written before the kept raise", got)
+	}
+	epoch()
+	if got := stored(key); got != 200_000 {
+		t.Fatalf("after an epoch without a short grant the store holds %d ppm, want 200,000", got)
+	}
+	// Two tokens at 20%: an ask for 10 finds the key short.
+	if g := ask("k=1", 10); g != 2 {
+		t.Fatalf("granted %d, want the 2 tokens of a 20%% bucket", g)
+	}
+	epoch()
+	if got := stored(key); got != 800_000 {
+		t.Fatalf("after the key ran short the store holds %d ppm, want the kept 800,000", got)
+	}
+	write(key, 900_000) // short lately: written at once
+	if got := stored(key); got != 900_000 {
+		t.Fatalf("the store holds %d ppm, want 900,000", got)
+	}
+
+	// k=2 has plenty: its raise is kept until a sibling is heard.
+	other := policy.StoreKey("r", "k=2")
+	write(other, 500_000)
+	if g := ask("k=2", 1); g != 1 {
+		t.Fatalf("granted %d of k=2, want 1", g)
+	}
+	now = now.Add(11 * time.Second)
+	write(other, 600_000)
+	if got := stored(other); got != 500_000 {
+		t.Fatalf("the store holds %d ppm of k=2, want the 500,000 before the kept raise", got)
+	}
+	siblings = true
+	epoch()
+	if got := stored(other); got != 600_000 {
+		t.Fatalf("with a sibling heard the store holds %d ppm of k=2, want the kept 600,000", got)
+	}
+	write(other, 700_000)
+	if got := stored(other); got != 700_000 {
+		t.Fatalf("with a sibling heard the store holds %d ppm of k=2, want 700,000", got)
+	}
+
+	// Without siblings again, a raise is kept only after ShortFor; a hold
+	// taken afresh forgets everything.
+	siblings = false
+	acquire := func(want region.Hold) {
+		t.Helper()
+		if h, err := coord.Acquire(ctx, "eu", "replica-1", time.Minute); err != nil || h != want {
+			t.Fatalf("Acquire: %v, %v; want %v", h, err, want)
+		}
+	}
+	acquire(region.HoldTaken)
+	epoch()
+	now = now.Add(11 * time.Second)
+	for _, step := range []struct {
+		ppm, stored int64
+		then        func()
+	}{
+		{100_000, 100_000, func() { acquire(region.HoldRenewed) }}, // first write after the take-over
+		{500_000, 100_000, func() { now = now.Add(2 * time.Minute); acquire(region.HoldTaken) }},
+		{600_000, 600_000, func() {}},
+	} {
+		write(other, step.ppm)
+		if got := stored(other); got != step.stored {
+			t.Fatalf("after writing %d ppm the store holds %d ppm of k=2, want %d", step.ppm, got, step.stored)
+		}
+		step.then()
 	}
 }

@@ -34,6 +34,9 @@ func (w *world) newNode(r *regiond) error {
 		return fmt.Errorf("sim: region %s: %w", r.name, ch.Err)
 	}
 	r.node = n
+	if r.keeper != nil {
+		r.keeper.Reset() // a new process knows nothing of the shares in its store
+	}
 	return nil
 }
 
@@ -46,7 +49,9 @@ func (fx regionFx) WriteShares(_ context.Context, cs []region.ShareChange) []reg
 	}
 	res := make([]lease.ShareResult, len(cs))
 	w.noteWindowRaises(r, cs)
-	if err := r.store.SetSharesAt(now, ups, res); err != nil {
+	// Through the share keeper, as regiond's exchange writes: it keeps the
+	// raises of keys whose bucket has plenty.
+	if err := r.keeper.SetShares(w.ctx, fx.write(), ups, res); err != nil {
 		w.fail(fmt.Errorf("sim: region %s: writing shares: %w", r.name, err))
 		return nil
 	}
@@ -54,7 +59,6 @@ func (fx regionFx) WriteShares(_ context.Context, cs []region.ShareChange) []reg
 		cs[i].Released, cs[i].ReleasedWindow = res[i].Released, res[i].Window
 		r.svc.Forget(cs[i].Key) // as regiond's exchange does
 	}
-	w.shareWrites += int64(len(cs))
 	// A rewrite (after a restart or a failover) may put back share that a
 	// reclaim took and the restored state has not heard of.
 	w.noteReclaims(cs, w.now)
@@ -67,11 +71,32 @@ func (fx regionFx) DeleteShares(_ context.Context, keys []string) {
 		w.fail(fmt.Errorf("sim: region %s: retiring shares: %w", r.name, err))
 	}
 	r.svc.Forget(keys...)
+	r.keeper.Forget(keys...)
 	w.shareWrites += int64(len(keys))
 }
 
+// write writes shares to the region's store at its time, counting them.
+func (fx regionFx) write() service.ShareWrite {
+	return func(_ context.Context, ups []lease.ShareUpdate, res []lease.ShareResult) error {
+		fx.w.shareWrites += int64(len(ups))
+		return fx.r.store.SetSharesAt(fx.w.regionTime(fx.r), ups, res)
+	}
+}
+
+// Incarnation reads the store's incarnation and tells the share keeper, as
+// regiond's exchange does: a store that may have lost writes may have lost
+// the shares it knows. The raises it kept for keys that ran short are
+// written then, before the epoch (one replica a region here: raises are
+// always kept).
 func (fx regionFx) Incarnation(ctx context.Context) (string, error) {
-	return fx.r.store.Incarnation(ctx)
+	inc, err := fx.r.store.Incarnation(ctx)
+	if err == nil {
+		fx.r.keeper.SawIncarnation(inc)
+		if ferr := fx.r.keeper.Flush(ctx, fx.write()); ferr != nil {
+			fx.w.fail(fmt.Errorf("sim: region %s: writing kept raises: %w", fx.r.name, ferr))
+		}
+	}
+	return inc, err
 }
 
 // Persist keeps the state a restarted regiond comes back with; a scenario

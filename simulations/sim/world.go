@@ -48,10 +48,13 @@ type simKey struct {
 // regiond is one region: its store, its lease service, its exchange state
 // and its agents.
 type regiond struct {
-	idx     int
-	name    string
-	store   *lease.MemoryStore
-	svc     *service.Service
+	idx   int
+	name  string
+	store *lease.MemoryStore
+	svc   *service.Service
+	// keeper is the store as the lease service grants from it and the
+	// exchange writes shares to it, as in regiond (escrow only).
+	keeper  *service.ShareKeeper
 	node    *region.Node // its exchange: a new one when the regiond restarts
 	initial int64
 	skew    int64 // its clock is ahead of true time by skew
@@ -215,11 +218,16 @@ func newWorld(sc *Scenario, alg Algorithm) (*world, error) {
 			// Nobody asks the simulated region for its top keys.
 			TopKeys: -1,
 		}
+		var err error
 		if alg == Escrow {
 			cfg.Observer = observer{r}
 			cfg.ShareRetryAfter = sc.SyncPeriod
+			r.keeper, err = service.NewShareKeeper(service.ShareKeeperConfig{Store: r.store, Clock: clock})
+			if err != nil {
+				return nil, fmt.Errorf("sim: region %s: %w", name, err)
+			}
+			cfg.Store = r.keeper
 		}
-		var err error
 		if r.svc, err = service.New(cfg); err != nil {
 			return nil, fmt.Errorf("sim: region %s: %w", name, err)
 		}

@@ -50,6 +50,9 @@ type Exchanger struct {
 
 	leader atomic.Bool
 	epochs atomic.Uint64
+	// siblingAt is when a report of another replica of our region last
+	// arrived (Unix ns; siblings.go).
+	siblingAt atomic.Int64
 
 	tallies [16]tallyShard
 	seed    maphash.Seed

@@ -141,6 +141,7 @@ func (x *Exchanger) PeersHeard() map[string]time.Time {
 func (x *Exchanger) noteHeard(r string, now time.Time, policy string) {
 	x.heard[r] = now
 	if r == x.cfg.Region {
+		x.siblingAt.Store(now.UnixNano())
 		return
 	}
 	x.peerPolicy[r] = policy

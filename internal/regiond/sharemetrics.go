@@ -1,0 +1,33 @@
+package regiond
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ration-dev/ration/lease/service"
+)
+
+// shareUpdates exports the share keeper's counts: what became of the
+// exchange's share updates (service.ShareCounts). Every outcome but kept is
+// one store operation.
+type shareUpdates struct {
+	keeper *service.ShareKeeper
+	desc   *prometheus.Desc
+}
+
+func newShareUpdates(k *service.ShareKeeper) *shareUpdates {
+	return &shareUpdates{keeper: k, desc: prometheus.NewDesc("ration_share_updates_total",
+		"The exchange's share updates by outcome: written because the store's share of the key was not known (unknown), because they lowered it (lowered), because the key was short lately or raises may not be kept (short); kept while the key's bucket has plenty (kept); and kept raises written once their key ran short (flushed). All but kept are store operations.",
+		[]string{"outcome"}, nil)}
+}
+
+func (s *shareUpdates) Describe(ch chan<- *prometheus.Desc) { ch <- s.desc }
+
+func (s *shareUpdates) Collect(ch chan<- prometheus.Metric) {
+	c := s.keeper.Counts()
+	for _, o := range []struct {
+		name string
+		n    int64
+	}{{"unknown", c.Unknown}, {"lowered", c.Lowered}, {"short", c.Short}, {"kept", c.Kept}, {"flushed", c.Flushed}} {
+		ch <- prometheus.MustNewConstMetric(s.desc, prometheus.CounterValue, float64(o.n), o.name)
+	}
+}

@@ -1,0 +1,435 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/ration-dev/ration/lease"
+)
+
+// Kept raises (issue 13). The exchange writes a key's applied share whenever
+// its target moves: for a long tail of keys asked a few times a minute, each
+// ask moves the key's share towards the region that asked and back, and most
+// of those writes raise a share that the region's bucket, full, does not
+// need (per-user: 1.17 store operations per admitted request were share
+// writes). A raise only lets the bucket grant more, so the store may hold a
+// lower share than the exchange counts as applied, never a higher one: a
+// ShareKeeper keeps the raise of a key whose bucket has plenty, and writes
+// it once a grant finds the key short.
+//
+// Plenty: every grant the keeper saw of the key for the last ShortFor found
+// plenty, the latest within Quiet; or no grant touched the key since the
+// keeper began to watch, long enough ago for its bucket to have refilled
+// (and it refills within Quiet). Short: a denial or a partial grant, a
+// bucket left more than one cost below its capacity (a key being spent
+// from) or unable to serve one more request (a bucket of a request or two,
+// whose every token counts). The keeper begins to watch afresh at each
+// Reset, so a run's first ShortFor keeps nothing: every bucket is full at
+// the start, however soon it is drained.
+//
+// What the keeper knows of the store's share of a key comes only from its
+// own writes since Reset: the caller resets it when another replica may have
+// written or granted (it takes the exchange over) and the keeper resets
+// itself when the store's incarnation changes (SawIncarnation). It keeps no
+// raise while the caller says another replica of the region serves agents
+// (KeepRaises), whose grants it cannot see. A share it wrote longer ago than
+// MaxKeep is written again, so that the store's share lives (its ShareTTL)
+// as long as the exchange's rewrites (region.Config.Rewrite) expect. Tokens
+// received with a kept raise are credited when it is written: the update
+// carries the cumulative tokens of its generation, which the store credits
+// once.
+
+// ShareWrite writes share updates to the region's store, one result each
+// (lease.RedisStore's and lease.MemoryStore's SetShares).
+type ShareWrite func(ctx context.Context, ups []lease.ShareUpdate, out []lease.ShareResult) error
+
+// ShareKeeperConfig configures a ShareKeeper.
+type ShareKeeperConfig struct {
+	// Store is the region's allocator; the keeper passes grants and returns
+	// through to it and notes which keys grants found short. Required.
+	Store Store
+	// Clock is the keeper's time. Default time.Now.
+	Clock func() time.Time
+	// ShortFor is how long after a grant found a key short its raises are
+	// written at once. Default 10s.
+	ShortFor time.Duration
+	// Quiet is how long after a grant found a key with plenty its raises
+	// may be kept: a key not granted since may have demand denied elsewhere
+	// (agents' deny caches). Default 60s.
+	Quiet time.Duration
+	// MaxKeep is how old the keeper's latest write of a key's share may be
+	// for a raise of it to be kept. Default 1h.
+	MaxKeep time.Duration
+	// FlushBatch is the most kept raises one call writes (Flush, or added
+	// to a SetShares); the rest wait for the next. Default 500.
+	FlushBatch int
+	// MaxKeys bounds the keys whose grants are remembered; beyond it the
+	// keeper keeps no raise for a while. Default 1<<20.
+	MaxKeys int
+}
+
+// ErrShareKeeperConfig is wrapped by NewShareKeeper's errors.
+var ErrShareKeeperConfig = errors.New("service: invalid share keeper config")
+
+func (c ShareKeeperConfig) withDefaults() ShareKeeperConfig {
+	if c.Clock == nil {
+		c.Clock = time.Now
+	}
+	if c.ShortFor == 0 {
+		c.ShortFor = 10 * time.Second
+	}
+	if c.Quiet == 0 {
+		c.Quiet = time.Minute
+	}
+	if c.MaxKeep == 0 {
+		c.MaxKeep = time.Hour
+	}
+	if c.FlushBatch == 0 {
+		c.FlushBatch = 500
+	}
+	if c.MaxKeys == 0 {
+		c.MaxKeys = 1 << 20
+	}
+	return c
+}
+
+// ShareKeeper is the region's store as the lease service grants from it and
+// the exchange writes shares to it, keeping the raises of keys that do not
+// need them. Safe for concurrent use.
+type ShareKeeper struct {
+	cfg ShareKeeperConfig
+
+	mu sync.Mutex
+	// written is the share of each key the store holds, as the keeper last
+	// wrote it; pending the raises kept; due those of keys a grant found
+	// short since, to write at the next call.
+	written map[string]wrote
+	pending map[string]lease.ShareUpdate
+	due     map[string]struct{}
+	// seen is, per key granted lately, what its grants told.
+	seen map[string]granted
+	// noKeepUntil: the shortness table overflowed, or no raise is kept
+	// (keep false).
+	noKeepUntil int64
+	// started is when the keeper began to watch grants (Clock ns): since
+	// its creation, the latest Reset or the latest KeepRaises(true) after
+	// false. A key not granted since is untouched.
+	started int64
+	keep    bool
+	inc     string
+	counts  ShareCounts
+}
+
+type wrote struct{ ppm, at int64 }
+
+// granted is what grants told of a key since the keeper began to watch:
+// when the latest found it short and with plenty (Clock ns, 0: none).
+type granted struct{ shortAt, plentyAt int64 }
+
+// NewShareKeeper returns a ShareKeeper for cfg, filling its defaults on a
+// copy; it keeps raises until KeepRaises(false).
+func NewShareKeeper(cfg ShareKeeperConfig) (*ShareKeeper, error) {
+	cfg = cfg.withDefaults()
+	switch {
+	case cfg.Store == nil:
+		return nil, errors.Join(ErrShareKeeperConfig, errors.New("Store is required"))
+	case cfg.ShortFor < 0 || cfg.Quiet < 0 || cfg.MaxKeep < 0 || cfg.MaxKeys < 0 || cfg.FlushBatch < 0:
+		return nil, errors.Join(ErrShareKeeperConfig, errors.New("ShortFor, Quiet, MaxKeep, MaxKeys and FlushBatch must not be negative"))
+	}
+	return &ShareKeeper{cfg: cfg, written: map[string]wrote{}, pending: map[string]lease.ShareUpdate{},
+		due: map[string]struct{}{}, seen: map[string]granted{}, keep: true, started: cfg.Clock().UnixNano()}, nil
+}
+
+// Grant grants from the store and notes the keys found short.
+func (k *ShareKeeper) Grant(ctx context.Context, reqs []lease.GrantRequest, out []lease.Grant) error {
+	err := k.cfg.Store.Grant(ctx, reqs, out)
+	if err != nil {
+		return err
+	}
+	now := k.cfg.Clock().UnixNano()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for i := range reqs {
+		g := &out[i]
+		if g.Err != nil || reqs[i].Limit.Fixed() {
+			continue
+		}
+		cost := float64(reqs[i].Limit.Cost)
+		short := g.Granted < reqs[i].Want || g.Tokens < g.Capacity-cost || g.Tokens < cost
+		k.sawGrant(reqs[i].Key, short, now)
+	}
+	return nil
+}
+
+// sawGrant notes a grant of key at now (k.mu held).
+func (k *ShareKeeper) sawGrant(key string, short bool, now int64) {
+	g, ok := k.seen[key]
+	if !ok && len(k.seen) >= k.cfg.MaxKeys {
+		k.sweep(now)
+	}
+	if short {
+		g.shortAt = now
+		if _, ok := k.pending[key]; ok {
+			k.due[key] = struct{}{}
+		}
+	} else {
+		g.plentyAt = now
+	}
+	k.seen[key] = g
+}
+
+// refill is how long the bucket of l takes to fill at share ppm, in ns (at
+// most a day; a day for a share of 0).
+func refill(l lease.Limit, ppm int64) int64 {
+	const day = int64(24 * time.Hour)
+	rate, capacity := l.Regional(ppm)
+	if !(rate > 0) {
+		return day
+	}
+	return int64(min(capacity/rate*1e9, float64(day)))
+}
+
+// sweep drops the keys whose grants are too old to count; if the table is
+// still full, it forgets them all and keeps no raise for Quiet (k.mu held).
+func (k *ShareKeeper) sweep(now int64) {
+	old := int64(max(k.cfg.ShortFor, k.cfg.Quiet))
+	for key, g := range k.seen {
+		if now-max(g.plentyAt, g.shortAt) >= old {
+			delete(k.seen, key)
+		}
+	}
+	if len(k.seen) >= k.cfg.MaxKeys {
+		clear(k.seen)
+		k.noKeepUntil = max(k.noKeepUntil, now+old)
+		for key := range k.pending {
+			k.due[key] = struct{}{}
+		}
+	}
+}
+
+// Return passes returns through to the store.
+func (k *ShareKeeper) Return(ctx context.Context, reqs []lease.ReturnRequest) error {
+	return k.cfg.Store.Return(ctx, reqs)
+}
+
+// Ping pings the store.
+func (k *ShareKeeper) Ping(ctx context.Context) error { return k.cfg.Store.Ping(ctx) }
+
+// SetShares writes the exchange's share updates ups through write, with the
+// kept raises that became due, and fills out with each update's result. An
+// update is kept instead when the store's share of its key is known (written
+// by the keeper within MaxKeep), at most the update's, and the key is a
+// token bucket that the latest grant seen did not find short, nor any within
+// ShortFor: its result is zero (nothing released: the store's bucket is no
+// larger than the update's). After an error the store's share of every key
+// sent is unknown.
+func (k *ShareKeeper) SetShares(ctx context.Context, write ShareWrite, ups []lease.ShareUpdate, out []lease.ShareResult) error {
+	now := k.cfg.Clock().UnixNano()
+	send := make([]lease.ShareUpdate, 0, len(ups))
+	idx := make([]int, 0, len(ups))
+	k.mu.Lock()
+	for i, u := range ups {
+		out[i] = lease.ShareResult{}
+		why := k.cause(u, now)
+		k.counts.add(why)
+		if why == shareKept {
+			k.pending[u.Key] = u
+			continue
+		}
+		delete(k.pending, u.Key)
+		delete(k.due, u.Key)
+		send = append(send, u)
+		idx = append(idx, i)
+	}
+	send, idx = k.takeDue(send, idx)
+	k.mu.Unlock()
+	return k.send(ctx, write, send, idx, out, now)
+}
+
+// cause says why u is written, or that it is kept (k.mu held).
+func (k *ShareKeeper) cause(u lease.ShareUpdate, now int64) shareCause {
+	w, known := k.written[u.Key]
+	switch {
+	case !known || now-w.at >= int64(k.cfg.MaxKeep):
+		return shareUnknown
+	case u.SharePPM < w.ppm:
+		return shareLowered
+	case !k.keep || now < k.noKeepUntil || u.Limit.Fixed():
+		return shareShort
+	}
+	g, ok := k.seen[u.Key]
+	switch {
+	case ok && g.plentyAt > g.shortAt && now-max(k.started, g.shortAt) >= int64(k.cfg.ShortFor) && now-g.plentyAt < int64(k.cfg.Quiet):
+		// Every grant found plenty for ShortFor (since the keeper began
+		// to watch, or since the latest short one), the latest within
+		// Quiet.
+		return shareKept
+	case !ok && refill(u.Limit, w.ppm) <= int64(k.cfg.Quiet) && now-k.started >= max(int64(k.cfg.ShortFor), refill(u.Limit, w.ppm)):
+		// Not granted since the keeper began to watch (or not within
+		// Quiet, whose entry a sweep dropped), long enough ago for the
+		// bucket to have refilled: it is full.
+		return shareKept
+	}
+	return shareShort
+}
+
+// Flush writes, through write, the kept raises that became due (of keys a
+// grant found short, or all of them once raises are no longer kept). The
+// exchange calls it before each epoch, so that a key that ran short has its
+// raise within a sync period even when nothing else is written.
+func (k *ShareKeeper) Flush(ctx context.Context, write ShareWrite) error {
+	now := k.cfg.Clock().UnixNano()
+	k.mu.Lock()
+	send, idx := k.takeDue(nil, nil)
+	k.mu.Unlock()
+	return k.send(ctx, write, send, idx, nil, now)
+}
+
+// takeDue appends the due kept raises to send, with index -1 (k.mu held).
+// At most FlushBatch are taken; the rest stay due for the next call.
+func (k *ShareKeeper) takeDue(send []lease.ShareUpdate, idx []int) ([]lease.ShareUpdate, []int) {
+	n := 0
+	for key := range k.due {
+		if n == k.cfg.FlushBatch {
+			break
+		}
+		delete(k.due, key)
+		if u, ok := k.pending[key]; ok {
+			send = append(send, u)
+			idx = append(idx, -1)
+			delete(k.pending, key)
+			k.counts.Flushed++
+			n++
+		}
+	}
+	return send, idx
+}
+
+// send writes send through write and notes what the store holds; the result
+// of send[j] goes to out[idx[j]] where idx[j] ≥ 0.
+func (k *ShareKeeper) send(ctx context.Context, write ShareWrite, send []lease.ShareUpdate, idx []int, out []lease.ShareResult, now int64) error {
+	if len(send) == 0 {
+		return nil
+	}
+	res := make([]lease.ShareResult, len(send))
+	err := write(ctx, send, res)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for j, u := range send {
+		if err != nil {
+			delete(k.written, u.Key)
+			if _, newer := k.pending[u.Key]; !newer && idx[j] < 0 {
+				k.pending[u.Key] = u // a kept raise: try again when due
+			}
+			continue
+		}
+		k.written[u.Key] = wrote{ppm: u.SharePPM, at: now}
+		if i := idx[j]; i >= 0 {
+			out[i] = res[j]
+		}
+	}
+	return err
+}
+
+// KeepRaises says whether raises may be kept: false while agents may lease
+// through another replica of the region, whose grants the keeper does not
+// see. Turning it off makes every kept raise due.
+func (k *ShareKeeper) KeepRaises(keep bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	switch {
+	case !keep:
+		for key := range k.pending {
+			k.due[key] = struct{}{}
+		}
+	case !k.keep:
+		k.forgetGrants() // another replica's agents may have spent since
+	}
+	k.keep = keep
+}
+
+// Reset forgets what the keeper knows of the shares in its store, of the
+// grants seen and the raises it kept: call it when another replica may have
+// written shares or granted (this one takes the exchange over). Every
+// update after it is written until ShortFor has passed.
+func (k *ShareKeeper) Reset() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	clear(k.written)
+	clear(k.pending)
+	clear(k.due)
+	k.forgetGrants()
+}
+
+// forgetGrants forgets the grants seen (k.mu held).
+func (k *ShareKeeper) forgetGrants() {
+	clear(k.seen)
+	k.started = k.cfg.Clock().UnixNano()
+}
+
+// SawIncarnation notes the store's incarnation (lease's Incarnation): when
+// it is not the one last noted, the store may have lost writes, and the
+// keeper forgets the shares it knew (Reset).
+func (k *ShareKeeper) SawIncarnation(inc string) {
+	k.mu.Lock()
+	changed := inc != k.inc
+	k.inc = inc
+	k.mu.Unlock()
+	if changed {
+		k.Reset()
+	}
+}
+
+// Forget drops what the keeper knows of keys whose shares were deleted.
+func (k *ShareKeeper) Forget(keys ...string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, key := range keys {
+		delete(k.written, key)
+		delete(k.pending, key)
+		delete(k.due, key)
+	}
+}
+
+// shareCause is why a share update was written, or that it was kept.
+type shareCause int
+
+const (
+	shareUnknown shareCause = iota // the store's share of the key is not known
+	shareLowered                   // below the store's share
+	shareShort                     // a key short lately, a fixed window, or raises not kept
+	shareKept                      // kept, not written
+)
+
+// ShareCounts counts the share updates the keeper handled by what became of
+// them: written (one store operation each) because the store's share of the
+// key was not known, because they lowered it, because the key was short (or
+// raises were not kept), or later once the key ran short (Flushed); or kept.
+type ShareCounts struct {
+	Unknown, Lowered, Short, Flushed, Kept int64
+}
+
+func (c *ShareCounts) add(why shareCause) {
+	switch why {
+	case shareUnknown:
+		c.Unknown++
+	case shareLowered:
+		c.Lowered++
+	case shareShort:
+		c.Short++
+	case shareKept:
+		c.Kept++
+	}
+}
+
+// Written is the store operations of the counted updates.
+func (c ShareCounts) Written() int64 { return c.Unknown + c.Lowered + c.Short + c.Flushed }
+
+// Counts returns the share updates counted so far.
+func (k *ShareKeeper) Counts() ShareCounts {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.counts
+}
