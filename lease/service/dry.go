@@ -43,7 +43,8 @@ const dryShards = 64
 // A wet entry (until 0) instead holds what an answer left (left) for asks
 // that waited for it, until trust; it never denies.
 type dryKey struct {
-	until, trust, step int64
+	// noted is when the answer that set the entry came back.
+	until, trust, step, noted int64
 	rate, capacity     float64
 	left               float64
 	probing            bool
@@ -246,17 +247,22 @@ func (m *dryMemory) land(key string, want int64, tokens float64, known bool, at 
 	if len(sh.cur) >= m.half {
 		sh.old, sh.cur = sh.cur, make(map[string]dryKey, m.half)
 	}
-	sh.cur[key] = dryKey{trust: at + int64(limit), left: tokens}
+	sh.cur[key] = dryKey{trust: at + int64(limit), left: tokens, noted: at}
 }
 
-// note records the store's answer g to an ask of key under l, received at
-// at: dry until the bucket holds one cost again, trusted for at most limit.
-// Any other answer forgets the key. The store acted before at, so the
+// note records the store's answer g to an ask of key under l, sent at
+// sent and received at at: dry until the bucket holds one cost again,
+// trusted for at most limit. Any other answer forgets the key, unless an
+// answer noted since sent remembers it: asks of one key in flight together
+// may be noted in another order than the store answered them, and only the
+// memory's denials are safe to keep on a stale answer (forgetting a newer
+// dry answer, or replacing it with an older, earlier one, let an ask reach
+// an empty bucket: TestEndToEndLongTail's rare extra script call). The store acted before at, so the
 // bucket may refill up to the store's round trip earlier than remembered:
 // an ask in that moment is denied (the token waits in the bucket for the
 // next), where one counted from the sending would reach the store early
 // and be denied there, an operation for nothing.
-func (m *dryMemory) note(key string, g *lease.Grant, l lease.Limit, at int64, limit time.Duration) (until int64, dry bool) {
+func (m *dryMemory) note(key string, g *lease.Grant, l lease.Limit, sent, at int64, limit time.Duration) (until int64, dry bool) {
 	if m == nil {
 		return 0, false
 	}
@@ -276,13 +282,24 @@ func (m *dryMemory) note(key string, g *lease.Grant, l lease.Limit, at int64, li
 	// once took, let a probe reach a bucket a rounding short of its token:
 	// a store operation that admitted nothing, TestEndToEndLongTail's extra
 	// script call.)
-	if wait <= 0 || limit <= 0 {
-		m.forget(key)
-		return 0, false
-	}
 	sh := m.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
+	prev, had := sh.cur[key]
+	if !had {
+		prev, had = sh.old[key]
+	}
+	newer := had && prev.noted >= sent
+	if wait <= 0 || limit <= 0 {
+		if !newer {
+			delete(sh.cur, key)
+			delete(sh.old, key)
+		}
+		return 0, false
+	}
+	if newer && prev.until > at+int64(wait) {
+		return prev.until, true
+	}
 	if _, ok := sh.cur[key]; !ok && len(sh.cur) >= m.half {
 		sh.old, sh.cur = sh.cur, make(map[string]dryKey, m.half)
 	}
@@ -291,7 +308,7 @@ func (m *dryMemory) note(key string, g *lease.Grant, l lease.Limit, at int64, li
 	if g.Rate > 0 && !l.Fixed() {
 		step = min(time.Duration(float64(l.Cost)/g.Rate*1e9), limit)
 	}
-	sh.cur[key] = dryKey{until: at + int64(wait), trust: at + int64(min(wait, limit)), step: int64(step), rate: g.Rate, capacity: g.Capacity}
+	sh.cur[key] = dryKey{until: at + int64(wait), trust: at + int64(min(wait, limit)), step: int64(step), noted: at, rate: g.Rate, capacity: g.Capacity}
 	return at + int64(wait), true
 }
 

@@ -463,7 +463,7 @@ func TestClaimSendsWhatInFlightLeaves(t *testing.T) {
 	g := lease.Grant{Granted: 1, Tokens: 0, Rate: 100, Capacity: 200}
 	l := lease.Limit{Rate: 100, Burst: 200, Cost: 1}
 	m.land(key, 1, 1, true, at, limit)
-	if _, dry := m.note(key, &g, l, at, limit); !dry {
+	if _, dry := m.note(key, &g, l, at, at, limit); !dry {
 		t.Fatal("the answer that left nothing did not leave the key dry")
 	}
 	m.land(key, 1, 0, true, at, limit)
@@ -485,7 +485,7 @@ func TestProbeThatWaitsIsNotSpent(t *testing.T) {
 	}
 	// Another ask's answer leaves the key dry for 10ms meanwhile.
 	g := lease.Grant{RetryAfter: 10 * time.Millisecond, Rate: 100, Capacity: 200}
-	if _, dry := m.note(key, &g, lease.Limit{Rate: 100, Burst: 200, Cost: 1}, at, limit); !dry {
+	if _, dry := m.note(key, &g, lease.Limit{Rate: 100, Burst: 200, Cost: 1}, at, at, limit); !dry {
 		t.Fatal("not dry")
 	}
 	at += int64(10 * time.Millisecond)
@@ -496,5 +496,43 @@ func TestProbeThatWaitsIsNotSpent(t *testing.T) {
 	m.land(key, 1, 0, false, at, limit) // the store failed
 	if _, dry, wait, probe := m.claim(key, 1, 1, at); dry || wait != nil || !probe {
 		t.Fatalf("the ask after: dry %v, wait %v, probe %v; want it to probe", dry, wait, probe)
+	}
+}
+
+// TestStaleAnswerKeepsNewerDry: two asks of one key went to the store
+// together and their answers are noted in the other order. The older ask's
+// answer (plenty, or dry for less long) must not forget or shorten what the
+// answer noted since it was sent remembers: only the memory's denial is
+// safe to keep on a stale answer, and forgetting it let an ask reach an
+// empty bucket.
+func TestStaleAnswerKeepsNewerDry(t *testing.T) {
+	m := newDryMemory(1024)
+	const key, limit = "per-user/user=u1", time.Second
+	l := lease.Limit{Rate: 2, Burst: 2, Cost: 1}
+	sent := int64(1_000_000_000)
+	at := sent + int64(time.Millisecond)
+	newer := lease.Grant{Granted: 1, Tokens: 0.16, Rate: 2, Capacity: 2}
+	until, dry := m.note(key, &newer, l, sent, at, limit)
+	if !dry {
+		t.Fatal("an answer that left 0.16 of a cost did not leave the key dry")
+	}
+	plenty := lease.Grant{Granted: 1, Tokens: 1.16, Rate: 2, Capacity: 2}
+	if _, dry := m.note(key, &plenty, l, sent, at+1, limit); dry {
+		t.Fatal("the stale answer of plenty says dry")
+	}
+	if d, dry, _, _ := m.claim(key, 1, 1, at+2); !dry || d.until != until {
+		t.Fatalf("after the stale answer of plenty: dry %v until %d, want dry until %d", dry, d.until, until)
+	}
+	shorter := lease.Grant{Granted: 1, Tokens: 0.9, Rate: 2, Capacity: 2}
+	if got, dry := m.note(key, &shorter, l, sent, at+3, limit); !dry || got != until {
+		t.Fatalf("the stale shorter answer: dry %v until %d, want the newer %d kept", dry, got, until)
+	}
+	// An answer to an ask sent after the entry was noted is newer: it
+	// forgets the key.
+	if _, dry := m.note(key, &plenty, l, at+4, at+5, limit); dry {
+		t.Fatal("a fresh answer of plenty says dry")
+	}
+	if _, dry, _, _ := m.claim(key, 1, 1, at+6); dry {
+		t.Fatal("a fresh answer of plenty did not forget the key")
 	}
 }

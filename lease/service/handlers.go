@@ -266,6 +266,7 @@ func (s *Service) sendGrants(ctx context.Context, b *batch) error {
 	}
 	out := b.sendOut[:len(b.send)]
 	sctx, cancel := context.WithTimeout(ctx, s.cfg.StoreTimeout)
+	sent := s.cfg.Clock().UnixNano()
 	start := time.Now()
 	err := s.cfg.Store.Grant(sctx, b.send, out)
 	cancel()
@@ -276,7 +277,7 @@ func (s *Service) sendGrants(ctx context.Context, b *batch) error {
 	for j, i := range b.sendIdx {
 		if err == nil {
 			b.out[i] = out[j]
-			if until, dry := s.dry.note(b.keys[i], &out[j], b.grants[i].Limit, done, s.dryFor(b.rules[i])); dry {
+			if until, dry := s.dry.note(b.keys[i], &out[j], b.grants[i].Limit, sent, done, s.dryFor(b.rules[i])); dry {
 				s.announce(b.rules[i], b.keys[i], until)
 			}
 		}
