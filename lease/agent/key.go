@@ -99,13 +99,7 @@ type keyRare struct {
 	// lease asks for.
 	joined, unserved int64
 	unservedAt       int64
-	// settleBy is until when the requests that waited for the last
-	// synchronous grant may take it before the refresher may give it
-	// back: a request woken a moment late (a loaded machine, where the
-	// round-trip estimate grows past what a fresh lease has left) finds
-	// its token there, not returned at the cost of a store operation.
-	settleBy int64
-	fallback emergency
+	fallback         emergency
 }
 
 // setGrantLocked records what a grant said of k's regional bucket: its
@@ -164,13 +158,6 @@ func (k *keyState) joinedLocked() int64 {
 	n := r.joined
 	r.joined = 0
 	return n
-}
-
-// settlingLocked reports whether the requests that waited for k's last
-// synchronous grant may still be taking it at now (k.mu held).
-func (k *keyState) settlingLocked(now int64) bool {
-	r := k.rare.Load()
-	return r != nil && now < r.settleBy
 }
 
 // setUnservedLocked records that a grant at now left n tokens of waiting

@@ -48,11 +48,6 @@ func (c *core) leaseDone(f *flight, req *leasev1.LeaseRequest, wants []int64, se
 		k.setUnservedLocked(unserved, now)
 		if err == nil {
 			c.applyLocked(k, f.rules[i], resp.Grants[i], sent, now, wants[i])
-			if rs := k.rare.Load(); rs != nil && f.sync && resp.Grants[i].GetGranted() > 0 {
-				// A key without its rare state has no check due soon
-				// (a new key's is IdleAfter away).
-				rs.settleBy = now + c.lead.Load()
-			}
 		} else {
 			// Report this demand with the next call instead.
 			k.reportedAsked -= req.Items[i].Demand

@@ -126,9 +126,6 @@ func (c *core) check(k *keyState, pol *policy.Set, now int64, rets *returnBatch)
 	case pol.Rule(k.rule()) == nil:
 		c.evictLocked(k, now, rets) // the rule is gone
 		return actNone
-	case k.settlingLocked(now):
-		c.scheduleAt(k, k.rare.Load().settleBy)
-		return actNone
 	case active || k.flags.has(flagQueued):
 		return c.checkActive(k, pol.Rule(k.rule()), now, rets)
 	case now-k.lastActive >= int64(c.cfg.IdleAfter):
