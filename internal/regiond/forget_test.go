@@ -20,19 +20,7 @@ import (
 func TestShareWritesForgetDryKeys(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
 	clock := func() time.Time { return now }
-	pol, err := policy.Parse("p.yaml", []byte("rules:\n  - {name: r, key: [k], limit: 10, period: 1s}\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	mem := lease.NewMemoryStore(lease.MemoryConfig{Clock: clock})
-	keeper, err := service.NewShareKeeper(service.ShareKeeperConfig{Store: mem, Clock: clock})
-	if err != nil {
-		t.Fatal(err)
-	}
-	svc, err := service.New(service.Config{Region: "eu", Store: keeper, Policy: pol, Clock: clock, InitialShare: 500_000})
-	if err != nil {
-		t.Fatal(err)
-	}
+	mem, keeper, svc, pol := keptFixture(t, clock)
 	fx := forgetting{mem, svc, keeper, func() bool { return false }, slog.New(slog.DiscardHandler)}
 	ctx := context.Background()
 	ask := func() int64 {
@@ -116,19 +104,7 @@ func TestRaisesForAnotherReplicasAgents(t *testing.T) {
 func TestKeptRaisesAndTheHold(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
 	clock := func() time.Time { return now }
-	pol, err := policy.Parse("p.yaml", []byte("rules:\n  - {name: r, key: [k], limit: 10, period: 1s}\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	mem := lease.NewMemoryStore(lease.MemoryConfig{Clock: clock})
-	keeper, err := service.NewShareKeeper(service.ShareKeeperConfig{Store: mem, Clock: clock})
-	if err != nil {
-		t.Fatal(err)
-	}
-	svc, err := service.New(service.Config{Region: "eu", Store: keeper, Policy: pol, Clock: clock, InitialShare: 500_000})
-	if err != nil {
-		t.Fatal(err)
-	}
+	mem, keeper, svc, pol := keptFixture(t, clock)
 	siblings := false
 	fx := forgetting{mem, svc, keeper, func() bool { return siblings }, slog.New(slog.DiscardHandler)}
 	coord := resetting{exchange.NewMemoryCoordinator(clock), keeper}
@@ -237,4 +213,24 @@ func TestKeptRaisesAndTheHold(t *testing.T) {
 		}
 		step.then()
 	}
+}
+
+// keptFixture is the daemon's store wiring on a memory store at clock: the
+// lease service grants through a share keeper, for one rule r of 10/s.
+func keptFixture(t *testing.T, clock func() time.Time) (*lease.MemoryStore, *service.ShareKeeper, *service.Service, *policy.Set) {
+	t.Helper()
+	pol, err := policy.Parse("p.yaml", []byte("rules:\n  - {name: r, key: [k], limit: 10, period: 1s}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem := lease.NewMemoryStore(lease.MemoryConfig{Clock: clock})
+	keeper, err := service.NewShareKeeper(service.ShareKeeperConfig{Store: mem, Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := service.New(service.Config{Region: "eu", Store: keeper, Policy: pol, Clock: clock, InitialShare: 500_000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mem, keeper, svc, pol
 }
