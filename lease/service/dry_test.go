@@ -324,36 +324,17 @@ func TestWatchDry(t *testing.T) {
 // answers, which leave the key dry, and is denied from memory; and no ask
 // stays in flight after.
 func TestHerdSendsWhatTheAnswerCovers(t *testing.T) {
-	clk := &clock{now: time.Unix(1_700_000_000, 0)}
-	st := &gatedStore{Store: lease.NewMemoryStore(lease.MemoryConfig{Clock: clk.Now}), entered: make(chan struct{}), gate: make(chan struct{})}
-	f := start(t, Config{Store: st, Clock: clk.Now})
 	const herd = 3
-	var waits atomic.Int64
-	waiting := make(chan struct{})
-	f.svc.joined = func() {
-		if waits.Add(1) == herd {
-			close(waiting)
-		}
-	}
-	ask := func(id string, want int64, got chan<- int64) {
-		resp, err := f.client.Lease(context.Background(), &leasev1.LeaseRequest{Agent: agent(id),
-			Items: []*leasev1.LeaseItem{{Rule: "per-tenant", Key: "tenant=acme", Want: want}}})
-		if err != nil {
-			t.Error(err)
-			got <- -1
-			return
-		}
-		got <- resp.Grants[0].GetGranted()
-	}
+	h := startHerd(t, herd, "tenant=acme", nil)
 	first := make(chan int64, 1)
-	go ask("a0", 198, first) // of the bucket's 200, at a clock that stands still
-	<-st.entered
+	go h.ask("a0", 198, first) // of the bucket's 200, at a clock that stands still
+	<-h.st.entered
 	rest := make(chan int64, herd)
 	for i := range herd {
-		go ask(fmt.Sprint("a", i+1), 1, rest)
+		go h.ask(fmt.Sprint("a", i+1), 1, rest)
 	}
-	<-waiting // the herd waits for the first's answer
-	close(st.gate)
+	<-h.waiting // the herd waits for the first's answer
+	close(h.st.gate)
 	if g := <-first; g != 198 {
 		t.Fatalf("the first ask got %d, want 198", g)
 	}
@@ -364,11 +345,11 @@ func TestHerdSendsWhatTheAnswerCovers(t *testing.T) {
 	if sum := granted[0] + granted[1] + granted[2]; sum != 2 {
 		t.Fatalf("the herd got %v, want two tokens between them", granted)
 	}
-	if n := st.items.Load(); n != 3 {
+	if n := h.st.items.Load(); n != 3 {
 		t.Fatalf("the store was asked %d items, want 3: the first and the two asks its answer covered", n)
 	}
-	for i := range f.svc.dry.shards {
-		sh := &f.svc.dry.shards[i]
+	for i := range h.f.svc.dry.shards {
+		sh := &h.f.svc.dry.shards[i]
 		sh.mu.Lock()
 		n := len(sh.flight)
 		sh.mu.Unlock()
@@ -381,42 +362,63 @@ func TestHerdSendsWhatTheAnswerCovers(t *testing.T) {
 // TestHerdGoesTogetherWhenCovered: asks that waited for an answer which
 // left plenty go to the store together, not one after another.
 func TestHerdGoesTogetherWhenCovered(t *testing.T) {
-	clk := &clock{now: time.Unix(1_700_000_000, 0)}
-	st := &gatedStore{Store: lease.NewMemoryStore(lease.MemoryConfig{Clock: clk.Now}), entered: make(chan struct{}), gate: make(chan struct{})}
-	f := start(t, Config{Store: st, Clock: clk.Now})
 	const herd = 5
-	var waits atomic.Int64
-	waiting := make(chan struct{})
-	f.svc.joined = func() {
-		if n := waits.Add(1); n == herd {
-			close(waiting)
-		} else if n > herd {
-			t.Errorf("an ask waited again (%d waits for a herd of %d): the answer covered it", n, herd)
-		}
-	}
+	h := startHerd(t, herd, "tenant=roomy", func(n int64) {
+		t.Errorf("an ask waited again (%d waits for a herd of %d): the answer covered it", n, herd)
+	})
 	got := make(chan int64, herd+1)
-	ask := func(id string, want int64) {
-		resp, err := f.client.Lease(context.Background(), &leasev1.LeaseRequest{Agent: agent(id),
-			Items: []*leasev1.LeaseItem{{Rule: "per-tenant", Key: "tenant=roomy", Want: want}}})
-		if err != nil {
-			t.Error(err)
-			got <- -1
-			return
-		}
-		got <- resp.Grants[0].GetGranted()
-	}
-	go ask("a0", 10)
-	<-st.entered
+	go h.ask("a0", 10, got)
+	<-h.st.entered
 	for i := range herd {
-		go ask(fmt.Sprint("a", i+1), 10)
+		go h.ask(fmt.Sprint("a", i+1), 10, got)
 	}
-	<-waiting
-	close(st.gate)
+	<-h.waiting
+	close(h.st.gate)
 	for range herd + 1 {
 		if g := <-got; g != 10 {
 			t.Fatalf("an ask got %d, want 10", g)
 		}
 	}
+}
+
+// herdFixture is a lease service on a gated memory store (its first
+// Grant call holds until the gate opens) whose waiting is closed once
+// herd asks wait for an answer in flight; ask leases want tokens of key
+// for agent id and sends what was granted (-1 on error) to got.
+type herdFixture struct {
+	f       *fixture
+	st      *gatedStore
+	waiting chan struct{}
+	key     string
+	t       *testing.T
+}
+
+// startHerd starts a herdFixture; more, if not nil, is called for every
+// wait past the herd's.
+func startHerd(t *testing.T, herd int64, key string, more func(n int64)) *herdFixture {
+	clk := &clock{now: time.Unix(1_700_000_000, 0)}
+	st := &gatedStore{Store: lease.NewMemoryStore(lease.MemoryConfig{Clock: clk.Now}), entered: make(chan struct{}), gate: make(chan struct{})}
+	h := &herdFixture{f: start(t, Config{Store: st, Clock: clk.Now}), st: st, waiting: make(chan struct{}), key: key, t: t}
+	var waits atomic.Int64
+	h.f.svc.joined = func() {
+		if n := waits.Add(1); n == herd {
+			close(h.waiting)
+		} else if n > herd && more != nil {
+			more(n)
+		}
+	}
+	return h
+}
+
+func (h *herdFixture) ask(id string, want int64, got chan<- int64) {
+	resp, err := h.f.client.Lease(context.Background(), &leasev1.LeaseRequest{Agent: agent(id),
+		Items: []*leasev1.LeaseItem{{Rule: "per-tenant", Key: h.key, Want: want}}})
+	if err != nil {
+		h.t.Error(err)
+		got <- -1
+		return
+	}
+	got <- resp.Grants[0].GetGranted()
 }
 
 // TestClaimSendsWhatInFlightLeaves: claim and land on the memory itself.
