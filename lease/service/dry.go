@@ -45,9 +45,9 @@ const dryShards = 64
 type dryKey struct {
 	// noted is when the answer that set the entry came back.
 	until, trust, step, noted int64
-	rate, capacity     float64
-	left               float64
-	probing            bool
+	rate, capacity            float64
+	left                      float64
+	probing                   bool
 }
 
 // keyFlight is a key's asks on their way to the store: how many, what they
@@ -59,6 +59,11 @@ type keyFlight struct {
 	wants int64
 	left  float64
 	done  chan struct{}
+	// low is the least an answer of the flight left (answered, whether
+	// any was): answers may be noted out of the store's order, and the
+	// least is the safe one to leave in a wet entry.
+	low      float64
+	answered bool
 }
 
 type dryShard struct {
@@ -184,8 +189,10 @@ func (sh *dryShard) unprobeLocked(key string) {
 	}
 }
 
-// wetLocked returns key's wet entry, what an answer left, and forgets it:
-// it tells the first ask after it (sh.mu held).
+// wetLocked returns key's wet entry, what an answer left (sh.mu held). It
+// stays: the flight it starts refreshes it when it lands (land), so that
+// an ask woken by the same answer that claims after that flight ended
+// still knows what is left rather than nothing.
 func (sh *dryShard) wetLocked(key string, now int64) (dryKey, bool) {
 	d, ok := sh.cur[key]
 	if !ok {
@@ -194,16 +201,15 @@ func (sh *dryShard) wetLocked(key string, now int64) (dryKey, bool) {
 	if !ok || d.until != 0 {
 		return dryKey{}, false
 	}
-	delete(sh.cur, key)
-	delete(sh.old, key)
 	return d, now < d.trust
 }
 
 // land ends an ask of key for want tokens that claim sent, once its answer
 // is noted: tokens are what the bucket held after it (known false: the
 // store failed). It wakes the asks waiting for key; when it was the last
-// in flight and they were, what it left stays for them (a wet entry, for
-// at most limit, and only where note left nothing: a dry key is answered
+// in flight and they were, or it was started by a wet entry, the least its
+// answers left stays for the asks after it (a wet entry, for at most
+// limit, and only where note left the key not dry: a dry key is answered
 // from memory).
 func (m *dryMemory) land(key string, want int64, tokens float64, known bool, at int64, limit time.Duration) {
 	if m == nil {
@@ -224,6 +230,9 @@ func (m *dryMemory) land(key string, want int64, tokens float64, known bool, at 
 	f.left = 0
 	if known {
 		f.left = tokens - float64(f.wants)
+		if !f.answered || tokens < f.low {
+			f.low, f.answered = tokens, true
+		}
 	}
 	woken := f.done != nil
 	if woken {
@@ -235,19 +244,29 @@ func (m *dryMemory) land(key string, want int64, tokens float64, known bool, at 
 		return
 	}
 	delete(sh.flight, key)
-	if !woken || !known || limit <= 0 {
+	e, inCur := sh.cur[key]
+	inOld := false
+	if !inCur {
+		e, inOld = sh.old[key]
+	}
+	wet := (inCur || inOld) && e.until == 0
+	switch {
+	case (inCur || inOld) && !wet:
+		return // note left the key dry
+	case !known || limit <= 0:
+		if wet {
+			delete(sh.cur, key)
+			delete(sh.old, key)
+		}
+		return
+	case !woken && !wet:
 		return
 	}
-	if _, inCur := sh.cur[key]; inCur {
-		return
-	}
-	if _, inOld := sh.old[key]; inOld {
-		return
-	}
-	if len(sh.cur) >= m.half {
+	delete(sh.old, key)
+	if !inCur && len(sh.cur) >= m.half {
 		sh.old, sh.cur = sh.cur, make(map[string]dryKey, m.half)
 	}
-	sh.cur[key] = dryKey{trust: at + int64(limit), left: tokens, noted: at}
+	sh.cur[key] = dryKey{trust: at + int64(limit), left: f.low, noted: at}
 }
 
 // note records the store's answer g to an ask of key under l, sent at
@@ -291,7 +310,8 @@ func (m *dryMemory) note(key string, g *lease.Grant, l lease.Limit, sent, at int
 	}
 	newer := had && prev.noted >= sent
 	if wait <= 0 || limit <= 0 {
-		if !newer {
+		// A wet entry is land's to refresh.
+		if had && prev.until != 0 && !newer {
 			delete(sh.cur, key)
 			delete(sh.old, key)
 		}
