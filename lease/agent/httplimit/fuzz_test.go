@@ -50,8 +50,15 @@ func FuzzExtractor(f *testing.F) {
 			}
 			return
 		}
-		if _, err := netip.ParseAddr(ip); err != nil {
+		ia, err := netip.ParseAddr(ip)
+		if err != nil {
 			t.Fatalf("ip %q from xff %q forwarded %q peer %q: not an address", ip, xff, fwd, remote)
+		}
+		if e.trusted(ia) {
+			// Every hop was a trusted proxy (the leftmost is taken): the
+			// request came from inside the trusted network, and an address
+			// on the left is the first untrusted one by the same rule.
+			return
 		}
 		// A client's own prefix (junk or addresses, joined with a comma)
 		// changes nothing.
