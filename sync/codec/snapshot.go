@@ -3,6 +3,7 @@ package codec
 import (
 	"fmt"
 	"math"
+	"slices"
 	"time"
 	"unicode/utf8"
 
@@ -167,61 +168,108 @@ func doublesSize(v []float64) int {
 // EncodeSnapshotParts encodes s for a store that keeps a snapshot's keys
 // apart, so that a partial snapshot (region.Snapshot.Partial) replaces the
 // records of its keys only: a head, which is EncodeSnapshot of s without
-// its keys, and a record for each key, which is the key's field of the
-// Snapshot message. JoinSnapshot puts them together. Partial and Removed
-// are the store's to apply, and are not encoded.
+// its keys, and a record for each key, its compact record
+// (snapshot_record.go), which the store keeps under the key's name and
+// which leaves the name out. Every row of a key must have a column for each
+// of s.Regions, or none. JoinSnapshot puts them together. Partial and
+// Removed are the store's to apply, and are not encoded.
 func EncodeSnapshotParts(s *region.Snapshot) (head []byte, records [][]byte, err error) {
 	h := *s
 	h.Keys, h.Partial, h.Removed = nil, false, nil
 	if head, err = EncodeSnapshot(&h); err != nil {
 		return nil, nil, err
 	}
-	sizes := make([]int, len(s.Keys))
-	total := 0
+	m := len(s.Regions)
+	var buf []byte // a few allocations of 64 KiB, carved into records
+	records = make([][]byte, len(s.Keys))
 	for i := range s.Keys {
 		if !utf8.ValidString(s.Keys[i].Key) {
 			return nil, nil, fmt.Errorf("codec: encoding snapshot: key %q is not valid UTF-8", s.Keys[i].Key)
 		}
-		sizes[i] = keySnapshotSize(&s.Keys[i])
-		total += 1 + protowire.SizeBytes(sizes[i])
-	}
-	buf := make([]byte, 0, total) // one allocation, carved into records
-	records = make([][]byte, len(s.Keys))
-	for i := range s.Keys {
+		if cap(buf)-len(buf) < 256 {
+			buf = make([]byte, 0, 64<<10)
+		}
 		start := len(buf)
-		buf = appendKeySnapshot(protowire.AppendTag(buf, 7, protowire.BytesType), &s.Keys[i], sizes[i])
+		if buf, err = appendRecord(buf, &s.Keys[i], m); err != nil {
+			return nil, nil, err
+		}
 		records[i] = buf[start:len(buf):len(buf)]
-	}
-	if len(buf) != total {
-		return nil, nil, fmt.Errorf("codec: encoding snapshot records: %d bytes, sized %d", len(buf), total) // a bug
 	}
 	return head, records, nil
 }
 
-// JoinSnapshot decodes a head and the records of its keys, in any order, as
-// EncodeSnapshotParts made them; a whole snapshot of EncodeSnapshot is a head
-// without records. A damaged head or record is a *DropError.
-func JoinSnapshot(head []byte, records [][]byte) (region.Snapshot, error) {
+// JoinSnapshot decodes a head and the records of its keys (records[i] is
+// keys[i]'s), in any order, as EncodeSnapshotParts made them, or as the
+// releases before it did (a record holding its key's name, which must be
+// keys[i]); a whole snapshot of EncodeSnapshot is a head without records. A
+// damaged head or record is a *DropError, and nothing is returned.
+func JoinSnapshot(head []byte, keys []string, records [][]byte) (region.Snapshot, error) {
 	body, err := openEnvelope(head)
 	if err != nil {
 		return region.Snapshot{}, err
 	}
+	if len(keys) != len(records) {
+		return region.Snapshot{}, drop(ReasonCorrupt, "snapshot: %d records for %d keys", len(records), len(keys))
+	}
 	if len(records) == 0 {
 		return decodeSnapshotBody(body)
 	}
+	// The legacy records are joined to the head's body and decoded with it.
 	n := len(body)
+	legacy := 0
 	for i, r := range records {
-		if err := checkRecord(r); err != nil {
-			return region.Snapshot{}, fmt.Errorf("snapshot record %d: %w", i, err)
+		if len(r) > 0 && r[0] == recordLegacy {
+			if err := checkRecord(r); err != nil {
+				return region.Snapshot{}, fmt.Errorf("snapshot record %d: %w", i, err)
+			}
+			n += len(r)
+			legacy++
 		}
-		n += len(r)
 	}
 	all := make([]byte, 0, n)
 	all = append(all, body...)
 	for _, r := range records {
-		all = append(all, r...)
+		if len(r) > 0 && r[0] == recordLegacy {
+			all = append(all, r...)
+		}
 	}
-	return decodeSnapshotBody(all)
+	snap, err := decodeSnapshotBody(all)
+	if err != nil {
+		return region.Snapshot{}, err
+	}
+	if legacy > 0 {
+		// Decoded in order after the head's keys: each must be stored
+		// under its own name.
+		j := len(snap.Keys) - legacy
+		for i, r := range records {
+			if len(r) > 0 && r[0] == recordLegacy {
+				if got := snap.Keys[j].Key; got != keys[i] {
+					return region.Snapshot{}, drop(ReasonCorrupt, "snapshot record of key %q stored as %q", got, keys[i])
+				}
+				j++
+			}
+		}
+	}
+	m := len(snap.Regions)
+	snap.Keys = slices.Grow(snap.Keys, len(records)-legacy)
+	slab := recordSlab{keys: len(records) - legacy}
+	for i, r := range records {
+		switch {
+		case len(r) == 0:
+			return region.Snapshot{}, drop(ReasonTruncated, "snapshot record %d (key %q): empty", i, keys[i])
+		case r[0] == recordLegacy:
+			continue
+		case r[0] != recordCompact:
+			return region.Snapshot{}, drop(ReasonVersion, "snapshot record %d (key %q): format %#x", i, keys[i], r[0])
+		case keys[i] == "":
+			return region.Snapshot{}, drop(ReasonCorrupt, "snapshot record %d: no key", i)
+		}
+		snap.Keys = snap.Keys[:len(snap.Keys)+1]
+		if err := decodeRecord(&snap.Keys[len(snap.Keys)-1], keys[i], r, m, &slab); err != nil {
+			return region.Snapshot{}, fmt.Errorf("snapshot record %d (key %q): %w", i, keys[i], err)
+		}
+	}
+	return snap, nil
 }
 
 // checkRecord checks that r is one key field of a Snapshot message.

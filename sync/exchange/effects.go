@@ -149,7 +149,7 @@ func (fx effects) Load(ctx context.Context) (*region.Snapshot, error) {
 	if st.Head == nil {
 		return nil, nil
 	}
-	snap, err := codec.JoinSnapshot(st.Head, st.Records)
+	snap, err := codec.JoinSnapshot(st.Head, st.Keys, st.Records)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", region.ErrMalformed, err)
 	}

@@ -47,13 +47,16 @@ type RedisCoordinator struct {
 	client  redis.UniversalClient
 	prefix  string
 	timeout time.Duration
+
+	mu     sync.Mutex
+	groups map[string]int // reg → the group count stored, as last saved or loaded here
 }
 
 // NewRedisCoordinator returns the coordinator on the Redis of store, with
 // its key prefix and call timeout.
 func NewRedisCoordinator(store *lease.RedisStore) *RedisCoordinator {
 	cfg := store.Config()
-	return &RedisCoordinator{client: store.Client(), prefix: cfg.Prefix, timeout: cfg.Timeout}
+	return &RedisCoordinator{client: store.Client(), prefix: cfg.Prefix, timeout: cfg.Timeout, groups: make(map[string]int)}
 }
 
 // holdEscaper keeps a region name from breaking the hash tag.
@@ -79,39 +82,6 @@ if v then
   return 0
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return 1
-`)
-
-// saveScript writes the state only while holder holds the election (0
-// otherwise; -1 for a partial state where no whole one is stored). The
-// state is a hash: the head at field "", each key's record at its name; a
-// string there is the whole state as releases before records wrote it.
-// KEYS[1] hold, KEYS[2] state; ARGV[1] holder, ARGV[2] "1" for a whole
-// state, ARGV[3] head, ARGV[4] n, then n (key, record) pairs, then the keys
-// deleted. Calls take at most a thousand pairs (Lua's stack).
-var saveScript = redis.NewScript(`
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-  return 0
-end
-if ARGV[2] == '1' then
-  redis.call('DEL', KEYS[2])
-elseif redis.call('TYPE', KEYS[2]).ok ~= 'hash' then
-  return -1
-end
-local last = 4 + 2 * tonumber(ARGV[4])
-local i = last + 1
-while i <= #ARGV do
-  local j = math.min(i + 999, #ARGV)
-  redis.call('HDEL', KEYS[2], unpack(ARGV, i, j))
-  i = j + 1
-end
-redis.call('HSET', KEYS[2], '', ARGV[3])
-i = 5
-while i <= last do
-  local j = math.min(i + 1999, last)
-  redis.call('HSET', KEYS[2], unpack(ARGV, i, j))
-  i = j + 1
-end
 return 1
 `)
 
@@ -157,39 +127,6 @@ func (c *RedisCoordinator) Release(ctx context.Context, reg, holder string) erro
 	return nil
 }
 
-// Save stores st as reg's exchange state, atomically with a check that
-// holder holds the election; otherwise it returns an error wrapping
-// region.ErrNotHolder and writes nothing. A whole state may be megabytes,
-// so the call is bounded by ctx only.
-func (c *RedisCoordinator) Save(ctx context.Context, reg, holder string, st SavedState) error {
-	if err := checkSave(reg, holder, &st); err != nil {
-		return err
-	}
-	whole := "0"
-	if st.Whole {
-		whole = "1"
-	}
-	args := make([]any, 0, 4+2*len(st.Keys)+len(st.Deleted))
-	args = append(args, holder, whole, st.Head, len(st.Keys))
-	for i, k := range st.Keys {
-		args = append(args, k, st.Records[i])
-	}
-	for _, k := range st.Deleted {
-		args = append(args, k)
-	}
-	keys := []string{c.key(reg, "lease"), c.key(reg, "state")}
-	n, err := saveScript.Run(ctx, c.client, keys, args...).Int()
-	switch {
-	case err != nil:
-		return fmt.Errorf("exchange: redis save: %w", err)
-	case n == -1:
-		return fmt.Errorf("%w: region %q", ErrNoWholeState, reg)
-	case n != 1:
-		return fmt.Errorf("%w: region %q, holder %q", region.ErrNotHolder, reg, holder)
-	}
-	return nil
-}
-
 // checkSave checks Save's arguments.
 func checkSave(reg, holder string, st *SavedState) error {
 	if err := checkHold(reg, holder, 0, false); err != nil {
@@ -202,59 +139,6 @@ func checkSave(reg, holder string, st *SavedState) error {
 		return fmt.Errorf("%w: a record of an empty key", ErrInvalidArgument)
 	}
 	return nil
-}
-
-// Load returns reg's stored exchange state, whole; Head is nil when none was
-// ever saved. A state in the format of releases before records is its
-// Head. Bounded by ctx only, like Save.
-func (c *RedisCoordinator) Load(ctx context.Context, reg string) (SavedState, error) {
-	st := SavedState{Whole: true}
-	if reg == "" {
-		return st, fmt.Errorf("%w: empty region", ErrInvalidArgument)
-	}
-	key := c.key(reg, "state")
-	typ, err := c.client.Type(ctx, key).Result()
-	if err != nil {
-		return st, fmt.Errorf("exchange: redis load: %w", err)
-	}
-	switch typ {
-	case "none":
-		return st, nil
-	case "string":
-		st.Head, err = c.client.Get(ctx, key).Bytes()
-		if errors.Is(err, redis.Nil) {
-			return SavedState{Whole: true}, nil
-		}
-		if err != nil {
-			return st, fmt.Errorf("exchange: redis load: %w", err)
-		}
-		return st, nil
-	case "hash":
-	default:
-		return st, fmt.Errorf("%w: exchange state %s is a %s", region.ErrMalformed, key, typ)
-	}
-	// Only the holder writes, and we hold the election: a scan in steps is
-	// as consistent as one read, without a reply of the whole state.
-	iter := c.client.HScan(ctx, key, 0, "", 1000).Iterator()
-	for iter.Next(ctx) {
-		field := iter.Val()
-		if !iter.Next(ctx) {
-			break
-		}
-		if field == "" {
-			st.Head = []byte(iter.Val())
-			continue
-		}
-		st.Keys = append(st.Keys, field)
-		st.Records = append(st.Records, []byte(iter.Val()))
-	}
-	if err := iter.Err(); err != nil {
-		return SavedState{Whole: true}, fmt.Errorf("exchange: redis load: %w", err)
-	}
-	if st.Head == nil {
-		return SavedState{Whole: true}, fmt.Errorf("%w: exchange state %s has no head", region.ErrMalformed, key)
-	}
-	return st, nil
 }
 
 // MemoryCoordinator is RedisCoordinator in memory, for the replicas of a

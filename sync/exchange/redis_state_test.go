@@ -1,0 +1,257 @@
+package exchange
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/ration-dev/ration/internal/redistest"
+	"github.com/ration-dev/ration/lease"
+	"github.com/ration-dev/ration/sync/codec"
+)
+
+// redisStateFixture is a RedisCoordinator on a server shared with other
+// tests (its own key prefix), holding region "eu" for "a".
+func redisStateFixture(t *testing.T) (*RedisCoordinator, redis.UniversalClient) {
+	t.Helper()
+	client, err := lease.NewRedisClient(redistest.Start(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = client.Close() })
+	s, err := lease.NewRedisStore(client, lease.RedisConfig{Prefix: redistest.KeyPrefix(t), Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := NewRedisCoordinator(s)
+	if _, err := c.Acquire(context.Background(), "eu", "a", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	return c, client
+}
+
+// records returns n records of keys named prefix0, prefix1, ....
+func records(prefix string, n int) map[string]string {
+	m := make(map[string]string, n)
+	for i := range n {
+		m[prefix+strconv.Itoa(i)] = fmt.Sprintf("record of %s%d", prefix, i)
+	}
+	return m
+}
+
+func savedOf(whole bool, head string, recs map[string]string, deleted ...string) SavedState {
+	st := SavedState{Whole: whole, Head: []byte(head), Deleted: deleted}
+	for k, r := range recs {
+		st.Keys = append(st.Keys, k)
+		st.Records = append(st.Records, []byte(r))
+	}
+	return st
+}
+
+// checkGroups checks the stored layout against want: the head's fields,
+// g groups holding want's records, each a listpack of at most 128, and no
+// other key of the region's state.
+func checkGroups(t *testing.T, c *RedisCoordinator, client redis.UniversalClient, head string, want map[string]string, g int) {
+	t.Helper()
+	ctx := context.Background()
+	meta, err := client.HGetAll(ctx, c.key("eu", "state")).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantMeta := map[string]string{"": stateGrouped, "h": head, "g": strconv.Itoa(g), "n": strconv.Itoa(len(want))}
+	if diff := cmp.Diff(wantMeta, meta); diff != "" {
+		t.Fatalf("head (-want +got):\n%s", diff)
+	}
+	got := map[string]string{}
+	for i := range g {
+		key := c.key("eu", "state") + ":" + strconv.Itoa(i)
+		recs, err := client.HGetAll(ctx, key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if enc := client.ObjectEncoding(ctx, key).Val(); len(recs) > 0 && (enc != "listpack" || len(recs) > 128) {
+			t.Errorf("group %d: %d records, encoded as %s", i, len(recs), enc)
+		}
+		for k, r := range recs {
+			if groupOf(k, g) != i {
+				t.Errorf("record of %q in group %d, want %d", k, i, groupOf(k, g))
+			}
+			got[k] = r
+		}
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Fatalf("records (-want +got):\n%s", diff)
+	}
+	keys, err := client.Keys(ctx, c.key("eu", "state")+"*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if nonEmpty := len(keys) - 1; nonEmpty > g {
+		t.Errorf("%d keys of groups, want at most %d: the old groups were not deleted", nonEmpty, g)
+	}
+	st, err := c.Load(ctx, "eu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	loaded := map[string]string{}
+	for i, k := range st.Keys {
+		loaded[k] = string(st.Records[i])
+	}
+	if string(st.Head) != head || !cmp.Equal(want, loaded) {
+		t.Fatalf("Load: head %q and %d records, want %q and %d", st.Head, len(loaded), head, len(want))
+	}
+}
+
+// TestRedisStateGroups checks the layout of the state: records in groups
+// of listpacks, a partial save changing records in place, and the groups
+// chosen again (the old ones deleted) when the records outgrow them or
+// shrink well below them.
+func TestRedisStateGroups(t *testing.T) {
+	c, client := redisStateFixture(t)
+	ctx := context.Background()
+	want := records("k", 500)
+	if err := c.Save(ctx, "eu", "a", savedOf(true, "h1", want)); err != nil {
+		t.Fatal(err)
+	}
+	checkGroups(t, c, client, "h1", want, 11)
+
+	// A fresh coordinator (another replica that took over) knows no
+	// groups: it reads them before a partial save.
+	s2, err := lease.NewRedisStore(client, lease.RedisConfig{Prefix: c.prefix, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c2 := NewRedisCoordinator(s2)
+	change := map[string]string{"k1": "changed", "new": "a new key"}
+	if err := c2.Save(ctx, "eu", "a", savedOf(false, "h2", change, "k2", "k3", "absent")); err != nil {
+		t.Fatal(err)
+	}
+	maps.Copy(want, change)
+	delete(want, "k2")
+	delete(want, "k3")
+	checkGroups(t, c, client, "h2", want, 11)
+
+	// 1,000 more records: 1,500 in 11 groups is above 80 a group.
+	more := records("m", 1000)
+	if err := c.Save(ctx, "eu", "a", savedOf(false, "h3", more)); err != nil {
+		t.Fatal(err)
+	}
+	maps.Copy(want, more)
+	checkGroups(t, c, client, "h3", want, groupsFor(len(want)))
+
+	// Down to 100: below 16 a group.
+	var gone []string
+	for k := range want {
+		if len(want)-len(gone) > 100 {
+			gone = append(gone, k)
+		}
+	}
+	if err := c.Save(ctx, "eu", "a", savedOf(false, "h4", nil, gone...)); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range gone {
+		delete(want, k)
+	}
+	checkGroups(t, c, client, "h4", want, groupsFor(100))
+
+	// Another holder writes nothing.
+	if err := c.Save(ctx, "eu", "b", savedOf(true, "hb", records("b", 3))); err == nil {
+		t.Fatal("a save by a replica not holding the election succeeded")
+	}
+	checkGroups(t, c, client, "h4", want, groupsFor(100))
+}
+
+// TestRedisStateUpgrade checks that the state as the release before groups
+// kept it (one hash, the head at field "", records beside it) is read, that
+// a partial save over it is refused, and that a whole save replaces it with
+// a head that release cannot read (so it does not take the exchange over).
+func TestRedisStateUpgrade(t *testing.T) {
+	c, client := redisStateFixture(t)
+	ctx := context.Background()
+	old := records("k", 300)
+	args := []any{"", "old head"}
+	for k, r := range old {
+		args = append(args, k, r)
+	}
+	if err := client.HSet(ctx, c.key("eu", "state"), args...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	st, err := c.Load(ctx, "eu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	loaded := map[string]string{}
+	for i, k := range st.Keys {
+		loaded[k] = string(st.Records[i])
+	}
+	if string(st.Head) != "old head" || !cmp.Equal(old, loaded) {
+		t.Fatalf("Load of the one hash: head %q and %d records, want %q and %d", st.Head, len(loaded), "old head", len(old))
+	}
+	if err := c.Save(ctx, "eu", "a", savedOf(false, "h", nil, "k1")); !errors.Is(err, ErrNoWholeState) {
+		t.Fatalf("a partial save over the one hash: got %v, want ErrNoWholeState", err)
+	}
+	if err := c.Save(ctx, "eu", "a", savedOf(true, "h", old)); err != nil {
+		t.Fatal(err)
+	}
+	checkGroups(t, c, client, "h", old, groupsFor(len(old)))
+	// What that release reads as the head: not a snapshot.
+	head, err := client.HGet(ctx, c.key("eu", "state"), "").Bytes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := codec.JoinSnapshot(head, nil, nil); err == nil {
+		t.Fatalf("the release before groups would read head %q as a snapshot", head)
+	}
+}
+
+// TestRedisStateOnCluster saves and loads the state on a Redis Cluster:
+// the script writes groups it names itself, in the head's slot by the
+// region's hash tag.
+func TestRedisStateOnCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Redis Cluster")
+	}
+	cluster := redistest.StartCluster(t, 3)
+	client, err := lease.NewRedisClient(cluster.Addrs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = client.Close() })
+	s, err := lease.NewRedisStore(client, lease.RedisConfig{Prefix: redistest.KeyPrefix(t), Timeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := NewRedisCoordinator(s)
+	ctx := context.Background()
+	if _, err := c.Acquire(ctx, "eu", "a", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	want := records("k", 200)
+	if err := c.Save(ctx, "eu", "a", savedOf(true, "h1", want)); err != nil {
+		t.Fatal(err)
+	}
+	change := records("m", 600) // regroups
+	if err := c.Save(ctx, "eu", "a", savedOf(false, "h2", change, "k1")); err != nil {
+		t.Fatal(err)
+	}
+	maps.Copy(want, change)
+	delete(want, "k1")
+	st, err := c.Load(ctx, "eu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for i, k := range st.Keys {
+		got[k] = string(st.Records[i])
+	}
+	if string(st.Head) != "h2" || !cmp.Equal(want, got) {
+		t.Fatalf("Load: head %q and %d records, want %q and %d", st.Head, len(got), "h2", len(want))
+	}
+}
