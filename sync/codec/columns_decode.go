@@ -1,6 +1,7 @@
 package codec
 
 import (
+	"math/bits"
 	"unicode/utf8"
 
 	"google.golang.org/protobuf/encoding/protowire"
@@ -259,6 +260,22 @@ func (cr *colReader) exit(x *region.Exit, gen uint64, sl *slabs) error {
 	return nil
 }
 
+// elided counts the entries of int64 rows that the wire leaves out (the
+// sender's own), so that the slab holds every row.
+func (cr *colReader) elided(body []byte, keys int) int {
+	if cr.sh.self < 0 {
+		return 0
+	}
+	n := 0
+	flags := newColumn(body, fColFlags, keys)
+	for range keys {
+		if f, _ := flags.next(); f&kShape == 0 {
+			n += bits.OnesCount64(f & (kRow | kIn | kTaken | kInTaken | kTokens))
+		}
+	}
+	return n
+}
+
 // fillColumns decodes the keys of a V2 body that s describes into p, whose
 // header fillPart has filled in (and s made room for s.cols[cFlags] keys).
 func fillColumns(body []byte, s *partShape, p *Part) error {
@@ -272,7 +289,7 @@ func fillColumns(body []byte, s *partShape, p *Part) error {
 	for c := range cr.col {
 		cr.col[c] = newColumn(body, protowire.Number(fColNameLens+c), s.cols[c])
 	}
-	sl := slabs{ints: make([]int64, s.cols[cValues])}
+	sl := slabs{ints: make([]int64, s.cols[cValues]+cr.elided(body, s.cols[cFlags]))}
 	strs := keyStrings{buf: make([]byte, 0, keyChunk)}
 	var prev *region.KeyReport
 	for i := range p.Keys {

@@ -190,3 +190,30 @@ func TestWriteVersion(t *testing.T) {
 		}
 	}
 }
+
+// TestDecodeAllocs checks that decoding a part allocates per part, not per
+// key: a version 2 part of 2,000 keys in their generations no more than
+// one of version 1.
+func TestDecodeAllocs(t *testing.T) {
+	r := region.Report{Region: "eu", Replica: "0", Epoch: 9, Exchange: true, Regions: []string{"ap", "eu", "us"}}
+	for i := 0; i < 2000; i++ {
+		r.Keys = append(r.Keys, region.KeyReport{Key: fmt.Sprintf("per-tenant/tenant=%07d", i), Generation: 5, Base: 7,
+			Row: []int64{int64(i), 0, 3}, In: []int64{1, 0, int64(i)}, Tokens: []int64{0, 0, 1}, SharePPM: 9, Demand: 4})
+	}
+	allocs := map[Version]float64{}
+	for _, v := range []Version{V1, V2} {
+		msgs, err := EncodeReportVersion(&r, 1, 1<<20, v)
+		if err != nil || len(msgs) != 1 {
+			t.Fatalf("V%d: %d messages, %v", v, len(msgs), err)
+		}
+		allocs[v] = testing.AllocsPerRun(5, func() {
+			if _, err := DecodePart(msgs[0], Limits{}); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	t.Logf("allocations per part: V1 %v, V2 %v", allocs[V1], allocs[V2])
+	if allocs[V2] > allocs[V1]+2 {
+		t.Fatalf("V2 allocated %v times, V1 %v", allocs[V2], allocs[V1])
+	}
+}
