@@ -63,10 +63,12 @@ type sender struct {
 	epoch uint64
 	id    uint64
 	heard time.Time
+	reads Version
 }
 
 type pending struct {
 	hdr   region.Report
+	reads Version
 	count int
 	total int
 	parts [][]region.KeyReport
@@ -102,7 +104,7 @@ func (a *Assembler) Add(now time.Time, p *Part) (*region.Report, error) {
 		}
 		r := p.Header
 		r.Keys = p.Keys
-		a.complete(now, sk, p.ID, r.Epoch)
+		a.complete(now, sk, p.ID, r.Epoch, p.Reads)
 		return &r, nil
 	}
 	pk := pendingKey{sk, p.ID}
@@ -149,6 +151,7 @@ func (a *Assembler) buffer(now time.Time, pk pendingKey, p *Part) (*pending, err
 	if pd == nil {
 		pd = &pending{
 			hdr:   p.Header,
+			reads: p.Reads,
 			count: p.Count,
 			total: p.KeysTotal,
 			parts: make([][]region.KeyReport, p.Count),
@@ -168,7 +171,7 @@ func (a *Assembler) buffer(now time.Time, pk pendingKey, p *Part) (*pending, err
 // repeats one.
 func (pd *pending) admit(pk pendingKey, p *Part) error {
 	h, sk := &pd.hdr, pk.sender
-	if p.Count != pd.count || p.KeysTotal != pd.total || p.Header.Epoch != h.Epoch ||
+	if p.Count != pd.count || p.KeysTotal != pd.total || p.Reads != pd.reads || p.Header.Epoch != h.Epoch ||
 		p.Header.Exchange != h.Exchange || !p.Header.SentAt.Equal(h.SentAt) || !slices.Equal(p.Header.Regions, h.Regions) ||
 		p.Header.Refresh != h.Refresh || p.Header.RefreshFrom != h.RefreshFrom || p.Header.RefreshCount != h.RefreshCount || p.Header.Since != h.Since ||
 		p.Header.Prev != h.Prev || p.Header.Resent != h.Resent || !slices.Equal(p.Header.Resend, h.Resend) ||
@@ -198,13 +201,13 @@ func (a *Assembler) join(now time.Time, pk pendingKey, pd *pending) (*region.Rep
 	for _, ks := range pd.parts {
 		r.Keys = append(r.Keys, ks...)
 	}
-	a.complete(now, sk, pk.id, r.Epoch)
+	a.complete(now, sk, pk.id, r.Epoch, pd.reads)
 	return &r, nil
 }
 
 // complete records a complete report and forgets the sender's older
 // incomplete ones, which can only be dropped as replays now.
-func (a *Assembler) complete(now time.Time, sk senderKey, id, epoch uint64) {
+func (a *Assembler) complete(now time.Time, sk senderKey, id, epoch uint64, reads Version) {
 	s := a.senders[sk]
 	if s == nil {
 		if len(a.senders) >= a.cfg.MaxSenders {
@@ -213,7 +216,7 @@ func (a *Assembler) complete(now time.Time, sk senderKey, id, epoch uint64) {
 		s = &sender{}
 		a.senders[sk] = s
 	}
-	s.epoch, s.id, s.heard = epoch, id, now
+	s.epoch, s.id, s.heard, s.reads = epoch, id, now, reads
 	for pk, pd := range a.pending {
 		if pk.sender == sk && pd.hdr.Epoch <= epoch {
 			a.remove(pk, pd)
@@ -253,3 +256,34 @@ func (a *Assembler) Expire(now time.Time) int {
 
 // PendingBytes returns the message bytes buffered for incomplete reports.
 func (a *Assembler) PendingBytes() int { return a.bytes }
+
+// WriteVersion is the wire version a sender should write at now, given the
+// reports it has assembled: Latest once every region of peers has a
+// replica heard within the last within and every replica heard within it
+// reads Latest, V1 otherwise (docs/DESIGN.md, "Reports are deltas",
+// Upgrades). A replica that starts on an older version loses the reports
+// sent before its first is heard: a delta lost, asked for again.
+func (a *Assembler) WriteVersion(now time.Time, peers []string, within time.Duration) Version {
+	v := Latest
+	for _, s := range a.senders {
+		if now.Sub(s.heard) <= within {
+			v = min(v, s.reads)
+		}
+	}
+	if v == V1 {
+		return V1
+	}
+	for _, r := range peers {
+		heard := false
+		for sk, s := range a.senders {
+			if sk.region == r && now.Sub(s.heard) <= within {
+				heard = true
+				break
+			}
+		}
+		if !heard {
+			return V1
+		}
+	}
+	return v
+}

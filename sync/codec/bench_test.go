@@ -33,14 +33,20 @@ type codec struct {
 	decode func(msg []byte, lim Limits) (*Part, error)
 }
 
-// codecs are the sub-benchmarks: ration (EncodeReport, DecodePart) and the
-// codec through proto.Marshal and proto.Unmarshal that it replaced.
+// codecs are the sub-benchmarks: ration (EncodeReport, DecodePart, in
+// Latest), the same in version 1 (key messages), and the codec through
+// proto.Marshal and proto.Unmarshal that the hand-written one replaced.
 var codecs = []struct {
 	name string
 	codec
 }{
 	{"ration", codec{EncodeReport, DecodePart}},
+	{"baseline=V1", codec{encodeV1, DecodePart}},
 	{"baseline=generated", codec{encodeReportGenerated, decodePartGenerated}},
+}
+
+func encodeV1(r *region.Report, id uint64, maxBytes int) ([][]byte, error) {
+	return EncodeReportVersion(r, id, maxBytes, V1)
 }
 
 const benchMaxPayload = 1 << 20 // NATS's default max_payload

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -55,6 +56,9 @@ func randomReport(rng *rand.Rand, regions []string, n int, exchange bool) region
 		v := make([]int64, len(regions))
 		for i := range v {
 			v[i] = rng.Int64N(2_000_000)
+		}
+		if rng.IntN(4) != 0 { // as region writes it: nothing to itself
+			v[slices.Index(regions, r.Region)] = 0
 		}
 		return v
 	}
@@ -182,7 +186,7 @@ func TestDecodeHostile(t *testing.T) {
 	}
 	flipped := append([]byte(nil), good...)
 	flipped[len(flipped)-3] ^= 0x40
-	v2 := append([]byte{0x08, 0x02}, good[2:]...) // version 2
+	v3 := append([]byte{0x08, 0x03}, good[2:]...) // version 3
 	for _, tc := range []struct {
 		name string
 		msg  []byte
@@ -192,7 +196,7 @@ func TestDecodeHostile(t *testing.T) {
 		{"empty", nil, Limits{}, ReasonVersion},
 		{"garbage", []byte("hello, world"), Limits{}, ReasonCorrupt},
 		{"bit flip", flipped, Limits{}, ReasonCorrupt},
-		{"version 2", v2, Limits{}, ReasonVersion},
+		{"version 3", v3, Limits{}, ReasonVersion},
 		{"oversized", good, Limits{MaxMessageBytes: 10}, ReasonOversized},
 		{"no body", good[:7], Limits{}, ReasonCorrupt},
 		{"part out of range", part(header(5, 1, 3, 2, 0)), Limits{}, ReasonInconsistent},

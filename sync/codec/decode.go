@@ -26,6 +26,9 @@ type Part struct {
 	Keys []region.KeyReport
 	// Size is the message's size in bytes.
 	Size int
+	// Version is the message's wire version, and Reads the newest the
+	// sender reads (V1 when it does not say: it predates V2).
+	Version, Reads Version
 }
 
 // DecodePart decodes one message, checking it against lim. It never
@@ -38,31 +41,45 @@ func DecodePart(msg []byte, lim Limits) (*Part, error) {
 	if len(msg) > lim.MaxMessageBytes {
 		return nil, drop(ReasonOversized, "%d bytes, more than %d", len(msg), lim.MaxMessageBytes)
 	}
-	body, err := openEnvelope(msg)
+	body, v, err := openEnvelopeVersion(msg)
 	if err != nil {
 		return nil, err
 	}
-	p := &Part{Size: len(msg)}
-	if err := decodeBody(body, lim, p); err != nil {
+	p := &Part{Size: len(msg), Version: v}
+	if err := decodeBody(body, lim, v, p); err != nil {
 		return nil, err
 	}
 	return p, nil
 }
 
-// decodeBody decodes a Part body into p, checking it against lim (with
-// defaults). Any error is a *DropError.
-func decodeBody(body []byte, lim Limits, p *Part) error {
+// decodeBody decodes a Part body of version v into p, checking it against
+// lim (with defaults). Any error is a *DropError.
+func decodeBody(body []byte, lim Limits, v Version, p *Part) error {
 	s := partShape{lim: lim}
 	if !s.scan(body) {
 		return corruptPart()
+	}
+	if v == V2 {
+		// V2's keys are its columns; a V1 key in it is not ours.
+		if s.keys > 0 {
+			return drop(ReasonInconsistent, "a version 2 part with version 1 keys")
+		}
+		s.keys = s.cols[cFlags]
 	}
 	if err := s.check(); err != nil {
 		return err
 	}
 	// Everything is checked: the second pass cannot fail on a body the
-	// first accepted, but is written to drop rather than trust it.
+	// first accepted, but is written to drop rather than trust it. V2's
+	// columns are checked as they are read.
 	s.header(p)
-	return fillPart(body, &s, p)
+	if err := fillPart(body, &s, p); err != nil {
+		return err
+	}
+	if v == V2 {
+		return fillColumns(body, &s, p)
+	}
+	return nil
 }
 
 func corruptPart() error { return drop(ReasonCorrupt, "part: invalid wire-format data") }
@@ -117,6 +134,7 @@ func (s *partShape) header(p *Part) {
 		Policy: string(s.policy),
 	}
 	p.ID, p.Index, p.Count, p.KeysTotal = s.id, int(s.part), int(s.parts), int(s.keysTotal)
+	p.Reads = max(V1, Version(uint32(s.reads)))
 	if s.regions > 0 {
 		p.Header.Regions = make([]string, 0, s.regions)
 	}

@@ -15,7 +15,7 @@ import (
 // code: the reference that the tests and FuzzDecodeDifferential compare
 // EncodeReport and DecodePart with, and the baseline of the benchmarks.
 
-// encodeReportGenerated is EncodeReport through proto.Marshal.
+// encodeReportGenerated is EncodeReportVersion(…, V1) through proto.Marshal.
 func encodeReportGenerated(r *region.Report, id uint64, maxBytes int) ([][]byte, error) {
 	hdr := &syncv1.Part{
 		Region:         r.Region,
@@ -33,6 +33,7 @@ func encodeReportGenerated(r *region.Report, id uint64, maxBytes int) ([][]byte,
 		Resend:         r.Resend,
 		Policy:         r.Policy,
 		Rules:          rulesToPB(r.Rules),
+		Reads:          uint32(Latest),
 		ReportId:       id,
 		Part:           ^uint32(0), // the largest varints, for sizing
 		Parts:          ^uint32(0),
@@ -114,7 +115,7 @@ func decodePartGenerated(msg []byte, lim Limits) (*Part, error) {
 	if len(msg) > lim.MaxMessageBytes {
 		return nil, drop(ReasonOversized, "%d bytes, more than %d", len(msg), lim.MaxMessageBytes)
 	}
-	body, err := openEnvelope(msg)
+	body, v, err := openEnvelopeVersion(msg)
 	if err != nil {
 		return nil, err
 	}
@@ -122,7 +123,18 @@ func decodePartGenerated(msg []byte, lim Limits) (*Part, error) {
 	if err := proto.Unmarshal(body, &pb); err != nil {
 		return nil, drop(ReasonCorrupt, "part: %v", err)
 	}
-	if err := checkPB(&pb, lim); err != nil {
+	var keys []region.KeyReport
+	if v == V2 {
+		if len(pb.Keys) > 0 {
+			return nil, drop(ReasonInconsistent, "a version 2 part with version 1 keys")
+		}
+		if err := checkPB(&pb, lim, len(pb.KeyFlags)); err != nil {
+			return nil, err
+		}
+		if keys, err = columnsFromPB(&pb, lim); err != nil {
+			return nil, err
+		}
+	} else if err := checkPB(&pb, lim, len(pb.Keys)); err != nil {
 		return nil, err
 	}
 	p := &Part{
@@ -143,8 +155,11 @@ func decodePartGenerated(msg []byte, lim Limits) (*Part, error) {
 		Count:     int(pb.Parts),
 		KeysTotal: int(pb.KeysTotal),
 		Size:      len(msg),
+		Version:   v,
+		Reads:     max(V1, Version(pb.Reads)),
+		Keys:      keys,
 	}
-	if len(pb.Keys) > 0 {
+	if v == V1 && len(pb.Keys) > 0 {
 		p.Keys = make([]region.KeyReport, len(pb.Keys))
 	}
 	for i, k := range pb.Keys {
@@ -154,7 +169,8 @@ func decodePartGenerated(msg []byte, lim Limits) (*Part, error) {
 }
 
 // checkPB is DecodePart's checks of a decoded part against lim.
-func checkPB(pb *syncv1.Part, lim Limits) error {
+// keys is the part's number of keys: Key messages (V1) or flags (V2).
+func checkPB(pb *syncv1.Part, lim Limits, keys int) error {
 	bad := func(format string, args ...any) error { return drop(ReasonInconsistent, format, args...) }
 	switch {
 	case pb.Region == "" || len(pb.Region) > lim.MaxNameBytes:
@@ -167,8 +183,8 @@ func checkPB(pb *syncv1.Part, lim Limits) error {
 		return drop(ReasonOversized, "%d parts, more than %d", pb.Parts, lim.MaxParts)
 	case int64(pb.KeysTotal) > int64(lim.MaxKeys):
 		return drop(ReasonOversized, "%d keys, more than %d", pb.KeysTotal, lim.MaxKeys)
-	case len(pb.Keys) > int(pb.KeysTotal):
-		return bad("part holds %d keys of a report of %d", len(pb.Keys), pb.KeysTotal)
+	case keys > int(pb.KeysTotal):
+		return bad("part holds %d keys of a report of %d", keys, pb.KeysTotal)
 	case len(pb.Regions) > maxRegions:
 		return bad("%d regions, more than %d", len(pb.Regions), maxRegions)
 	}

@@ -58,10 +58,18 @@ func assemble(t *testing.T, decode func([]byte, Limits) (*Part, error), msgs [][
 	return got
 }
 
+// generated are the reference encoders of each version, through the
+// generated code.
+var generated = []struct {
+	v      Version
+	encode func(r *region.Report, id uint64, maxBytes int) ([][]byte, error)
+}{{V1, encodeReportGenerated}, {V2, encodeReportGeneratedV2}}
+
 // TestCodecMatchesGenerated checks the hand-written codec against the
-// generated code in both directions: EncodeReport writes the same bytes as
-// proto.Marshal, the generated encoding decodes with DecodePart, and
-// EncodeReport's decodes with proto.Unmarshal, all to the report encoded.
+// generated code in both directions, in every version: EncodeReportVersion
+// writes the same bytes as proto.Marshal (with the naive columns of V2),
+// the generated encoding decodes with DecodePart, and EncodeReportVersion's
+// decodes with proto.Unmarshal, all to the report encoded.
 func TestCodecMatchesGenerated(t *testing.T) {
 	rng := rand.New(rand.NewPCG(seed(t), 4))
 	for i, want := range randomReports(t, rng, 200) {
@@ -70,40 +78,44 @@ func TestCodecMatchesGenerated(t *testing.T) {
 		if rng.IntN(8) == 0 {
 			id = 0
 		}
-		ours, err := EncodeReport(&want, id, max)
-		gen, genErr := encodeReportGenerated(&want, id, max)
-		if errors.Is(err, ErrTooLarge) && errors.Is(genErr, ErrTooLarge) {
-			// A random entry larger than a random small message: both
-			// refuse it alike (a run drew one now and then, and failed).
-			continue
-		}
-		if err != nil {
-			t.Fatalf("report %d: EncodeReport: %v", i, err)
-		}
-		if genErr != nil {
-			t.Fatalf("report %d: the generated encoder: %v", i, genErr)
-		}
-		if len(ours) != len(gen) {
-			t.Fatalf("report %d: got %d messages, want %d", i, len(ours), len(gen))
-		}
-		for j := range ours {
-			if !bytes.Equal(ours[j], gen[j]) {
-				t.Fatalf("report %d message %d: got\n%x\nwant (proto.Marshal)\n%x", i, j, ours[j], gen[j])
+		for _, g := range generated {
+			ours, err := EncodeReportVersion(&want, id, max, g.v)
+			gen, genErr := g.encode(&want, id, max)
+			if errors.Is(err, ErrTooLarge) && errors.Is(genErr, ErrTooLarge) {
+				// A random entry larger than a random small message: both
+				// refuse it alike (a run drew one now and then, and failed).
+				continue
 			}
-		}
-		if diff := cmp.Diff(&want, assemble(t, DecodePart, gen)); diff != "" {
-			t.Fatalf("report %d: generated encoding, DecodePart (-want +got):\n%s", i, diff)
-		}
-		if diff := cmp.Diff(&want, assemble(t, decodePartGenerated, ours)); diff != "" {
-			t.Fatalf("report %d: EncodeReport, generated decoding (-want +got):\n%s", i, diff)
+			if err != nil {
+				t.Fatalf("report %d, V%d: EncodeReport: %v", i, g.v, err)
+			}
+			if genErr != nil {
+				t.Fatalf("report %d, V%d: the generated encoder: %v", i, g.v, genErr)
+			}
+			if len(ours) != len(gen) {
+				t.Fatalf("report %d, V%d: got %d messages, want %d", i, g.v, len(ours), len(gen))
+			}
+			for j := range ours {
+				if !bytes.Equal(ours[j], gen[j]) {
+					t.Fatalf("report %d, V%d, message %d: got\n%x\nwant (proto.Marshal)\n%x", i, g.v, j, ours[j], gen[j])
+				}
+			}
+			if diff := cmp.Diff(&want, assemble(t, DecodePart, gen)); diff != "" {
+				t.Fatalf("report %d, V%d: generated encoding, DecodePart (-want +got):\n%s", i, g.v, diff)
+			}
+			if diff := cmp.Diff(&want, assemble(t, decodePartGenerated, ours)); diff != "" {
+				t.Fatalf("report %d, V%d: EncodeReport, generated decoding (-want +got):\n%s", i, g.v, diff)
+			}
 		}
 	}
 }
 
 func TestEncodeRejectsInvalidUTF8(t *testing.T) {
 	r := region.Report{Region: "eu", Replica: "0", Keys: []region.KeyReport{{Key: "r/\xff"}}}
-	if _, err := EncodeReport(&r, 1, 1<<20); err == nil {
-		t.Fatalf("got no error for a key that is not UTF-8, want one (receivers would drop the part)")
+	for _, v := range []Version{V1, V2} {
+		if _, err := EncodeReportVersion(&r, 1, 1<<20, v); err == nil {
+			t.Fatalf("V%d: got no error for a key that is not UTF-8, want one (receivers would drop the part)", v)
+		}
 	}
 	if _, err := encodeReportGenerated(&r, 1, 1<<20); err == nil {
 		t.Fatalf("the generated encoder accepted it: the test is wrong")
@@ -311,7 +323,12 @@ func (s scrambler) part(p *syncv1.Part) []byte {
 	for _, k := range p.Keys {
 		keys = append(keys, s.bytes(fPartKeys, s.key(k)))
 	}
-	fs = append(fs, s.str(fPartPolicy, p.Policy, true))
+	fs = append(fs, s.str(fPartPolicy, p.Policy, true), s.scalar(fPartReads, uint64(p.Reads)))
+	if len(p.KeyFlags) > 0 {
+		fs = append(fs, ints(s, fColNameLens, p.KeyNameLens), s.str(fColNames, string(p.KeyNames), true),
+			ints(s, fColFlags, p.KeyFlags), ints(s, fColScalars, p.KeyScalars), ints(s, fColValues, p.KeyValues),
+			ints(s, fColLengths, p.KeyLengths))
+	}
 	var rules field
 	for _, d := range p.Rules {
 		rules = append(rules, s.bytes(fPartRules, s.rule(d)))
@@ -327,17 +344,18 @@ func b2u(b bool) uint64 {
 }
 
 // TestDecodeScrambled decodes random reports written as other encoders may
-// write them: DecodePart must agree with the generated decoder, and both
-// with the report encoded.
+// write them, in every version: DecodePart must agree with the generated
+// decoder, and both with the report encoded.
 func TestDecodeScrambled(t *testing.T) {
 	rng := rand.New(rand.NewPCG(seed(t), 5))
 	s := scrambler{rng}
 	for i, want := range randomReports(t, rng, 300) {
-		msgs, err := encodeReportGenerated(&want, rng.Uint64(), 1<<20)
+		g := generated[i%2]
+		msgs, err := g.encode(&want, rng.Uint64(), 1<<20)
 		if err != nil {
 			t.Fatal(err)
 		}
-		body, err := openEnvelope(msgs[0])
+		body, v, err := openEnvelopeVersion(msgs[0])
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -345,16 +363,16 @@ func TestDecodeScrambled(t *testing.T) {
 		if err := proto.Unmarshal(body, &pb); err != nil {
 			t.Fatal(err)
 		}
-		msg := appendEnvelope(nil, s.part(&pb))
+		msg := appendEnvelopeVersion(nil, s.part(&pb), v)
 		sameDecode(t, msg, Limits{})
 		got, err := DecodePart(msg, Limits{})
 		if err != nil {
-			t.Fatalf("report %d: %v", i, err)
+			t.Fatalf("report %d, V%d: %v", i, v, err)
 		}
 		r := got.Header
 		r.Keys = got.Keys
 		if diff := cmp.Diff(&want, &r); diff != "" {
-			t.Fatalf("report %d (-want +got):\n%s", i, diff)
+			t.Fatalf("report %d, V%d (-want +got):\n%s", i, v, diff)
 		}
 	}
 }
@@ -366,13 +384,13 @@ func TestDecodeScrambled(t *testing.T) {
 func TestDecodeMatchesGeneratedOnDamage(t *testing.T) {
 	rng := rand.New(rand.NewPCG(seed(t), 6))
 	tight := Limits{MaxParts: 2, MaxKeys: 8, MaxNameBytes: 3, MaxKeyBytes: 12, MaxExits: 1}
-	for _, want := range randomReports(t, rng, 40) {
+	for i, want := range randomReports(t, rng, 80) {
 		want.Keys = want.Keys[:min(len(want.Keys), 6)]
-		msgs, err := encodeReportGenerated(&want, rng.Uint64(), 1<<20)
+		msgs, err := generated[i%2].encode(&want, rng.Uint64(), 1<<20)
 		if err != nil {
 			t.Fatal(err)
 		}
-		body, err := openEnvelope(msgs[0])
+		body, v, err := openEnvelopeVersion(msgs[0])
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -392,7 +410,7 @@ func TestDecodeMatchesGeneratedOnDamage(t *testing.T) {
 			case 3:
 				b = append(b[:i], append([]byte{byte(rng.IntN(256))}, b[i:]...)...)
 			}
-			msg := appendEnvelope(nil, b)
+			msg := appendEnvelopeVersion(nil, b, v)
 			sameDecode(t, msg, Limits{})
 			sameDecode(t, msg, tight)
 		}
@@ -454,13 +472,16 @@ func TestDecodeWireEdges(t *testing.T) {
 // FuzzDecodeDifferential compares DecodePart with the generated decoder on
 // arbitrary part bodies (in a valid envelope), with the default Limits and
 // with tight ones: the same accept or reject, the same reason, the same
-// Part. Seeds are in testdata/fuzz/FuzzDecodeDifferential.
+// Part. Each body is tried in an envelope of every version. Seeds are in
+// testdata/fuzz/FuzzDecodeDifferential.
 func FuzzDecodeDifferential(f *testing.F) {
 	f.Add([]byte{})
 	tight := Limits{MaxParts: 2, MaxKeys: 8, MaxNameBytes: 3, MaxKeyBytes: 12, MaxExits: 1}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		msg := appendEnvelope(nil, body)
-		sameDecode(t, msg, Limits{})
-		sameDecode(t, msg, tight)
+		for _, v := range []Version{V1, V2} {
+			msg := appendEnvelopeVersion(nil, body, v)
+			sameDecode(t, msg, Limits{})
+			sameDecode(t, msg, tight)
+		}
 	})
 }

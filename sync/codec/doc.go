@@ -17,6 +17,15 @@
 //
 // Anything corrupt, truncated, oversized, duplicated, replayed or
 // inconsistent is a *DropError whose Reason (ReasonOf) says why.
+//
+// Two wire versions are read: V1 writes each key as a Key message, V2 (the
+// Latest) as columns, about a quarter of the bytes. Every part says the
+// newest version its sender reads; during a rolling upgrade a sender writes
+// V1 until every peer it hears reads V2:
+//
+//	v := a.WriteVersion(now, peerRegions, 2*period)
+//	msgs, err := codec.EncodeReportVersion(&rep, id, maxPayload, v)
+//
 // EncodeSnapshot and DecodeSnapshot do the same for the exchange state a
 // region persists in its store.
 package codec

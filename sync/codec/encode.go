@@ -15,23 +15,35 @@ import (
 var ErrTooLarge = errors.New("codec: entry larger than a message")
 
 // EncodeReport encodes r as one or more messages of at most maxBytes bytes
-// each (the connection's max_payload), all carrying report id id. Keys are
-// split between parts in order; every part repeats the header. A report
-// without keys is one message.
+// each (the connection's max_payload), all carrying report id id, in the
+// Latest version. Keys are split between parts in order; every part repeats
+// the header. A report without keys is one message. A sender whose peers
+// may not all read Latest uses EncodeReportVersion.
+func EncodeReport(r *region.Report, id uint64, maxBytes int) ([][]byte, error) {
+	return EncodeReportVersion(r, id, maxBytes, Latest)
+}
+
+// EncodeReportVersion is EncodeReport in version v (V1 or V2).
 //
 // The messages are appended with protowire, byte for byte what proto.Marshal
 // of a syncv1.Part makes (the tests check it): building a syncv1.Key per key
 // first cost as much as the rest of the epoch's encoding.
-func EncodeReport(r *region.Report, id uint64, maxBytes int) ([][]byte, error) {
-	sizes := make([]int, len(r.Keys)) // of each Key message
+func EncodeReportVersion(r *region.Report, id uint64, maxBytes int, v Version) ([][]byte, error) {
+	if v != V1 && v != V2 {
+		return nil, fmt.Errorf("codec: no wire version %d", v)
+	}
+	var sizes []int // of each Key message (V1)
+	if v == V1 {
+		sizes = make([]int, len(r.Keys))
+	}
 	var buf [16]span
-	spans, err := split(r, id, maxBytes, sizes, buf[:0])
+	spans, err := split(r, id, maxBytes, v, sizes, buf[:0])
 	if err != nil {
 		return nil, err
 	}
 	out := make([][]byte, 0, len(spans))
 	for p := range spans {
-		msg, err := encodePart(r, id, spans, p, sizes)
+		msg, err := encodePart(r, id, v, spans, p, sizes)
 		if err != nil {
 			return nil, err
 		}
@@ -45,8 +57,16 @@ func EncodeReport(r *region.Report, id uint64, maxBytes int) ([][]byte, error) {
 // them: what a report costs on NATS. It splits r with EncodeReport's code,
 // and allocates nothing for a report of up to 16 parts.
 func Size(r *region.Report, id uint64, maxBytes int) (bytes, msgs int, err error) {
+	return SizeVersion(r, id, maxBytes, Latest)
+}
+
+// SizeVersion is Size for EncodeReportVersion(r, id, maxBytes, v).
+func SizeVersion(r *region.Report, id uint64, maxBytes int, v Version) (bytes, msgs int, err error) {
+	if v != V1 && v != V2 {
+		return 0, 0, fmt.Errorf("codec: no wire version %d", v)
+	}
 	var buf [16]span
-	spans, err := split(r, id, maxBytes, nil, buf[:0])
+	spans, err := split(r, id, maxBytes, v, nil, buf[:0])
 	if err != nil {
 		return 0, 0, err
 	}
@@ -57,17 +77,19 @@ func Size(r *region.Report, id uint64, maxBytes int) (bytes, msgs int, err error
 }
 
 // span is one part of a report as split cuts it: the keys from the end of
-// the span before it up to end, whose fields in the Part take keyBytes.
+// the span before it up to end, whose fields in the Part take keyBytes
+// (in V2, the columns cols).
 type span struct {
 	end      int
 	keyBytes int
+	cols     columns
 }
 
 // split divides r's keys in order between parts of at most maxBytes bytes
 // each, every part repeating the header: the one rule of EncodeReport and
 // Size. It appends the parts to spans, and stores each Key message's size
-// in sizes unless sizes is nil.
-func split(r *region.Report, id uint64, maxBytes int, sizes []int, spans []span) ([]span, error) {
+// in sizes (V1) unless sizes is nil.
+func split(r *region.Report, id uint64, maxBytes int, v Version, sizes []int, spans []span) ([]span, error) {
 	if err := checkUTF8(r); err != nil {
 		return nil, err
 	}
@@ -79,6 +101,9 @@ func split(r *region.Report, id uint64, maxBytes int, sizes []int, spans []span)
 	if uint64(len(r.Keys)) > uint64(^uint32(0)) {
 		return nil, fmt.Errorf("%w: %d keys", ErrTooLarge, len(r.Keys))
 	}
+	if v == V2 {
+		return splitColumns(r, budget, spans)
+	}
 	n := 0 // bytes of the current part's keys
 	for i := range r.Keys {
 		size := keySize(&r.Keys[i])
@@ -87,7 +112,7 @@ func split(r *region.Report, id uint64, maxBytes int, sizes []int, spans []span)
 		}
 		k := 1 + protowire.SizeBytes(size) // tag and length in Part
 		if k > budget {
-			return nil, fmt.Errorf("%w: key %q needs %d bytes, %d available", ErrTooLarge, r.Keys[i].Key, k, budget)
+			return nil, tooLarge(&r.Keys[i], k, budget)
 		}
 		if n+k > budget {
 			spans = append(spans, span{end: i, keyBytes: n})
@@ -98,24 +123,72 @@ func split(r *region.Report, id uint64, maxBytes int, sizes []int, spans []span)
 	return append(spans, span{end: len(r.Keys), keyBytes: n}), nil
 }
 
+func tooLarge(k *region.KeyReport, need, budget int) error {
+	return fmt.Errorf("%w: key %q needs %d bytes, %d available", ErrTooLarge, k.Key, need, budget)
+}
+
+// splitColumns is split for V2: a key written after another costs less
+// than the first of a part, so a key that does not fit is sized again as
+// the first of the next part.
+func splitColumns(r *region.Report, budget int, spans []span) ([]span, error) {
+	sh := shapeOf(r)
+	var part columns
+	var prev *region.KeyReport
+	for i := range r.Keys {
+		k := &r.Keys[i]
+		c, _ := keyColumns(k, prev, sh)
+		next := part
+		next.add(&c)
+		if next.size() > budget {
+			if prev == nil {
+				return nil, tooLarge(k, next.size(), budget)
+			}
+			spans = append(spans, span{end: i, keyBytes: part.size(), cols: part})
+			next, _ = keyColumns(k, nil, sh)
+			if next.size() > budget {
+				return nil, tooLarge(k, next.size(), budget)
+			}
+		}
+		part, prev = next, k
+	}
+	return append(spans, span{end: len(r.Keys), keyBytes: part.size(), cols: part}), nil
+}
+
 // bodySize is the size of the Part body of spans[p].
 func bodySize(r *region.Report, id uint64, spans []span, p int) int {
 	return headerSize(r, id, uint32(p), uint32(len(spans)), uint32(len(r.Keys))) + spans[p].keyBytes
 }
 
-// encodePart encodes the message of spans[p]; sizes are the keys' sizes.
-func encodePart(r *region.Report, id uint64, spans []span, p int, sizes []int) ([]byte, error) {
+// encodePart encodes the message of spans[p]; sizes are the keys' sizes
+// (V1).
+func encodePart(r *region.Report, id uint64, v Version, spans []span, p int, sizes []int) ([]byte, error) {
 	start := 0
 	if p > 0 {
 		start = spans[p-1].end
 	}
 	size := bodySize(r, id, spans, p)
-	msg, body := beginEnvelope(make([]byte, 0, envelopeSize(size)), size)
+	msg, body := beginEnvelopeVersion(make([]byte, 0, envelopeSize(size)), size, v)
 	msg = appendHeader(msg, r, id, uint32(p), uint32(len(spans)), uint32(len(r.Keys)))
-	for i := start; i < spans[p].end; i++ {
-		msg = appendKey(msg, &r.Keys[i], sizes[i])
+	if v == V1 {
+		for i := start; i < spans[p].end; i++ {
+			msg = appendKey(msg, &r.Keys[i], sizes[i])
+		}
 	}
 	msg = appendTrailer(msg, r)
+	if v == V2 {
+		var w colWriter
+		msg, w = beginColumns(msg, &spans[p].cols)
+		var prev *region.KeyReport
+		sh := shapeOf(r)
+		for i := start; i < spans[p].end; i++ {
+			c := encodeKey(&r.Keys[i], prev, sh)
+			w.key(&r.Keys[i], &c, sh)
+			prev = &r.Keys[i]
+		}
+		if !w.done() {
+			return nil, fmt.Errorf("codec: encoding part %d: columns not as sized", p) // a bug
+		}
+	}
 	if len(msg)-body != size {
 		return nil, fmt.Errorf("codec: encoding part %d: %d bytes, sized %d", p, len(msg)-body, size) // a bug
 	}
@@ -171,7 +244,7 @@ func headerSize(r *region.Report, id uint64, part, parts, keys uint32) int {
 	for _, s := range r.Resend {
 		n += 2 + protowire.SizeBytes(len(s)) // field 18: a two-byte tag
 	}
-	n += rulesSize(r)
+	n += rulesSize(r) + 2 + 1 // and reads, Latest
 	return n + varintSize(uint64(part)) + varintSize(uint64(parts)) + varintSize(uint64(keys))
 }
 
@@ -209,7 +282,9 @@ func appendTrailer(b []byte, r *region.Report) []byte {
 		b = protowire.AppendTag(b, fPartResend, protowire.BytesType)
 		b = protowire.AppendString(b, s)
 	}
-	return appendRules(b, r)
+	b = appendRules(b, r)
+	b = protowire.AppendTag(b, fPartReads, protowire.VarintType)
+	return protowire.AppendVarint(b, uint64(Latest))
 }
 
 // keySize is the size of k's Key message. Every field number is below 16,

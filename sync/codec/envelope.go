@@ -9,8 +9,26 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 )
 
-// wireVersion is the Envelope.version this package writes and reads.
+// wireVersion is the Envelope.version of a snapshot, and of a Part written
+// as V1.
 const wireVersion = 1
+
+// Version is the Envelope.version of a Part: how its keys are written.
+// Every version is read; a sender writes the newest its peers read
+// (Assembler.WriteVersion).
+type Version uint32
+
+const (
+	// V1 writes each key as a Key message (Part.keys).
+	V1 Version = 1
+	// V2 writes the keys as columns (Part fields 22 to 27, columns.go):
+	// names front-coded, counters relative to what the previous key or
+	// the key's own rows predict, zeros left out.
+	V2 Version = 2
+	// Latest is the newest version: what EncodeReport writes, and what
+	// every Part advertises that its sender reads (Part.Reads).
+	Latest = V2
+)
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
@@ -29,8 +47,13 @@ func envelopeSize(size int) int {
 // zero checksum for endEnvelope to fill in, and returns where the body
 // starts in msg, which must be empty.
 func beginEnvelope(msg []byte, size int) ([]byte, int) {
+	return beginEnvelopeVersion(msg, size, wireVersion)
+}
+
+// beginEnvelopeVersion is beginEnvelope with the version v (one byte).
+func beginEnvelopeVersion(msg []byte, size int, v Version) ([]byte, int) {
 	msg = protowire.AppendTag(msg, 1, protowire.VarintType)
-	msg = protowire.AppendVarint(msg, wireVersion)
+	msg = protowire.AppendVarint(msg, uint64(v))
 	msg = protowire.AppendTag(msg, 2, protowire.Fixed32Type)
 	msg = protowire.AppendFixed32(msg, 0)
 	msg = protowire.AppendTag(msg, 3, protowire.BytesType)
@@ -50,8 +73,13 @@ func endEnvelope(msg []byte, body int) []byte {
 
 // appendEnvelope appends an Envelope holding body to dst.
 func appendEnvelope(dst, body []byte) []byte {
+	return appendEnvelopeVersion(dst, body, wireVersion)
+}
+
+// appendEnvelopeVersion is appendEnvelope with version v.
+func appendEnvelopeVersion(dst, body []byte, v Version) []byte {
 	dst = protowire.AppendTag(dst, 1, protowire.VarintType)
-	dst = protowire.AppendVarint(dst, wireVersion)
+	dst = protowire.AppendVarint(dst, uint64(v))
 	dst = protowire.AppendTag(dst, 2, protowire.Fixed32Type)
 	dst = protowire.AppendFixed32(dst, crc32.Checksum(body, castagnoli))
 	dst = protowire.AppendTag(dst, 3, protowire.BytesType)
@@ -62,6 +90,16 @@ func appendEnvelope(dst, body []byte) []byte {
 // It is parsed by hand so that a truncated message is told from a corrupt
 // one, and so that the checksum is verified before anything else is read.
 func openEnvelope(msg []byte) ([]byte, error) {
+	body, v, err := openEnvelopeVersion(msg)
+	if err == nil && v != wireVersion {
+		return nil, drop(ReasonVersion, "envelope version %d, want %d", v, wireVersion)
+	}
+	return body, err
+}
+
+// openEnvelopeVersion is openEnvelope for a Part: it accepts every Version
+// and returns the one found.
+func openEnvelopeVersion(msg []byte) ([]byte, Version, error) {
 	var (
 		version       uint64
 		sum           uint32
@@ -71,7 +109,7 @@ func openEnvelope(msg []byte) ([]byte, error) {
 	for b := msg; len(b) > 0; {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
-			return nil, parseDrop(n)
+			return nil, 0, parseDrop(n)
 		}
 		b = b[n:]
 		switch {
@@ -87,19 +125,19 @@ func openEnvelope(msg []byte) ([]byte, error) {
 			n = protowire.ConsumeFieldValue(num, typ, b)
 		}
 		if n < 0 {
-			return nil, parseDrop(n)
+			return nil, 0, parseDrop(n)
 		}
 		b = b[n:]
 	}
 	switch {
-	case version != wireVersion:
-		return nil, drop(ReasonVersion, "envelope version %d, want %d", version, wireVersion)
+	case version != uint64(V1) && version != uint64(V2):
+		return nil, 0, drop(ReasonVersion, "envelope version %d, want %d or %d", version, V1, V2)
 	case !hasSum || !hasBd:
-		return nil, drop(ReasonCorrupt, "envelope without checksum or body")
+		return nil, 0, drop(ReasonCorrupt, "envelope without checksum or body")
 	case crc32.Checksum(body, castagnoli) != sum:
-		return nil, drop(ReasonCorrupt, "checksum mismatch")
+		return nil, 0, drop(ReasonCorrupt, "checksum mismatch")
 	}
-	return body, nil
+	return body, Version(version), nil
 }
 
 func parseDrop(n int) error {

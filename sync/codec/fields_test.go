@@ -60,13 +60,15 @@ func TestEveryReportFieldRoundTrips(t *testing.T) {
 	for i := 0; i < 20; i++ {
 		var want region.Report
 		fill(t, rng, reflect.ValueOf(&want).Elem(), "Report")
-		msgs, err := EncodeReport(&want, 7, 1<<20)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got := decodeAll(t, NewAssembler(AssemblerConfig{}), time.Now(), msgs)
-		if diff := cmp.Diff(&want, got); diff != "" {
-			t.Fatalf("(-want +got):\n%s", diff)
+		for _, v := range []Version{V1, V2} {
+			msgs, err := EncodeReportVersion(&want, 7, 1<<20, v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := decodeAll(t, NewAssembler(AssemblerConfig{}), time.Now(), msgs)
+			if diff := cmp.Diff(&want, got); diff != "" {
+				t.Fatalf("V%d (-want +got):\n%s", v, diff)
+			}
 		}
 	}
 }

@@ -164,6 +164,9 @@ type partShape struct {
 	rules           int
 	longestRule     int
 	keys            int
+	reads           uint64
+	cols            [nColumns]int // values of each varint column (V2)
+	names           []byte        // the names column (V2)
 	ints, uints     int
 	exits           int
 	badKey          error
@@ -219,6 +222,14 @@ func (s *partShape) scan(b []byte) bool {
 				s.rules++
 				s.longestRule = max(s.longestRule, len(name))
 			}
+		case num == fColNames && typ == protowire.BytesType:
+			s.names, n = protowire.ConsumeBytes(b)
+		case num >= fColNameLens && num <= fColLengths && num != fColNames:
+			var c int
+			c, n = countVarints(typ, num, b)
+			s.cols[num-fColNameLens] += c
+		case num == fPartReads && typ == protowire.VarintType:
+			s.reads, n = protowire.ConsumeVarint(b)
 		case typ == protowire.VarintType && (num >= fPartEpoch && num <= fPartKeysTotal && num != fPartRegions && num != fPartReportID || num >= fPartRefresh && num <= fPartResent):
 			if v, n = protowire.ConsumeVarint(b); n >= 0 {
 				s.varint(num, v)

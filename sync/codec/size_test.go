@@ -18,16 +18,24 @@ func encodedSize(r *region.Report, id uint64, maxBytes int) (bytes, msgs int, er
 	return bytes, len(out), err
 }
 
-// sameSize checks Size against EncodeReport on one report.
+// sameSize checks Size against EncodeReport on one report, in every
+// version.
 func sameSize(t *testing.T, what string, r *region.Report, id uint64, maxBytes int) {
 	t.Helper()
-	wantBytes, wantMsgs, wantErr := encodedSize(r, id, maxBytes)
-	gotBytes, gotMsgs, gotErr := Size(r, id, maxBytes)
-	switch {
-	case (gotErr == nil) != (wantErr == nil) || errors.Is(gotErr, ErrTooLarge) != errors.Is(wantErr, ErrTooLarge):
-		t.Fatalf("%s: Size: got error %v, want %v", what, gotErr, wantErr)
-	case gotBytes != wantBytes || gotMsgs != wantMsgs:
-		t.Fatalf("%s: Size: got %d bytes in %d messages, want %d in %d", what, gotBytes, gotMsgs, wantBytes, wantMsgs)
+	for _, v := range []Version{V1, V2} {
+		var wantBytes, wantMsgs int
+		out, wantErr := EncodeReportVersion(r, id, maxBytes, v)
+		for _, m := range out {
+			wantBytes += len(m)
+		}
+		wantMsgs = len(out)
+		gotBytes, gotMsgs, gotErr := SizeVersion(r, id, maxBytes, v)
+		switch {
+		case (gotErr == nil) != (wantErr == nil) || errors.Is(gotErr, ErrTooLarge) != errors.Is(wantErr, ErrTooLarge):
+			t.Fatalf("%s, V%d: Size: got error %v, want %v", what, v, gotErr, wantErr)
+		case gotBytes != wantBytes || gotMsgs != wantMsgs:
+			t.Fatalf("%s, V%d: Size: got %d bytes in %d messages, want %d in %d", what, v, gotBytes, gotMsgs, wantBytes, wantMsgs)
+		}
 	}
 }
 
@@ -96,13 +104,15 @@ func TestSizeErrors(t *testing.T) {
 func TestSizeAllocs(t *testing.T) {
 	rng := rand.New(rand.NewPCG(seed(t), 3))
 	r := randomReport(rng, []string{"ap", "eu", "us"}, 20_000, true)
-	allocs := testing.AllocsPerRun(10, func() {
-		if _, _, err := Size(&r, 1, 1<<20); err != nil {
-			t.Fatal(err)
+	for _, v := range []Version{V1, V2} {
+		allocs := testing.AllocsPerRun(10, func() {
+			if _, _, err := SizeVersion(&r, 1, 1<<20, v); err != nil {
+				t.Fatal(err)
+			}
+		})
+		if allocs != 0 {
+			t.Fatalf("V%d: Size allocated %v times, want 0", v, allocs)
 		}
-	})
-	if allocs != 0 {
-		t.Fatalf("Size allocated %v times, want 0", allocs)
 	}
 }
 
@@ -116,10 +126,13 @@ func BenchmarkSize(b *testing.B) {
 		br.epoch(b)
 	}
 	rep := br.states[1].Report()
+	sizeV1 := func(r *region.Report, id uint64, maxBytes int) (int, int, error) {
+		return SizeVersion(r, id, maxBytes, V1)
+	}
 	for _, c := range []struct {
 		name string
 		size func(*region.Report, uint64, int) (int, int, error)
-	}{{"ration", Size}, {"baseline=EncodeReport", encodedSize}} {
+	}{{"ration", Size}, {"baseline=EncodeReport", encodedSize}, {"baseline=V1", sizeV1}} {
 		b.Run(c.name, func(b *testing.B) {
 			var n int
 			for i := 0; i < b.N; i++ {

@@ -31,6 +31,15 @@ const (
 	fPartResend    = 18
 	fPartPolicy    = 19
 	fPartRules     = 20
+	fPartReads     = 21
+
+	// The key columns of a version 2 Part (columns.go).
+	fColNameLens = 22
+	fColNames    = 23
+	fColFlags    = 24
+	fColScalars  = 25
+	fColValues   = 26
+	fColLengths  = 27
 
 	fKeyKey        = 1
 	fKeyGeneration = 2
