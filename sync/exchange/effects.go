@@ -163,7 +163,15 @@ func (fx effects) Publish(_ context.Context, rep *region.Report) {
 	if limit <= 0 {
 		limit = 1 << 20 // not connected yet: the server default
 	}
-	msgs, err := codec.EncodeReport(rep, rand.Uint64(), limit)
+	// The newest version every peer reads: during a rolling upgrade the old
+	// regions would drop every report of a newer one.
+	v := x.asm.WriteVersion(x.cfg.Clock(), x.peers, x.node.Config().StaleAfter)
+	if v != x.wire {
+		x.cfg.Logger.Info("exchange: writing wire version", "version", v, "was", x.wire)
+		x.wire = v
+	}
+	x.met.wireVersion.Set(float64(v))
+	msgs, err := codec.EncodeReportVersion(rep, rand.Uint64(), limit, v)
 	if err != nil {
 		x.met.publishErrors.Inc()
 		x.cfg.Logger.Error("exchange: encoding the report", "err", err)

@@ -36,6 +36,8 @@ type Exchanger struct {
 	// Owned by the loop goroutine.
 	node      *region.Node
 	asm       *codec.Assembler
+	peers     []string      // the other regions, whose readers decide the wire version
+	wire      codec.Version // the wire version last written
 	pol       *policy.Set
 	holdUntil time.Time     // our hold is safe to write under until then
 	busy      time.Duration // time spent in the phases of the current epoch
@@ -96,6 +98,12 @@ func New(cfg Config) (*Exchanger, error) {
 		seed:       maphash.MakeSeed(),
 		inbox:      make(chan []byte, cfg.QueueSize),
 		done:       make(chan struct{}),
+		wire:       codec.V1,
+	}
+	for _, r := range cfg.Regions {
+		if r != cfg.Region {
+			x.peers = append(x.peers, r)
+		}
 	}
 	rcfg := region.Config{
 		Self:    cfg.Region,

@@ -247,6 +247,8 @@ func TestShareFollowsDemand(t *testing.T) {
 		`ration_exchange_epochs_total{role="holder"}`,
 		`ration_exchange_transfers_ppm_total{direction="given"}`,
 		`ration_exchange_dropped_total{reason="corrupt"} 0`,
+		// Every peer heard reads the columns: eu writes them.
+		`ration_exchange_wire_version 2`,
 	}
 	// The share gauges are set at eu's epochs from the reports it heard:
 	// the shares can reach their targets an epoch before eu's next one.

@@ -21,6 +21,7 @@ type metrics struct {
 	received       prometheus.Counter
 	published      prometheus.Counter
 	publishedBytes prometheus.Counter
+	wireVersion    prometheus.Gauge
 	publishErrors  prometheus.Counter
 	storeErrors    *prometheus.CounterVec
 	shareWrites    *prometheus.CounterVec // keys written to the store, by op
@@ -76,6 +77,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "ration_exchange_published_bytes_total",
 			Help: "Bytes of report parts published.",
 		}),
+		wireVersion: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ration_exchange_wire_version",
+			Help: "The wire version of the reports last published: the newest every peer region's replicas read.",
+		}),
 		publishErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ration_exchange_publish_errors_total",
 			Help: "Reports that could not be encoded or published.",
@@ -120,7 +125,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.share, m.moved, m.reportAge, m.dropped, m.epochs, m.leader,
-		m.epochSeconds, m.received, m.published, m.publishedBytes, m.publishErrors, m.storeErrors, m.shareWrites, m.stateBytes, m.stateWritten, m.resyncs, m.tokensReleased, m.keys, m.disagree, m.disagreements} {
+		m.epochSeconds, m.received, m.published, m.publishedBytes, m.wireVersion, m.publishErrors, m.storeErrors, m.shareWrites, m.stateBytes, m.stateWritten, m.resyncs, m.tokensReleased, m.keys, m.disagree, m.disagreements} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
