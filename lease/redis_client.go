@@ -10,18 +10,23 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Client defaults for NewRedisClient. Each store call also carries its own
-// deadline (RedisConfig.Timeout); these bound the socket operations of
-// callers that pass a context without one.
+// Client defaults for NewRedisClient. Every call ration makes carries its
+// own deadline (RedisConfig.Timeout on the lease path; the exchange's saves
+// of its state up to its hold's end, seconds for a whole save at a million
+// keys), and go-redis ends a read at the earlier of the context's deadline
+// and the socket timeout: so the I/O timeout only bounds a caller without a
+// deadline, and must not cut the exchange's long calls short (at 500ms a
+// whole save of 100,000 keys on a loaded machine failed at every epoch).
 const (
 	defaultDialTimeout = 250 * time.Millisecond
-	defaultIOTimeout   = 500 * time.Millisecond
+	defaultIOTimeout   = 10 * time.Second
 )
 
 // NewRedisClient returns a go-redis client for addr, set up for the lease
 // path: context deadlines are honoured (ContextTimeoutEnabled), and dial,
-// read and write timeouts default to 250ms, 500ms and 500ms unless the URL
-// sets them (dial_timeout=, read_timeout=, write_timeout=).
+// read and write timeouts default to 250ms, 10s and 10s unless the URL sets
+// them (dial_timeout=, read_timeout=, write_timeout=); each call's own
+// deadline is what bounds it.
 //
 // addr is one of:
 //   - a redis:// or rediss:// (TLS) URL, or unix:///path/to/socket: one node;
