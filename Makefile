@@ -23,7 +23,8 @@ test:
 	$(GO) test -count=1 -timeout 10m -run '$(PERFTESTS)' ./lease/agent
 	# The client-IP extraction is what a spoofed header attacks, the policy
 	# parser and the policy store's decoder read what operators and the
-	# bucket give: fuzz them.
+	# bucket give, the exchange's decoders what peers and the store give:
+	# fuzz them.
 	# Budgets in executions, about 10 s each here: a -fuzztime duration
 	# races Go 1.26's fuzz coordinator at its deadline and fails with a bare
 	# "context deadline exceeded" and no crasher (golang/go#75804, fixed in
@@ -31,6 +32,8 @@ test:
 	$(GO) test -run '^$$' -fuzz FuzzExtractor -fuzztime 60000x ./lease/agent/httplimit
 	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 100000x ./policy
 	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime 60000x ./policy/kvstore
+	$(GO) test -run '^$$' -fuzz 'FuzzDecodeDifferential$$' -fuzztime 60000x ./sync/codec
+	$(GO) test -run '^$$' -fuzz 'FuzzSnapshotRecord$$' -fuzztime 60000x ./sync/codec
 
 # Quick loop while developing: no race detector, short mode.
 test-short:
