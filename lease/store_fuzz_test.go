@@ -13,14 +13,29 @@ import (
 // unescapeKey inverts keyEscaper, to show that escaping is injective.
 var unescapeKey = strings.NewReplacer("%7D", "}", "%7B", "{", "%25", "%")
 
-// FuzzRedisKeyEscape: whatever a key contains, its Redis names carry one
-// hash tag that is exactly the escaped key, and escaping is injective, so
-// two keys never share state and a key's two names share a Cluster slot.
+// FuzzRedisKeyEscape: whatever a key contains, its own Redis names carry
+// one hash tag that is exactly the escaped key, escaping is injective, so
+// two keys never share state, and its group's tag lies in the same Cluster
+// slot, so a script can touch all of a key's names on a Cluster (in either
+// layout, whichever groups a Cluster allows); its field in the group is at
+// most 41 bytes and the key itself up to 40.
 func FuzzRedisKeyEscape(f *testing.F) {
-	for _, k := range []string{"acme", "{", "}", "{a}", "}{", "%7B", "%%7D{", "tenant=acme|route=/v1/{id}"} {
+	for _, k := range []string{"acme", "{", "}", "{a}", "}{", "%7B", "%%7D{", "tenant=acme|route=/v1/{id}", strings.Repeat("long", 11)} {
 		f.Add(k)
 	}
-	s := &RedisStore{cfg: RedisConfig{Prefix: "ration:"}}
+	var stores []*RedisStore
+	for _, c := range []RedisConfig{{}, {Layout: LayoutGroups, Groups: clusterSlots}, {Layout: LayoutGroups, Groups: 1 << 20}} {
+		c = c.withDefaults()
+		stores = append(stores, &RedisStore{cfg: c})
+	}
+	tag := func(name string) string {
+		open := strings.IndexByte(name, '{')
+		close := strings.IndexByte(name[open+1:], '}')
+		if open < 0 || close < 1 {
+			f.Fatalf("name %q has no hash tag", name)
+		}
+		return name[open+1 : open+1+close]
+	}
 	f.Fuzz(func(t *testing.T, key string) {
 		esc := keyEscaper.Replace(key)
 		if strings.ContainsAny(esc, "{}") {
@@ -29,11 +44,23 @@ func FuzzRedisKeyEscape(f *testing.F) {
 		if got := unescapeKey.Replace(esc); got != key {
 			t.Fatalf("escaped %q to %q, which unescapes to %q", key, esc, got)
 		}
-		for _, name := range s.keyNames(key) {
-			open, close := strings.IndexByte(name, '{'), strings.IndexByte(name, '}')
-			if open < 0 || close < open || name[open+1:close] != esc {
-				t.Fatalf("name %q: hash tag is not the escaped key %q", name, esc)
+		for _, s := range stores {
+			names := s.keyNames(key)
+			own, group := names[0], names[1]
+			if s.cfg.Layout == LayoutGroups {
+				own, group = group, own
 			}
+			for _, name := range []string{own, names[2], names[3]} {
+				if tag(name) != esc {
+					t.Fatalf("name %q: hash tag is not the escaped key %q", name, esc)
+				}
+			}
+			if !strings.HasPrefix(group, s.cfg.Prefix+"g{") || crc16(tag(group))%clusterSlots != crc16(esc)%clusterSlots {
+				t.Fatalf("group %q of %q is not in the key's slot %d", group, key, crc16(esc)%clusterSlots)
+			}
+		}
+		if f := groupField(key); len(f) > maxFieldKey+1 || (len(key) <= maxFieldKey) != (f == key) {
+			t.Fatalf("field of %q: %q", key, f)
 		}
 	})
 }
