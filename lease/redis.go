@@ -32,7 +32,8 @@ type RedisConfig struct {
 	// about half the memory). Either layout reads a key the other left and
 	// moves it, so replicas of one region may run different layouts while
 	// it switches, provided they run this version or later and agree on
-	// Groups (docs/DESIGN.md, "Redis layout and memory").
+	// Groups (docs/DESIGN.md, "Redis layouts (as built)"). LayoutGroups
+	// needs a single server (or Sentinel) or a Cluster, not a Ring.
 	Layout RedisLayout
 	// Groups is how many hashes LayoutGroups spreads keys over: a power
 	// of two, at least 16,384 (a Cluster's slot count) on a Redis Cluster.
@@ -132,6 +133,11 @@ func NewRedisStore(client redis.UniversalClient, cfg RedisConfig) (*RedisStore, 
 		// A script's keys must share a slot: a key's name and its group's
 		// do only when every slot has groups of its own.
 		return nil, fmt.Errorf("%w: redis groups %d on a Redis Cluster: want at least %d", ErrInvalid, cfg.Groups, clusterSlots)
+	}
+	if _, ok := client.(*redis.Ring); ok && cfg.Layout == LayoutGroups {
+		// A ring places a key's own name and its group by their hash
+		// tags, which differ, on servers that need not be one.
+		return nil, fmt.Errorf("%w: redis layout %v on a Ring: want a single server or a Cluster", ErrInvalid, cfg.Layout)
 	}
 	if !contextTimeoutEnabled(client) {
 		return nil, fmt.Errorf("%w: redis client must set ContextTimeoutEnabled, or a hung server blocks calls past RedisConfig.Timeout (NewRedisClient sets it)", ErrInvalid)

@@ -2,7 +2,6 @@ package lease
 
 import (
 	"crypto/sha256"
-	"encoding/binary"
 	"fmt"
 	"hash/fnv"
 	"math/bits"
@@ -11,7 +10,7 @@ import (
 )
 
 // RedisLayout is where a RedisStore keeps a key's state (docs/DESIGN.md,
-// "Redis layout and memory").
+// "Redis layouts (as built)").
 type RedisLayout int
 
 const (
@@ -186,13 +185,3 @@ var crc16Table = func() (t [256]uint16) {
 	}
 	return t
 }()
-
-// groupExpiry is a field value's expiry, read without decoding the state.
-func groupExpiry(v string) (int64, bool) {
-	if len(v) < 6 {
-		return 0, false
-	}
-	var b [8]byte
-	copy(b[:], v[:6])
-	return int64(binary.LittleEndian.Uint64(b[:])), true
-}

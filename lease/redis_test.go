@@ -47,6 +47,8 @@ func TestNewRedisStoreConfig(t *testing.T) {
 	if _, err := NewRedisStore(cluster, RedisConfig{Layout: LayoutGroups, Groups: 1 << 14}); err != nil {
 		t.Errorf("16,384 groups on a cluster: %v", err)
 	}
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": "127.0.0.1:1"}, ContextTimeoutEnabled: true})
+	defer ring.Close()
 	for name, tc := range map[string]struct {
 		client redis.UniversalClient
 		cfg    RedisConfig
@@ -64,6 +66,7 @@ func TestNewRedisStoreConfig(t *testing.T) {
 		// Even with the keys layout: it reads a key's group while a
 		// region switches layouts.
 		"few groups on a cluster": {cluster, RedisConfig{Groups: 1 << 13}},
+		"groups on a ring":        {ring, RedisConfig{Layout: LayoutGroups}},
 	} {
 		if _, err := NewRedisStore(tc.client, tc.cfg); !errors.Is(err, ErrInvalid) {
 			t.Errorf("%s: got %v, want ErrInvalid", name, err)
