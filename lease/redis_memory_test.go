@@ -29,7 +29,9 @@ import (
 // the test logs how far it is and bounds it where it is). The same keys in
 // the layout before issue 12 (a hash and a share key each, written by hand
 // as the old script wrote them) are measured beside them as the baseline,
-// and two layouts that would meet issue 12's figure as what-ifs.
+// then LayoutGroups (about 100 keys a hash, bounded; the default group
+// count, far too many for N; too few, past the listpack limit), and two
+// layouts that would meet issue 12's figure as what-ifs.
 //
 // Redis's own cost of a key with an expiry is most of the figure: on Redis
 // 7.0 (jemalloc) a dictEntry in the keyspace and one in the expires dict
