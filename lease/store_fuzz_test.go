@@ -28,15 +28,18 @@ func FuzzRedisKeyEscape(f *testing.F) {
 		c = c.withDefaults()
 		stores = append(stores, &RedisStore{cfg: c})
 	}
-	tag := func(name string) string {
+	tag := func(t *testing.T, name string) string {
 		open := strings.IndexByte(name, '{')
 		close := strings.IndexByte(name[open+1:], '}')
 		if open < 0 || close < 1 {
-			f.Fatalf("name %q has no hash tag", name)
+			t.Fatalf("name %q has no hash tag", name)
 		}
 		return name[open+1 : open+1+close]
 	}
 	f.Fuzz(func(t *testing.T, key string) {
+		if key == "" {
+			return // not a key (validateKey)
+		}
 		esc := keyEscaper.Replace(key)
 		if strings.ContainsAny(esc, "{}") {
 			t.Fatalf("escaped %q to %q, which contains a brace", key, esc)
@@ -51,11 +54,11 @@ func FuzzRedisKeyEscape(f *testing.F) {
 				own, group = group, own
 			}
 			for _, name := range []string{own, names[2], names[3]} {
-				if tag(name) != esc {
+				if tag(t, name) != esc {
 					t.Fatalf("name %q: hash tag is not the escaped key %q", name, esc)
 				}
 			}
-			if !strings.HasPrefix(group, s.cfg.Prefix+"g{") || crc16(tag(group))%clusterSlots != crc16(esc)%clusterSlots {
+			if !strings.HasPrefix(group, s.cfg.Prefix+"g{") || crc16(tag(t, group))%clusterSlots != crc16(esc)%clusterSlots {
 				t.Fatalf("group %q of %q is not in the key's slot %d", group, key, crc16(esc)%clusterSlots)
 			}
 		}
@@ -170,6 +173,36 @@ func FuzzRedisState(f *testing.F) {
 		}
 		if got := st.encode(); got != v {
 			t.Fatalf("decoded %q to %+v, which encodes to %q", v, st, got)
+		}
+	})
+}
+
+// FuzzRedisGroupValue: any value of a group's field decodes to an expiry
+// and a state or to an error, never a panic, and a long form that decodes
+// encodes to a value that decodes to the same encoding (flags the script
+// never writes, such as an escrow of generation 0, are dropped once).
+func FuzzRedisGroupValue(f *testing.F) {
+	f.Add(groupValue(1<<40, redisState{tokens: 3.5, last: 1 << 50}.encode()))
+	f.Add(groupValue(0, redisState{tokens: 1, last: 1, hasShare: true, share: 5, gen: 2, credited: 3}.encode()))
+	f.Add(groupValue(1<<40, "0123456789ab"))
+	f.Add("\x00\x00\x00\x00\x00\x00")
+	f.Fuzz(func(t *testing.T, v string) {
+		exp, st, err := decodeGroupValue(v)
+		if err != nil {
+			return
+		}
+		if exp < 0 || exp >= 1<<48 || st.share < 0 || st.share > region.PPM {
+			t.Fatalf("decoded %q to expiry %d, %+v", v, exp, st)
+		}
+		if len(v) == 6+shortStateLen {
+			if exp == 0 {
+				t.Fatalf("decoded %q, a short state that never expires", v)
+			}
+			return
+		}
+		canon := st.encode()
+		if _, back, err := decodeGroupValue(groupValue(exp, canon)); err != nil || back.encode() != canon {
+			t.Fatalf("decoded %q to %+v, which encodes to %q, decoding to %+v, %v", v, st, canon, back, err)
 		}
 	})
 }
