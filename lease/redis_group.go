@@ -3,7 +3,6 @@ package lease
 import (
 	"crypto/sha256"
 	"fmt"
-	"hash/fnv"
 	"math/bits"
 	"strconv"
 	"sync"
@@ -77,10 +76,15 @@ func groupKey(prefix, esc string, groups int) string {
 	if groups <= clusterSlots {
 		return prefix + "g{" + slotTag(slot&(groups-1)) + "}"
 	}
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(esc))
-	sub := int(h.Sum32()) & (groups/clusterSlots - 1)
-	return prefix + "g{" + slotTag(slot) + "}" + strconv.Itoa(sub)
+	// FNV-1a (hash/fnv's New32a), inline: it runs for every item of
+	// every call, and the hash.Hash32 would allocate.
+	h := uint32(2166136261)
+	for i := 0; i < len(esc); i++ {
+		h = (h ^ uint32(esc[i])) * 16777619
+	}
+	sub := int(h) & (groups/clusterSlots - 1)
+	var num [8]byte
+	return prefix + "g{" + slotTag(slot) + "}" + string(strconv.AppendInt(num[:0], int64(sub), 10))
 }
 
 // Field names. A key of up to maxFieldKey bytes is its own field; a longer
