@@ -195,7 +195,7 @@ func TestRedisGroupExpiry(t *testing.T) {
 		return d
 	}
 	h := &harness{store: s}
-	wantGranted(t, grant1(t, h, "a", 1, slow(10, 1)), 1) // full again in 1000 s; expires in 2000 s
+	wantGranted(t, grant1(t, h, "a", 1, slow(10, 1)), 1)                            // full again in 1000 s; expires in 2000 s
 	if d := pttl(); d < 1990*time.Second || d > 2000*time.Second+time.Millisecond { // rounded up to whole ms
 		t.Errorf("after a grant: group PTTL %v, want the field's 2000 s", d)
 	}
