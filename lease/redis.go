@@ -142,6 +142,7 @@ func NewRedisStore(client redis.UniversalClient, cfg RedisConfig) (*RedisStore, 
 	if !contextTimeoutEnabled(client) {
 		return nil, fmt.Errorf("%w: redis client must set ContextTimeoutEnabled, or a hung server blocks calls past RedisConfig.Timeout (NewRedisClient sets it)", ErrInvalid)
 	}
+	slotTags() // built here, not inside the first call's deadline (about 3 ms)
 	return &RedisStore{client: client, cfg: cfg}, nil
 }
 
