@@ -26,7 +26,10 @@ func TestRedisStorePeek(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = client.Close() })
-	runPeekConformance(t, redisHarness(client))
+	runPeekConformance(t, redisHarness(client, RedisConfig{}))
+	t.Run("Groups", func(t *testing.T) {
+		runPeekConformance(t, redisHarness(client, RedisConfig{Layout: LayoutGroups, Groups: 4}))
+	})
 }
 
 func runPeekConformance(t *testing.T, newStore func(t *testing.T) *harness) {

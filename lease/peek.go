@@ -61,12 +61,8 @@ func (s *RedisStore) Peek(ctx context.Context, key string, l Limit) (BucketState
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
-	k := s.stateKey(key)
 	pipe := s.client.Pipeline()
-	state := pipe.Get(ctx, k)
-	expire := pipe.PExpireTime(ctx, k)
-	old := pipe.HMGet(ctx, s.oldBucketKey(key), "tokens", "last", "w")
-	oldShare := pipe.Get(ctx, s.oldShareKey(key))
+	reads := s.readState(ctx, pipe, key, true)
 	now := pipe.Time(ctx)
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return BucketState{}, false, s.fail("peek", err)
@@ -75,7 +71,7 @@ func (s *RedisStore) Peek(ctx context.Context, key string, l Limit) (BucketState
 	if err != nil {
 		return BucketState{}, false, s.fail("peek", err)
 	}
-	e, err := redisEntry(state, expire, old, oldShare)
+	e, err := reads.entry(t.UnixMilli())
 	if err != nil {
 		return BucketState{}, false, fmt.Errorf("lease: redis state of %q: %w", key, err)
 	}
@@ -83,36 +79,102 @@ func (s *RedisStore) Peek(ctx context.Context, key string, l Limit) (BucketState
 	return st, ok, nil
 }
 
-// redisEntry reads a key's Redis state into an entry as the script reads
-// it (bucket.lua, the head): the state key; else the bucket hash of before
-// issue 12; and, while the state key holds no share, the share key of
+// stateReads are the reads of a key's state in every place the script
+// looks (bucket.lua, the head), sent in a pipeline by readState.
+type stateReads struct {
+	layout    RedisLayout
+	own       *redis.StringCmd   // the key's own Redis key
+	ownExpiry *redis.DurationCmd // its PEXPIRETIME; nil: not read
+	group     *redis.StringCmd   // its field in its group
+	oldBucket *redis.SliceCmd    // the bucket before issue 12; nil: not read
+	oldShare  *redis.StringCmd   // the share before issue 12
+}
+
+// readState queues the reads of key's state on pipe; withBucket reads what
+// only the bucket needs (the own key's expiry, the old bucket) too.
+func (s *RedisStore) readState(ctx context.Context, pipe redis.Pipeliner, key string, withBucket bool) stateReads {
+	names := s.keyNames(key)
+	own, group := names[0], names[1]
+	if s.cfg.Layout == LayoutGroups {
+		own, group = group, own
+	}
+	r := stateReads{layout: s.cfg.Layout, own: pipe.Get(ctx, own), group: pipe.HGet(ctx, group, groupField(key))}
+	if withBucket {
+		r.ownExpiry = pipe.PExpireTime(ctx, own)
+		r.oldBucket = pipe.HMGet(ctx, names[2], "tokens", "last", "w")
+	}
+	r.oldShare = pipe.Get(ctx, names[3])
+	return r
+}
+
+// entry reads the state into an entry as the script reads it at nowMS:
+// this layout's place, then the other's (a group's field only until it
+// expires), then the bucket of before issue 12; and, while the state holds
+// no share (and, in LayoutGroups, was not in its group), the share of
 // before.
-func redisEntry(state *redis.StringCmd, expire *redis.DurationCmd, old *redis.SliceCmd, oldShare *redis.StringCmd) (memEntry, error) {
+func (r stateReads) entry(nowMS int64) (memEntry, error) {
 	var e memEntry
-	v, err := state.Result()
-	switch {
-	case err == nil:
-		exp, err := expire.Result()
-		if err != nil {
-			return e, err
+	fromOwn := func() (bool, error) {
+		v, err := r.own.Result()
+		if errors.Is(err, redis.Nil) {
+			return false, nil
+		} else if err != nil {
+			return false, err
 		}
-		expMS := exp.Milliseconds()
+		var expMS int64
+		if r.ownExpiry != nil {
+			exp, err := r.ownExpiry.Result()
+			if err != nil {
+				return false, err
+			}
+			expMS = exp.Milliseconds()
+		}
 		if len(v) == shortStateLen && expMS <= 0 {
-			return e, fmt.Errorf("a short state without an expiry")
+			if r.ownExpiry == nil {
+				return true, nil // no share in it; the bucket was not asked for
+			}
+			return false, fmt.Errorf("a short state without an expiry")
 		}
 		st, err := decodeRedisState(v, expMS)
 		if err != nil {
+			return false, err
+		}
+		e.setState(st)
+		return true, nil
+	}
+	fromGroup := func() (bool, error) {
+		v, err := r.group.Result()
+		if errors.Is(err, redis.Nil) {
+			return false, nil
+		} else if err != nil {
+			return false, err
+		}
+		expMS, st, err := decodeGroupValue(v)
+		if err != nil {
+			return false, err
+		}
+		if expired(expMS, nowMS*1000) {
+			return false, nil
+		}
+		e.setState(st)
+		return true, nil
+	}
+	first, second := fromOwn, fromGroup
+	if r.layout == LayoutGroups {
+		first, second = fromGroup, fromOwn
+	}
+	found, err := first()
+	if err != nil {
+		return e, err
+	}
+	inGroup := found && r.layout == LayoutGroups
+	if !found {
+		if found, err = second(); err != nil {
 			return e, err
 		}
-		e.bucket = bucket{tokens: st.tokens, last: st.last, win: st.win}
-		e.hasBucket = true
-		if st.hasShare {
-			// Only a share keeps the key past its bucket's expiry.
-			e.hasShare, e.share, e.expireAt = true, int32(st.share), st.bucketExpire
-			e.escrow = escrow{gen: st.gen, window: st.window, credited: st.credited}
-		}
-	case errors.Is(err, redis.Nil):
-		h, err := old.Result()
+	}
+	if !found && r.oldBucket != nil {
+		h, err := r.oldBucket.Result()
 		if err != nil {
 			return e, err
 		}
@@ -124,13 +186,11 @@ func redisEntry(state *redis.StringCmd, expire *redis.DurationCmd, old *redis.Sl
 				e.hasBucket = true
 			}
 		}
-	default:
-		return e, err
 	}
-	if e.hasShare {
+	if e.hasShare || inGroup {
 		return e, nil
 	}
-	sv, err := oldShare.Result()
+	sv, err := r.oldShare.Result()
 	switch {
 	case errors.Is(err, redis.Nil):
 		return e, nil
@@ -153,6 +213,17 @@ func redisEntry(state *redis.StringCmd, expire *redis.DurationCmd, old *redis.Sl
 	e.hasShare, e.share = true, int32(n[0])
 	e.escrow = escrow{gen: uint64(n[1]), window: n[2], credited: n[3]}
 	return e, nil
+}
+
+// setState is a state read from Redis as an entry.
+func (e *memEntry) setState(st redisState) {
+	e.bucket = bucket{tokens: st.tokens, last: st.last, win: st.win}
+	e.hasBucket = true
+	if st.hasShare {
+		// Only a share keeps the key past its bucket's expiry.
+		e.hasShare, e.share, e.expireAt = true, int32(st.share), st.bucketExpire
+		e.escrow = escrow{gen: st.gen, window: st.window, credited: st.credited}
+	}
 }
 
 // oldBucket parses the bucket hash of before issue 12.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -28,6 +27,25 @@ type RedisConfig struct {
 	// ShareTTL/2. Rounded up to whole milliseconds; at most 2^40 ms.
 	// Default 24h (DefaultShareTTL).
 	ShareTTL time.Duration
+	// Layout is where each key's state lives: its own Redis key
+	// (LayoutKeys, the default) or a field of a hash of keys (LayoutGroups,
+	// about half the memory). Either layout reads a key the other left and
+	// moves it, so replicas of one region may run different layouts while
+	// it switches, provided they run this version or later and agree on
+	// Groups (docs/DESIGN.md, "Redis layouts (as built)"). LayoutGroups
+	// needs a single server (or Sentinel) or a Cluster, not a Ring.
+	Layout RedisLayout
+	// Groups is how many hashes LayoutGroups spreads keys over: a power
+	// of two, at least 16,384 (a Cluster's slot count) on a Redis Cluster.
+	// Size it to about the active keys divided by 64: Redis keeps a hash
+	// compact up to 128 fields (hash-max-listpack-entries), and a hash
+	// holding a few keys costs about as much as a key of its own. Both
+	// layouts use it (LayoutKeys to find a key LayoutGroups left), so it
+	// must be the same on every replica of a region and must not change
+	// while any key is in a group: a key would be looked for in another
+	// hash. Default 131,072 (DefaultRedisGroups), for up to about ten
+	// million active keys.
+	Groups int
 }
 
 // DefaultShareTTL is the default RedisConfig.ShareTTL and
@@ -44,6 +62,9 @@ func (c RedisConfig) withDefaults() RedisConfig {
 	}
 	if c.ShareTTL == 0 {
 		c.ShareTTL = DefaultShareTTL
+	}
+	if c.Groups == 0 {
+		c.Groups = DefaultRedisGroups
 	}
 	return c
 }
@@ -62,6 +83,12 @@ func (c RedisConfig) validate() error {
 	if c.ShareTTL < 0 || c.ShareTTL > maxTTLMillis*time.Millisecond {
 		return fmt.Errorf("%w: redis share TTL %v is outside (0, 2^40 ms]", ErrInvalid, c.ShareTTL)
 	}
+	if c.Layout != LayoutKeys && c.Layout != LayoutGroups {
+		return fmt.Errorf("%w: unknown %v", ErrInvalid, c.Layout)
+	}
+	if !validGroups(c.Groups) {
+		return fmt.Errorf("%w: redis groups %d is not a power of two in [1, 2^24]", ErrInvalid, c.Groups)
+	}
 	return nil
 }
 
@@ -70,18 +97,21 @@ func (c RedisConfig) validate() error {
 // pipeline. Refills use the server's clock (TIME), never the caller's. It is
 // safe for concurrent use.
 //
-// Key layout for key k: one Redis key "<prefix>{<k escaped>}", a binary
-// string holding the bucket (tokens, last update) and, once the exchange
-// wrote one, the applied share and its escrow (bucket.lua and
-// redis_state.go give the layout). Without a share it expires once the
-// bucket would be full again; with one, RedisConfig.ShareTTL after the
-// latest share write or with its bucket, whichever is later. Keys written
-// before issue 12, the hash "<prefix>{…}:b" and the share "<prefix>{…}:s",
-// are read until a write moves them into the new key. Escaping turns '%',
-// '{' and '}' into %25, %7B and %7D so that the hash tag is always exactly
-// the key, and all names of a key live in one Cluster slot.
+// A key's state, a binary string (bucket.lua and redis_state.go give its
+// form), holds the bucket (tokens, last update) and, once the exchange
+// wrote one, the applied share and its escrow. Without a share it expires
+// once the bucket would be full again; with one, RedisConfig.ShareTTL
+// after the latest share write or with its bucket, whichever is later. It
+// lives, as RedisConfig.Layout says, in a Redis key of its own,
+// "<prefix>{<k escaped>}", or as a field of a hash, "<prefix>g{<tag>}",
+// whose value starts with the state's expiry (redis_group.go); the script
+// reads and moves a key the other layout left. Keys written before issue
+// 12, the hash "<prefix>{…}:b" and the share "<prefix>{…}:s", are read
+// until a write moves them. Escaping turns '%', '{' and '}' into %25, %7B
+// and %7D so that the hash tag is always exactly the key; a group's tag
+// lies in the same Cluster slot, so all names of a key share one.
 //
-// It needs Redis 7.0 or later (PEXPIRETIME, SET PXAT).
+// It needs Redis 7.0 or later (PEXPIRETIME, SET PXAT, PEXPIREAT GT).
 type RedisStore struct {
 	client  redis.UniversalClient
 	cfg     RedisConfig
@@ -99,9 +129,20 @@ func NewRedisStore(client redis.UniversalClient, cfg RedisConfig) (*RedisStore, 
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	if _, ok := client.(*redis.ClusterClient); ok && cfg.Groups < clusterSlots {
+		// A script's keys must share a slot: a key's name and its group's
+		// do only when every slot has groups of its own.
+		return nil, fmt.Errorf("%w: redis groups %d on a Redis Cluster: want at least %d", ErrInvalid, cfg.Groups, clusterSlots)
+	}
+	if _, ok := client.(*redis.Ring); ok && cfg.Layout == LayoutGroups {
+		// A ring places a key's own name and its group by their hash
+		// tags, which differ, on servers that need not be one.
+		return nil, fmt.Errorf("%w: redis layout %v on a Ring: want a single server or a Cluster", ErrInvalid, cfg.Layout)
+	}
 	if !contextTimeoutEnabled(client) {
 		return nil, fmt.Errorf("%w: redis client must set ContextTimeoutEnabled, or a hung server blocks calls past RedisConfig.Timeout (NewRedisClient sets it)", ErrInvalid)
 	}
+	slotTags() // built here, not inside the first call's deadline (about 3 ms)
 	return &RedisStore{client: client, cfg: cfg}, nil
 }
 
@@ -137,10 +178,21 @@ func (s *RedisStore) stateKey(key string) string {
 func (s *RedisStore) oldBucketKey(key string) string { return s.stateKey(key) + ":b" }
 func (s *RedisStore) oldShareKey(key string) string  { return s.stateKey(key) + ":s" }
 
-// keyNames is KEYS for key's script calls.
+// groupKey is the hash holding key in LayoutGroups.
+func (s *RedisStore) groupKey(key string) string {
+	return groupKey(s.cfg.Prefix, keyEscaper.Replace(key), s.cfg.Groups)
+}
+
+// keyNames is KEYS for key's script calls: the state's place in this
+// layout, its place in the other, then the names before issue 12.
 func (s *RedisStore) keyNames(key string) []string {
-	k := s.stateKey(key)
-	return []string{k, k + ":b", k + ":s"}
+	esc := keyEscaper.Replace(key)
+	own := s.cfg.Prefix + "{" + esc + "}"
+	group := groupKey(s.cfg.Prefix, esc, s.cfg.Groups)
+	if s.cfg.Layout == LayoutGroups {
+		return []string{group, own, own + ":b", own + ":s"}
+	}
+	return []string{own, group, own + ":b", own + ":s"}
 }
 
 // Grant answers reqs in order, one Grant per request in out (len(out) must
@@ -248,54 +300,35 @@ func (s *RedisStore) Shares(ctx context.Context, keys []string, out []int64) err
 	if err := validateAll(keys, validateKey); err != nil {
 		return err
 	}
+	if len(keys) == 0 {
+		return nil
+	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
 	pipe := s.client.Pipeline()
-	cmds := make([]*redis.StringCmd, 2*len(keys))
+	reads := make([]stateReads, len(keys))
 	for i, k := range keys {
-		cmds[2*i] = pipe.Get(ctx, s.stateKey(k))
-		cmds[2*i+1] = pipe.Get(ctx, s.oldShareKey(k))
+		reads[i] = s.readState(ctx, pipe, k, false)
 	}
+	now := pipe.Time(ctx) // a group's field expires by the value it holds
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return s.fail("shares", err)
 	}
+	t, err := now.Result()
+	if err != nil {
+		return s.fail("shares", err)
+	}
 	for i := range keys {
-		share, err := parseShares(cmds[2*i], cmds[2*i+1])
+		e, err := reads[i].entry(t.UnixMilli())
 		if err != nil {
 			return fmt.Errorf("lease: redis share of %q: %w", keys[i], err)
 		}
-		out[i] = share
+		out[i] = -1
+		if e.hasShare {
+			out[i] = int64(e.share)
+		}
 	}
 	return nil
-}
-
-// parseShares is a key's applied share from its state key, else from its
-// share key of before issue 12 (the script reads it the same way), else -1.
-func parseShares(state, old *redis.StringCmd) (int64, error) {
-	v, err := state.Result()
-	if err == nil {
-		st, err := decodeRedisState(v, 0)
-		if err != nil || st.hasShare {
-			return st.share, err
-		}
-	} else if !errors.Is(err, redis.Nil) {
-		return 0, err
-	}
-	v, err = old.Result()
-	if errors.Is(err, redis.Nil) {
-		return -1, nil
-	}
-	if err != nil {
-		return 0, err
-	}
-	if share, _, ok := strings.Cut(v, ":"); ok {
-		v = share // share:generation:window:credited, once tokens moved
-	}
-	share, err := strconv.ParseInt(v, 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("share %q: %w", v, err)
-	}
-	return share, nil
 }
 
 // Ping checks that Redis answers within RedisConfig.Timeout.
@@ -334,7 +367,7 @@ func (s *RedisStore) run(ctx context.Context, n int, item func(int) scriptItem) 
 	args := make([][]any, n)
 	for i := range n {
 		it := item(i)
-		it.shareTTL = s.cfg.ShareTTL
+		it.shareTTL, it.layout = s.cfg.ShareTTL, s.cfg.Layout
 		keys[i] = s.keyNames(it.key)
 		args[i] = scriptArgs(it)
 	}

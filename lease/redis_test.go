@@ -23,16 +23,32 @@ func TestNewRedisStoreConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff(RedisConfig{Prefix: "ration:", Timeout: 50 * time.Millisecond, ShareTTL: 24 * time.Hour}, s.cfg); diff != "" {
+	if diff := cmp.Diff(RedisConfig{Prefix: "ration:", Timeout: 50 * time.Millisecond, ShareTTL: 24 * time.Hour, Layout: LayoutKeys, Groups: 1 << 17}, s.cfg); diff != "" {
 		t.Errorf("defaults (-want +got):\n%s", diff)
 	}
 	if got, want := s.stateKey("t{e}n%ant"), "ration:{t%7Be%7Dn%25ant}"; got != want {
 		t.Errorf("got state key %q, want %q", got, want)
 	}
-	// The names before issue 12, which the script still reads.
-	if got, want := s.keyNames("acme"), []string{"ration:{acme}", "ration:{acme}:b", "ration:{acme}:s"}; !slices.Equal(got, want) {
+	// The key's own name, its group (in the same slot: "5oM" and "acme"
+	// are both in slot 7,217, and 7 is its sub-group of 8), and the names
+	// before issue 12, which the script still reads.
+	if got, want := s.keyNames("acme"), []string{"ration:{acme}", "ration:g{5oM}7", "ration:{acme}:b", "ration:{acme}:s"}; !slices.Equal(got, want) {
 		t.Errorf("got key names %q, want %q", got, want)
 	}
+	g, err := NewRedisStore(good, RedisConfig{Layout: LayoutGroups, Groups: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := g.keyNames("acme"), []string{"ration:g{0QG}", "ration:{acme}", "ration:{acme}:b", "ration:{acme}:s"}; !slices.Equal(got, want) {
+		t.Errorf("LayoutGroups: got key names %q, want %q", got, want)
+	}
+	cluster := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}, ContextTimeoutEnabled: true})
+	defer cluster.Close()
+	if _, err := NewRedisStore(cluster, RedisConfig{Layout: LayoutGroups, Groups: 1 << 14}); err != nil {
+		t.Errorf("16,384 groups on a cluster: %v", err)
+	}
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": "127.0.0.1:1"}, ContextTimeoutEnabled: true})
+	defer ring.Close()
 	for name, tc := range map[string]struct {
 		client redis.UniversalClient
 		cfg    RedisConfig
@@ -43,9 +59,30 @@ func TestNewRedisStoreConfig(t *testing.T) {
 		"negative share TTL": {good, RedisConfig{ShareTTL: -time.Second}},
 		"share TTL too long": {good, RedisConfig{ShareTTL: 1 << 62}},
 		"no context timeout": {plain, RedisConfig{}},
+		"unknown layout":     {good, RedisConfig{Layout: 2}},
+		"groups not 2^n":     {good, RedisConfig{Groups: 100}},
+		"negative groups":    {good, RedisConfig{Groups: -4}},
+		"too many groups":    {good, RedisConfig{Groups: 1 << 25}},
+		// Even with the keys layout: it reads a key's group while a
+		// region switches layouts.
+		"few groups on a cluster": {cluster, RedisConfig{Groups: 1 << 13}},
+		"groups on a ring":        {ring, RedisConfig{Layout: LayoutGroups}},
 	} {
 		if _, err := NewRedisStore(tc.client, tc.cfg); !errors.Is(err, ErrInvalid) {
 			t.Errorf("%s: got %v, want ErrInvalid", name, err)
+		}
+	}
+}
+
+func TestParseRedisLayout(t *testing.T) {
+	for _, l := range []RedisLayout{LayoutKeys, LayoutGroups} {
+		if got, err := ParseRedisLayout(l.String()); err != nil || got != l {
+			t.Errorf("ParseRedisLayout(%q): got %v, %v; want %v", l.String(), got, err, l)
+		}
+	}
+	for _, bad := range []string{"", "Keys", "group", "RedisLayout(2)"} {
+		if _, err := ParseRedisLayout(bad); !errors.Is(err, ErrInvalid) {
+			t.Errorf("ParseRedisLayout(%q): got %v, want ErrInvalid", bad, err)
 		}
 	}
 }

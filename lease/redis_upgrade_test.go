@@ -58,7 +58,7 @@ func TestRedisUpgradeFromSeparateKeys(t *testing.T) {
 	if exists(s.oldBucketKey("k")) {
 		t.Errorf("the old bucket key is still there after a grant moved it")
 	}
-	st, ok := readRedisState(t, client, s, "k")
+	st, _, ok := readRedisState(t, client, s, "k")
 	if !ok || st.hasShare || st.last != last || st.tokens != 1 {
 		t.Errorf("got state %+v exists %v, want the bucket (1 token, last %d) without the share", st, ok, last)
 	}
@@ -78,7 +78,7 @@ func TestRedisUpgradeFromSeparateKeys(t *testing.T) {
 	if exists(s.oldShareKey("k")) {
 		t.Errorf("the old share key is still there after a share write moved it")
 	}
-	st, _ = readRedisState(t, client, s, "k")
+	st, _, _ = readRedisState(t, client, s, "k")
 	if !st.hasShare || st.share != 400_000 || st.gen != 7 || st.credited != 2500 {
 		t.Errorf("got state %+v, want share 400000, generation 7, 2500 credited", st)
 	}

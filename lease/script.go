@@ -44,7 +44,11 @@ type scriptItem struct {
 	received int64
 	window   int64         // the window of received
 	shareTTL time.Duration // RedisConfig.ShareTTL
+	layout   RedisLayout   // RedisConfig.Layout
 }
+
+// layoutArg is ARGV[16] for each layout.
+var layoutArg = [...]string{LayoutKeys: "k", LayoutGroups: "g"}
 
 // scriptArgs is ARGV for one call of the script.
 func scriptArgs(it scriptItem) []any {
@@ -71,6 +75,8 @@ func scriptArgs(it scriptItem) []any {
 		strconv.FormatInt(l.Window[2], 10),
 		strconv.FormatInt(l.Window[3], 10),
 		strconv.FormatInt(shareTTLMillis(it.shareTTL), 10),
+		layoutArg[it.layout],
+		groupField(it.key),
 	}
 }
 

@@ -70,9 +70,12 @@ const leaseSize = 50
 // BenchmarkRedisLease compares, on one real redis-server and from one
 // goroutine, the two ways of spending a Redis quota:
 //
-//   - ration/batch=N: one pipelined Grant call per op, leasing leaseSize
-//     tokens for each of N keys (what regiond does for a batch of agent
-//     refreshes); each granted token is then spent locally by an agent.
+//   - ration/layout=L/batch=N: one pipelined Grant call per op, leasing
+//     leaseSize tokens for each of N keys (what regiond does for a batch
+//     of agent refreshes); each granted token is then spent locally by an
+//     agent. L is the store's RedisLayout: keys, or groups with 16 hashes
+//     for the 1,000 keys (about 62 a hash, as a sized deployment's).
+//   - ration/layout=L/hot: batch=1 on one key, a hot key's decision.
 //   - baseline=evalsha-per-request: the classic limiter, one EVALSHA of
 //     the same token-bucket script per request, taking 1 token.
 //
@@ -85,49 +88,64 @@ func BenchmarkRedisLease(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = client.Close() })
-	store, err := NewRedisStore(client, RedisConfig{Prefix: redistest.KeyPrefix(b), Timeout: time.Second})
-	if err != nil {
-		b.Fatal(err)
-	}
 	keys := benchKeys(1000)
 
-	for _, batch := range []int{1, 10, 100} {
-		b.Run("ration/batch="+strconv.Itoa(batch), func(b *testing.B) {
-			reqs := make([]GrantRequest, batch)
-			out := make([]Grant, batch)
-			var ops, grants, tokens int64
-			next := 0
-			for b.Loop() {
-				for i := range reqs {
-					reqs[i] = GrantRequest{Key: keys[next%len(keys)], Want: leaseSize, Limit: benchLimit}
-					next++
-				}
-				if err := store.Grant(context.Background(), reqs, out); err != nil {
-					b.Fatal(err)
-				}
-				ops++
-				for _, g := range out {
-					grants++
-					tokens += g.Granted
-				}
+	for _, cfg := range []RedisConfig{{Layout: LayoutKeys}, {Layout: LayoutGroups, Groups: 16}} {
+		cfg.Prefix, cfg.Timeout = redistest.KeyPrefix(b)+cfg.Layout.String()+":", time.Second
+		store, err := NewRedisStore(client, cfg)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, batch := range []int{0, 1, 10, 100} {
+			name := "ration/layout=" + cfg.Layout.String() + "/batch=" + strconv.Itoa(batch)
+			if batch == 0 {
+				name = "ration/layout=" + cfg.Layout.String() + "/hot"
 			}
-			reportLease(b, ops, grants, tokens)
-		})
+			b.Run(name, func(b *testing.B) {
+				reqs := make([]GrantRequest, max(batch, 1))
+				out := make([]Grant, len(reqs))
+				var ops, grants, tokens int64
+				next := 0
+				for b.Loop() {
+					for i := range reqs {
+						reqs[i] = GrantRequest{Key: keys[next%len(keys)], Want: leaseSize, Limit: benchLimit}
+						if batch > 0 {
+							next++
+						}
+					}
+					if err := store.Grant(context.Background(), reqs, out); err != nil {
+						b.Fatal(err)
+					}
+					ops++
+					for _, g := range out {
+						grants++
+						tokens += g.Granted
+					}
+				}
+				reportLease(b, ops, grants, tokens)
+			})
+		}
 	}
 
 	b.Run("baseline=evalsha-per-request", func(b *testing.B) {
 		ctx := context.Background()
+		store, err := NewRedisStore(client, RedisConfig{Prefix: redistest.KeyPrefix(b), Timeout: time.Second})
+		if err != nil {
+			b.Fatal(err)
+		}
 		if err := client.ScriptLoad(ctx, bucketScript).Err(); err != nil {
 			b.Fatal(err)
 		}
-		args := scriptArgs(scriptItem{limit: benchLimit, op: opGrant, n: 1, shareTTL: store.Config().ShareTTL})
 		names := make([][]string, len(keys))
+		args := make([][]any, len(keys))
 		for i, k := range keys {
 			names[i] = store.keyNames(k)
+			args[i] = scriptArgs(scriptItem{key: k, limit: benchLimit, op: opGrant, n: 1, shareTTL: store.Config().ShareTTL})
 		}
 		var ops, tokens int64
 		for b.Loop() {
-			v, err := client.EvalSha(ctx, bucketScriptSHA, names[ops%int64(len(keys))], args...).Result()
+			i := ops % int64(len(keys))
+			v, err := client.EvalSha(ctx, bucketScriptSHA, names[i], args[i]...).Result()
 			if err != nil {
 				b.Fatal(err)
 			}

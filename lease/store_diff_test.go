@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/ration-dev/ration/internal/redistest"
 	"github.com/ration-dev/ration/region"
@@ -36,10 +37,20 @@ func TestRedisMatchesMemory(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = client.Close() })
-	rs, err := NewRedisStore(client, RedisConfig{Prefix: redistest.KeyPrefix(t), Timeout: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
+	for _, layout := range []RedisLayout{LayoutKeys, LayoutGroups} {
+		t.Run(layout.String(), func(t *testing.T) {
+			// Four groups: the cases' keys share hashes.
+			rs, err := NewRedisStore(client, RedisConfig{Prefix: redistest.KeyPrefix(t), Timeout: 2 * time.Second, Layout: layout, Groups: 4})
+			if err != nil {
+				t.Fatal(err)
+			}
+			matchMemory(t, rng, client, rs)
+		})
 	}
+}
+
+// matchMemory is TestRedisMatchesMemory on one Redis store.
+func matchMemory(t *testing.T, rng *rand.Rand, client redis.UniversalClient, rs *RedisStore) {
 	ms := NewMemoryStore(MemoryConfig{})
 	// last is a day ahead of both clocks: Redis's real one, and the memory
 	// store's, which is an hour before last.
@@ -66,9 +77,7 @@ func TestRedisMatchesMemory(t *testing.T) {
 		tokens := rng.Float64() * l.Burst
 		// Both stores start from the same bucket.
 		start := redisState{tokens: tokens, last: last.UnixMicro()}
-		if err := client.Set(ctx, rs.stateKey(key), start.encode(), 0).Err(); err != nil {
-			t.Fatal(err)
-		}
+		writeRedisState(t, client, rs, key, start, 0)
 		e := ms.shard(key).entry(key, memNow.UnixMicro())
 		e.bucket, e.hasBucket = bucket{tokens: tokens, last: last.UnixMicro()}, true
 
@@ -119,20 +128,13 @@ func TestRedisMatchesMemory(t *testing.T) {
 				}
 			}
 			// The stored state and expiries agree after every step.
-			st, ok := readRedisState(t, client, rs, key)
+			st, redisExpire, ok := readRedisState(t, client, rs, key)
 			if !ok {
 				t.Fatalf("case %d step %d after %s: no state key", c, step, what)
-			}
-			redisExpire, err := client.Do(ctx, "PEXPIRETIME", rs.stateKey(key)).Int64()
-			if err != nil {
-				t.Fatal(err)
 			}
 			memExpire, bucketExpire := e.expireAt, int64(0)
 			if e.hasShare {
 				memExpire, bucketExpire = e.shareExpireAt, e.expireAt
-			}
-			if redisExpire == -1 {
-				redisExpire = 0
 			}
 			if !sameFloat(e.tokens, st.tokens) || e.last != st.last || e.win != st.win || memExpire != redisExpire || st.bucketExpire != bucketExpire ||
 				st.hasShare != e.hasShare || st.share != int64(e.share) || st.gen != e.gen || st.credited != e.credited || st.window != e.escrow.window {

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/ration-dev/ration/internal/redistest"
 )
 
@@ -143,47 +145,70 @@ func TestRedisStoreScriptFlushed(t *testing.T) {
 
 // TestRedisStoreForeignShare: a share that this code did not write is an
 // error (not ErrUnavailable, not a grant at an unknown rate), and nothing
-// is debited.
+// is debited, in either layout.
 func TestRedisStoreForeignShare(t *testing.T) {
 	client, err := NewRedisClient(redistest.Start(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = client.Close() })
-	s, err := NewRedisStore(client, RedisConfig{Prefix: redistest.KeyPrefix(t), Timeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
+	for _, layout := range []RedisLayout{LayoutKeys, LayoutGroups} {
+		t.Run(layout.String(), func(t *testing.T) {
+			s, err := NewRedisStore(client, RedisConfig{Prefix: redistest.KeyPrefix(t), Timeout: time.Second, Layout: layout})
+			if err != nil {
+				t.Fatal(err)
+			}
+			foreignShare(t, s)
+		})
 	}
+}
+
+func foreignShare(t *testing.T, s *RedisStore) {
+	client, ctx := s.client, t.Context()
 	l := slow(10, 1)
 	for _, v := range []string{"abc", "-1", "1000001", "0.5"} {
-		if err := client.Set(t.Context(), s.oldShareKey("k"), v, 0).Err(); err != nil {
+		if err := client.Set(ctx, s.oldShareKey("k"), v, 0).Err(); err != nil {
 			t.Fatal(err)
 		}
-		err := s.Grant(t.Context(), []GrantRequest{{Key: "k", Want: 1, Limit: l}}, make([]Grant, 1))
+		err := s.Grant(ctx, []GrantRequest{{Key: "k", Want: 1, Limit: l}}, make([]Grant, 1))
 		if err == nil || errors.Is(err, ErrUnavailable) {
 			t.Errorf("share %q: got %v, want a non-ErrUnavailable error", v, err)
 		}
-		if err := s.Shares(t.Context(), []string{"k"}, make([]int64, 1)); (v == "abc" || v == "0.5") && err == nil {
+		if err := s.Shares(ctx, []string{"k"}, make([]int64, 1)); (v == "abc" || v == "0.5") && err == nil {
 			t.Errorf("Shares of %q: got no error", v)
 		}
 	}
-	if n, err := client.Exists(t.Context(), s.stateKey("k")).Result(); err != nil || n != 0 {
-		t.Errorf("got bucket exists=%d err %v, want no bucket written", n, err)
+	if _, _, ok := readRedisState(t, client, s, "k"); ok {
+		t.Errorf("got a state written, want none")
 	}
-	// A state key this code did not write is refused the same way.
-	if err := client.Del(t.Context(), s.oldShareKey("k")).Err(); err != nil {
+	// A state this code did not write is refused the same way.
+	if err := client.Del(ctx, s.oldShareKey("k")).Err(); err != nil {
 		t.Fatal(err)
 	}
+	name, set, get := s.stateKey("k"), client.Set, client.Get
+	if s.cfg.Layout == LayoutGroups {
+		g := s.groupKey("k")
+		name = g
+		set = func(ctx context.Context, _ string, v any, _ time.Duration) *redis.StatusCmd {
+			return redis.NewStatusResult("", client.HSet(ctx, g, "k", v).Err())
+		}
+		get = func(ctx context.Context, _ string) *redis.StringCmd { return client.HGet(ctx, g, "k") }
+	}
 	tooBig := redisState{tokens: 1, last: 1, hasShare: true, share: 2_000_000}.encode()
-	for _, v := range []string{"abc", "0123456789abcdef", tooBig, redisState{tokens: 1, last: 1}.encode() + "x"} {
-		if err := client.Set(t.Context(), s.stateKey("k"), v, 0).Err(); err != nil {
+	future := time.Now().Add(time.Hour).UnixMilli()
+	values := []string{"abc", "0123456789abcdef", tooBig, redisState{tokens: 1, last: 1}.encode() + "x"}
+	if s.cfg.Layout == LayoutGroups {
+		values = append(values, groupValue(future, "abc"), groupValue(future, tooBig), groupValue(0, "0123456789ab"))
+	}
+	for _, v := range values {
+		if err := set(ctx, name, v, 0).Err(); err != nil {
 			t.Fatal(err)
 		}
-		err := s.Grant(t.Context(), []GrantRequest{{Key: "k", Want: 1, Limit: l}}, make([]Grant, 1))
+		err := s.Grant(ctx, []GrantRequest{{Key: "k", Want: 1, Limit: l}}, make([]Grant, 1))
 		if err == nil || errors.Is(err, ErrUnavailable) {
 			t.Errorf("state %q: got %v, want a non-ErrUnavailable error", v, err)
 		}
-		if got, err := client.Get(t.Context(), s.stateKey("k")).Result(); err != nil || got != v {
+		if got, err := get(ctx, name).Result(); err != nil || got != v {
 			t.Errorf("state %q: got %q, %v after the refused grant, want it unchanged", v, got, err)
 		}
 	}

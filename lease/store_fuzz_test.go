@@ -13,15 +13,33 @@ import (
 // unescapeKey inverts keyEscaper, to show that escaping is injective.
 var unescapeKey = strings.NewReplacer("%7D", "}", "%7B", "{", "%25", "%")
 
-// FuzzRedisKeyEscape: whatever a key contains, its Redis names carry one
-// hash tag that is exactly the escaped key, and escaping is injective, so
-// two keys never share state and a key's two names share a Cluster slot.
+// FuzzRedisKeyEscape: whatever a key contains, its own Redis names carry
+// one hash tag that is exactly the escaped key, escaping is injective, so
+// two keys never share state, and its group's tag lies in the same Cluster
+// slot, so a script can touch all of a key's names on a Cluster (in either
+// layout, whichever groups a Cluster allows); its field in the group is at
+// most 41 bytes and the key itself up to 40.
 func FuzzRedisKeyEscape(f *testing.F) {
-	for _, k := range []string{"acme", "{", "}", "{a}", "}{", "%7B", "%%7D{", "tenant=acme|route=/v1/{id}"} {
+	for _, k := range []string{"acme", "{", "}", "{a}", "}{", "%7B", "%%7D{", "tenant=acme|route=/v1/{id}", strings.Repeat("long", 11)} {
 		f.Add(k)
 	}
-	s := &RedisStore{cfg: RedisConfig{Prefix: "ration:"}}
+	var stores []*RedisStore
+	for _, c := range []RedisConfig{{}, {Layout: LayoutGroups, Groups: clusterSlots}, {Layout: LayoutGroups, Groups: 1 << 20}} {
+		c = c.withDefaults()
+		stores = append(stores, &RedisStore{cfg: c})
+	}
+	tag := func(t *testing.T, name string) string {
+		open := strings.IndexByte(name, '{')
+		close := strings.IndexByte(name[open+1:], '}')
+		if open < 0 || close < 1 {
+			t.Fatalf("name %q has no hash tag", name)
+		}
+		return name[open+1 : open+1+close]
+	}
 	f.Fuzz(func(t *testing.T, key string) {
+		if key == "" {
+			return // not a key (validateKey)
+		}
 		esc := keyEscaper.Replace(key)
 		if strings.ContainsAny(esc, "{}") {
 			t.Fatalf("escaped %q to %q, which contains a brace", key, esc)
@@ -29,11 +47,23 @@ func FuzzRedisKeyEscape(f *testing.F) {
 		if got := unescapeKey.Replace(esc); got != key {
 			t.Fatalf("escaped %q to %q, which unescapes to %q", key, esc, got)
 		}
-		for _, name := range s.keyNames(key) {
-			open, close := strings.IndexByte(name, '{'), strings.IndexByte(name, '}')
-			if open < 0 || close < open || name[open+1:close] != esc {
-				t.Fatalf("name %q: hash tag is not the escaped key %q", name, esc)
+		for _, s := range stores {
+			names := s.keyNames(key)
+			own, group := names[0], names[1]
+			if s.cfg.Layout == LayoutGroups {
+				own, group = group, own
 			}
+			for _, name := range []string{own, names[2], names[3]} {
+				if tag(t, name) != esc {
+					t.Fatalf("name %q: hash tag is not the escaped key %q", name, esc)
+				}
+			}
+			if !strings.HasPrefix(group, s.cfg.Prefix+"g{") || crc16(tag(t, group))%clusterSlots != crc16(esc)%clusterSlots {
+				t.Fatalf("group %q of %q is not in the key's slot %d", group, key, crc16(esc)%clusterSlots)
+			}
+		}
+		if f := groupField(key); len(f) > maxFieldKey+1 || (len(key) <= maxFieldKey) != (f == key) {
+			t.Fatalf("field of %q: %q", key, f)
 		}
 	})
 }
@@ -143,6 +173,36 @@ func FuzzRedisState(f *testing.F) {
 		}
 		if got := st.encode(); got != v {
 			t.Fatalf("decoded %q to %+v, which encodes to %q", v, st, got)
+		}
+	})
+}
+
+// FuzzRedisGroupValue: any value of a group's field decodes to an expiry
+// and a state or to an error, never a panic, and a long form that decodes
+// encodes to a value that decodes to the same encoding (flags the script
+// never writes, such as an escrow of generation 0, are dropped once).
+func FuzzRedisGroupValue(f *testing.F) {
+	f.Add(groupValue(1<<40, redisState{tokens: 3.5, last: 1 << 50}.encode()))
+	f.Add(groupValue(0, redisState{tokens: 1, last: 1, hasShare: true, share: 5, gen: 2, credited: 3}.encode()))
+	f.Add(groupValue(1<<40, "0123456789ab"))
+	f.Add("\x00\x00\x00\x00\x00\x00")
+	f.Fuzz(func(t *testing.T, v string) {
+		exp, st, err := decodeGroupValue(v)
+		if err != nil {
+			return
+		}
+		if exp < 0 || exp >= 1<<48 || st.share < 0 || st.share > region.PPM {
+			t.Fatalf("decoded %q to expiry %d, %+v", v, exp, st)
+		}
+		if len(v) == 6+shortStateLen {
+			if exp == 0 {
+				t.Fatalf("decoded %q, a short state that never expires", v)
+			}
+			return
+		}
+		canon := st.encode()
+		if _, back, err := decodeGroupValue(groupValue(exp, canon)); err != nil || back.encode() != canon {
+			t.Fatalf("decoded %q to %+v, which encodes to %q, decoding to %+v, %v", v, st, canon, back, err)
 		}
 	})
 }
