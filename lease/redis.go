@@ -16,8 +16,11 @@ type RedisConfig struct {
 	// Prefix starts every Redis key the store writes. It must not contain
 	// '{' or '}', which would break the Cluster hash tag. Default "ration:".
 	Prefix string
-	// Timeout bounds each call (Grant, Return, SetShares, Shares, Ping)
-	// from start to answer, on top of the caller's context. Default 50ms.
+	// Timeout bounds each call (Grant, Return, Shares, Ping) from start to
+	// answer, on top of the caller's context. SetShares and DeleteShares,
+	// which only the exchange calls (hundreds of keys a call, off every
+	// request's path), are bounded by the caller's deadline when it has
+	// one, and by Timeout otherwise. Default 50ms.
 	Timeout time.Duration
 	// ShareTTL is how long an applied share lasts after its latest write
 	// (SetShares): a key holding one expires ShareTTL after that write, or
@@ -215,6 +218,8 @@ func (s *RedisStore) Grant(ctx context.Context, reqs []GrantRequest, out []Grant
 		}
 		idx = append(idx, i)
 	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	defer cancel()
 	replies, err := s.run(ctx, len(idx), func(i int) scriptItem {
 		r := reqs[idx[i]]
 		return scriptItem{key: r.Key, limit: r.Limit, op: opGrant, n: r.Want}
@@ -252,6 +257,8 @@ func (s *RedisStore) Return(ctx context.Context, reqs []ReturnRequest) error {
 	if err := validateAll(reqs, validateReturn); err != nil {
 		return err
 	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	defer cancel()
 	replies, err := s.run(ctx, len(reqs), func(i int) scriptItem {
 		return scriptItem{key: reqs[i].Key, limit: reqs[i].Limit, op: opReturn, n: reqs[i].Tokens}
 	})
@@ -275,6 +282,8 @@ func (s *RedisStore) SetShares(ctx context.Context, ups []ShareUpdate, out []Sha
 	if err := validateAll(ups, validateShare); err != nil {
 		return err
 	}
+	ctx, cancel := s.exchangeBound(ctx)
+	defer cancel()
 	replies, err := s.run(ctx, len(ups), func(i int) scriptItem {
 		u := ups[i]
 		return scriptItem{key: u.Key, limit: u.Limit, op: opShare, n: u.SharePPM, gen: u.Gen, received: u.Received, window: u.Window}
@@ -342,7 +351,7 @@ func (s *RedisStore) Ping(ctx context.Context) error {
 }
 
 // run calls the script for n items in one pipeline and decodes the replies.
-// item(i) gives the i-th item.
+// item(i) gives the i-th item. The caller bounds ctx.
 //
 // The script is loaded once (SCRIPT LOAD, on every shard of a cluster) and
 // then called by EVALSHA. Items that meet NOSCRIPT (a restarted or failed
@@ -352,8 +361,6 @@ func (s *RedisStore) run(ctx context.Context, n int, item func(int) scriptItem) 
 	if n == 0 {
 		return nil, nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
-	defer cancel()
 	if !s.scripts.Load() {
 		// A failure here is not fatal: EVALSHA will meet NOSCRIPT and fall
 		// back to EVAL, or fail the same way if Redis is unreachable.
@@ -415,6 +422,18 @@ func isNoScript(err error) bool {
 	return err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT"))
 }
 
+// exchangeBound bounds an exchange call (SetShares, DeleteShares) by the
+// caller's deadline, and by RedisConfig.Timeout only without one: a batch
+// of 500 share writes has the exchange's budget, not a lease's (at 50ms on
+// a loaded machine the batches of a 100,000-key epoch failed and the epoch
+// took seconds).
+func (s *RedisStore) exchangeBound(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, s.cfg.Timeout)
+}
+
 // fail wraps a Redis error. Anything that means "Redis did not serve this
 // call now" (network errors, timeouts, a closed client, a server that is
 // loading, failing over or read-only) wraps ErrUnavailable, so callers
@@ -450,6 +469,8 @@ func (s *RedisStore) DeleteShares(ctx context.Context, keys []string) error {
 	if len(keys) == 0 {
 		return nil
 	}
+	ctx, cancel := s.exchangeBound(ctx)
+	defer cancel()
 	_, err := s.run(ctx, len(keys), func(i int) scriptItem {
 		return scriptItem{key: keys[i], op: opDeleteShare}
 	})

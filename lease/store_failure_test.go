@@ -108,6 +108,24 @@ func TestRedisStoreUnavailable(t *testing.T) {
 
 	srv.Pause() // a hung server: connections open, nothing answered
 	checkDown("paused")
+	// The exchange's calls have its budget when they carry a deadline: a
+	// batch of hundreds of share writes is not a lease.
+	for name, call := range map[string]func(ctx context.Context) error{
+		"SetShares": func(ctx context.Context) error {
+			return s.SetShares(ctx, []ShareUpdate{{Key: "a", SharePPM: 5, Limit: l}}, nil)
+		},
+		"DeleteShares": func(ctx context.Context) error { return s.DeleteShares(ctx, []string{"a"}) },
+	} {
+		const budget = 6 * timeout
+		ctx, cancel := context.WithTimeout(t.Context(), budget)
+		start := time.Now()
+		err := call(ctx)
+		took := time.Since(start)
+		cancel()
+		if !errors.Is(err, ErrUnavailable) || took < budget-timeout || took > budget+failureSlack {
+			t.Errorf("%s with a %v deadline, Redis paused: %v after %v; want ErrUnavailable after about the deadline, not Timeout (%v)", name, budget, err, took, timeout)
+		}
+	}
 	srv.Resume()
 	backUp()
 	if got := incarnation(); got != inc1 {
