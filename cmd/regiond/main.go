@@ -46,6 +46,7 @@ import (
 	"time"
 
 	"github.com/ration-dev/ration/internal/regiond"
+	"github.com/ration-dev/ration/lease"
 	"github.com/ration-dev/ration/lease/service"
 )
 
@@ -72,6 +73,11 @@ func run(args []string) error {
 	fs.StringVar(&cfg.RedisCA, "redis-ca", "", "CA bundle (PEM) that verifies Redis's certificate: connect over TLS")
 	fs.StringVar(&cfg.RedisCert, "redis-cert", "", "client certificate (PEM) for a Redis with tls-auth-clients")
 	fs.StringVar(&cfg.RedisKey, "redis-key", "", "key (PEM) of -redis-cert")
+	fs.Func("redis-layout", "where each key's state lives in Redis: keys (its own Redis key, the default) or groups (a field of one of -redis-groups hashes, about half the memory; every replica of a region must agree on -redis-groups)", func(v string) (err error) {
+		cfg.RedisLayout, err = lease.ParseRedisLayout(v)
+		return err
+	})
+	fs.IntVar(&cfg.RedisGroups, "redis-groups", 0, "hashes of -redis-layout groups, a power of two: about the active keys / 64 (default 131072)")
 	fs.StringVar(&cfg.PolicyFile, "policy", "", "policy YAML file, watched for changes, or nats-kv://BUCKET: the policy store on -nats or -nats-embedded (ration policy push writes it); empty uses the embedded example policy")
 	fs.IntVar(&cfg.PolicyReplicas, "policy-replicas", 1, "replicas of the policy store's bucket if regiond creates it (3 on a three-server NATS cluster)")
 	fs.StringVar(&cfg.NATSStoreDir, "nats-store-dir", "", "JetStream directory of the embedded NATS server, which keeps the policy store (default: a temporary directory removed at exit)")

@@ -72,6 +72,9 @@ func TestExchangeFlagsAreValidated(t *testing.T) {
 		{"-region", "eu", "-regions", "us,ap", "-nats-embedded"},
 		{"-region", "eu", "-regions", "eu,eu"},
 		{"-sync-period", "1us", "-nats-embedded"},
+		{"-redis-layout", "rows", "-redis", "redis://127.0.0.1:1"},
+		{"-redis-layout", "groups"}, // without -redis
+		{"-redis-groups", "1000", "-redis-layout", "groups", "-redis", "redis://127.0.0.1:1"},
 	} {
 		if err := run(append(args, "-listen", "127.0.0.1:0", "-admin", "-")); err == nil {
 			t.Errorf("run(%q): got nil, want an error", args)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/ration-dev/ration/internal/adminapi"
 	"github.com/ration-dev/ration/internal/redistest"
+	"github.com/ration-dev/ration/lease"
 	leasev1 "github.com/ration-dev/ration/lease/v1"
 )
 
@@ -283,9 +284,15 @@ func TestReadyGraceAlone(t *testing.T) {
 }
 
 // TestAdminKeyOnRedis: the key endpoint reads a bucket from a real
-// redis-server as the lease API left it.
+// redis-server as the lease API left it, in either layout.
 func TestAdminKeyOnRedis(t *testing.T) {
-	d := startDaemon(t, Config{RedisURL: redistest.StartServer(t).URL(), PolicyYAML: []byte(adminPolicy), StoreTimeout: time.Second})
+	for _, layout := range []lease.RedisLayout{lease.LayoutKeys, lease.LayoutGroups} {
+		t.Run(layout.String(), func(t *testing.T) { adminKeyOnRedis(t, layout) })
+	}
+}
+
+func adminKeyOnRedis(t *testing.T, layout lease.RedisLayout) {
+	d := startDaemon(t, Config{RedisURL: redistest.StartServer(t).URL(), RedisLayout: layout, PolicyYAML: []byte(adminPolicy), StoreTimeout: time.Second})
 	c := client(t, d)
 	// acme's agent asked for 500 tokens since its last report and admitted
 	// 100 itself; 100 of the rest wait for this call, which grants them: 300

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ration-dev/ration/internal/tlsfiles"
+	"github.com/ration-dev/ration/lease"
 	"github.com/ration-dev/ration/lease/rlqs"
 	"github.com/ration-dev/ration/lease/service"
 	"github.com/ration-dev/ration/policy/kvstore"
@@ -70,6 +71,12 @@ type Config struct {
 	// A Redis ACL user and password go in RedisURL
 	// (rediss://user:password@host:port/0).
 	RedisCA, RedisCert, RedisKey string
+	// RedisLayout and RedisGroups place each key's state in Redis: its own
+	// Redis key (lease.LayoutKeys, the default) or a field of one of
+	// RedisGroups hashes (lease.LayoutGroups, about half the memory a key;
+	// lease.RedisConfig says how to size it and switch).
+	RedisLayout lease.RedisLayout
+	RedisGroups int
 	// PolicyFile is a YAML policy watched for changes, or
 	// "nats-kv://BUCKET": the policy store on the NATS of NATSURL or
 	// NATSEmbedded (a JetStream key-value bucket that `ration policy push`
@@ -224,6 +231,9 @@ func (c Config) validate() error {
 	}
 	if c.DecideAfter < 0 || 2*c.DecideAfter >= c.SyncPeriod {
 		errs = append(errs, fmt.Errorf("decide-after %v is not in [0, sync period/2)", c.DecideAfter))
+	}
+	if (c.RedisLayout != lease.LayoutKeys || c.RedisGroups != 0) && c.RedisURL == "" {
+		errs = append(errs, errors.New("a Redis layout (-redis-layout, -redis-groups) without a Redis (-redis)"))
 	}
 	if (c.RedisCA != "" || c.RedisCert != "" || c.RedisKey != "") && c.RedisURL == "" {
 		errs = append(errs, errors.New("redis TLS files (-redis-ca, -redis-cert, -redis-key) without a Redis (-redis)"))

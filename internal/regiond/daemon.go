@@ -148,7 +148,7 @@ func New(cfg Config) (*Daemon, error) {
 		if err != nil {
 			return nil, fmt.Errorf("regiond: redis: %w", err)
 		}
-		rs, err := lease.NewRedisStore(client, lease.RedisConfig{Timeout: cfg.StoreTimeout})
+		rs, err := lease.NewRedisStore(client, lease.RedisConfig{Timeout: cfg.StoreTimeout, Layout: cfg.RedisLayout, Groups: cfg.RedisGroups})
 		if err != nil {
 			client.Close()
 			return nil, fmt.Errorf("regiond: redis: %w", err)
