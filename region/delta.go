@@ -354,10 +354,11 @@ func (s *State) reportList(r *Report) []*keyState {
 	skip := from == 0 && d.reportedAt != s.epoch
 	d.reportedAt = s.epoch
 	for i, ks := range s.keys {
-		if m := &s.meta[i]; skip && m.rest && !inRange(uint32(m.bucket), r.RefreshFrom, r.RefreshCount) {
+		m := &s.meta[i]
+		if skip && m.rest == restOn && !inRange(uint32(m.bucket), r.RefreshFrom, r.RefreshCount) {
 			continue
 		}
-		fp, rest := ks.fp, ks.resting()
+		fp, rest := ks.fp, m.rest == restOn
 		if !rest {
 			fp = s.fingerprint(ks)
 		}

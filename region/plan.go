@@ -102,6 +102,7 @@ func (s *State) Epoch(now time.Time) Plan {
 	s.committed = false
 	p := Plan{Epoch: s.epoch, seq: s.seq}
 	s.epochKeys(now, &p)
+	s.sizes.steps, s.sizes.lower, s.sizes.raise = len(p.steps), len(p.Lower), len(p.Raise)
 	if !s.tallied {
 		s.closeTallies() // one phase: epochKey closed every key's
 	}
@@ -233,6 +234,9 @@ func (s *State) Apply() []ShareChange {
 			// Tokens come with gifts of share; a write for tokens alone
 			// (its share written already) writes the share it holds.
 			ks.applied = max(ks.applied, a)
+			if out == nil {
+				out = make([]ShareChange, 0, len(s.toApply))
+			}
 			out = append(out, ks.change(ks.applied))
 		}
 	}

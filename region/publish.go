@@ -170,6 +170,9 @@ func (s *State) Tally(now time.Time) Report {
 		ks.pub, ks.cur0 = cur, tally{}
 		if s.closeTally(ks) {
 			s.touch(ks)
+			if r.Keys == nil { // sized as the latest tally report's
+				r.Keys = make([]KeyReport, 0, s.sizes.tally)
+			}
 			r.Keys = append(r.Keys, s.tallyEntry(ks))
 		} else if s.forgotten(ks) {
 			s.removeKey(i)
@@ -179,6 +182,7 @@ func (s *State) Tally(now time.Time) Report {
 	}
 	s.closeTallies()
 	s.tallyRefresh(&r)
+	s.sizes.tally = len(r.Keys)
 	return r
 }
 

@@ -1,9 +1,12 @@
 package region
 
-import "time"
+import (
+	"slices"
+	"time"
+)
 
 // This file holds keys at rest (docs/DESIGN.md, "Keys at rest"): a key whose
-// epoch changed nothing twice running, and that nothing touched since, is
+// epoch changed nothing (restQuiet), and that nothing touched since, is
 // not visited by Epoch again until something touches it (its tally changes,
 // a peer lists it, a store write, a resync), a timer of its own comes due
 // (idle, grace, rewrite), or something every key depends on changes (which
@@ -11,10 +14,19 @@ import "time"
 // change nothing, so skipping it changes nothing: Config.EveryKey runs every
 // key every epoch, and the tests compare the two.
 
-// restQuiet is the count of quiet epochs after which a key rests: one to
-// find its epoch changes nothing, one more after its report's fingerprint
-// was taken of that state.
-const restQuiet = 2
+// restQuiet is the count of quiet epochs after which a key rests: one, to
+// find its epoch changes nothing. The Report of that epoch still takes its
+// fingerprint (restNew) of the state it rests in; a second quiet epoch,
+// which only waited for that, would change nothing.
+const restQuiet = 1
+
+// keyMeta.rest: awake, came to rest at the latest Epoch (its Report takes
+// the key's fingerprint), or resting.
+const (
+	restAwake uint8 = iota
+	restNew
+	restOn
+)
 
 // keyMeta is what Epoch, Report and Tally read of a key to step over it
 // when it rests, kept dense beside State.keys (State.meta) so that stepping
@@ -28,13 +40,15 @@ type keyMeta struct {
 	// nothing of the key and steps over it (publish.go).
 	sameAt uint32
 	bucket uint16
-	rest   bool // keyState.quiet >= restQuiet
+	rest   uint8 // restAwake, or restNew or restOn when keyState.quiet >= restQuiet
 }
 
 // touch wakes a key: something its epoch reads changed.
 func (s *State) touch(ks *keyState) {
+	if ks.quiet >= restQuiet { // else its meta says awake already: spare the miss
+		s.meta[ks.idx].rest = restAwake
+	}
 	ks.quiet = 0
-	s.meta[ks.idx].rest = false
 }
 
 // calm returns the signature of what every key's epoch reads beside its own
@@ -86,7 +100,8 @@ func (s *State) epochKeys(now time.Time, p *Plan) {
 	ns := now.UnixNano()
 	s.resting = 0
 	for i := 0; i < len(s.keys); {
-		if m := &s.meta[i]; rest && m.rest && (m.wakeAt == 0 || ns < m.wakeAt) {
+		if m := &s.meta[i]; rest && m.rest != restAwake && (m.wakeAt == 0 || ns < m.wakeAt) {
+			m.rest = restOn // the latest Report took its fingerprint
 			s.resting++
 			i++
 			continue
@@ -96,7 +111,7 @@ func (s *State) epochKeys(now time.Time, p *Plan) {
 		ks.visit = s.epochs + 1 // this epoch, counted from 1
 		s.markUnsaved(ks)
 		steps, retired := len(p.steps), len(p.Retire)
-		var before uint64
+		var before restMark
 		if ok { // noteRest compares it only when keys may rest
 			before = s.restSig(ks)
 		}
@@ -141,22 +156,34 @@ func (s *State) wake(ks *keyState) {
 	}
 }
 
-// restSig hashes the state an epoch of ks may change without planning a
-// step, but for its smoothed demand (steady says whether that matters).
-func (s *State) restSig(ks *keyState) uint64 {
-	h := fnv{0xcbf29ce484222325}
-	h.add(ks.gen)
-	h.add(ks.floor)
-	h.add(uint64(ks.base))
-	h.add(uint64(ks.applied))
-	for k := 0; k < s.n; k++ {
-		h.add(uint64(ks.inTakenStored()[k]))
+// restMark is the state an epoch of a key may change without planning a
+// step, but for its smoothed demand (steady says whether that matters) and
+// its inTakenStored (kept in State.restIn): compared, not hashed, as it is
+// taken twice for every key visited.
+type restMark struct {
+	gen, floor, unheard     uint64
+	base, applied, transfer int64
+	tallies, exits          int
+}
+
+// restSig returns ks's restMark and copies its inTakenStored to s.restIn.
+func (s *State) restSig(ks *keyState) restMark {
+	s.restIn = append(s.restIn[:0], ks.inTakenStored()...)
+	return s.mark(ks)
+}
+
+// mark is ks's restMark.
+func (s *State) mark(ks *keyState) restMark {
+	return restMark{
+		gen: ks.gen, floor: ks.floor, unheard: ks.unheard,
+		base: ks.base, applied: ks.applied, transfer: ks.lastTransfer.UnixNano(),
+		tallies: len(ks.tallies), exits: len(ks.exits),
 	}
-	h.add(ks.unheard)
-	h.add(uint64(ks.lastTransfer.UnixNano()))
-	h.add(uint64(len(ks.tallies)))
-	h.add(uint64(len(ks.exits)))
-	return h.v
+}
+
+// sameRest reports whether ks's restMark is still before, restSig's.
+func (s *State) sameRest(ks *keyState, before restMark) bool {
+	return s.mark(ks) == before && slices.Equal(ks.inTakenStored(), s.restIn)
 }
 
 // noteRest counts ks's epoch at now as quiet or not: quiet when it planned
@@ -164,8 +191,8 @@ func (s *State) restSig(ks *keyState) uint64 {
 // flight that a timer or a peer must settle, and its smoothed demand, as it
 // converges on the demand it sees now, cannot make it give (steady); then
 // it notes that demand, and when its own timers wake it.
-func (s *State) noteRest(now time.Time, ks *keyState, pol KeyPolicy, before uint64, moved, ok bool) {
-	if !ok || moved || s.restSig(ks) != before || !s.mayRest(now, ks, pol) || !s.steady(now, ks, pol) {
+func (s *State) noteRest(now time.Time, ks *keyState, pol KeyPolicy, before restMark, moved, ok bool) {
+	if !ok || moved || !s.sameRest(ks, before) || !s.mayRest(now, ks, pol) || !s.steady(now, ks, pol) {
 		s.touch(ks)
 		return
 	}
@@ -175,7 +202,10 @@ func (s *State) noteRest(now time.Time, ks *keyState, pol KeyPolicy, before uint
 	copy(ks.restX(), s.x)
 	ks.restActive = ks.lastDemand.Equal(now)
 	m := &s.meta[ks.idx]
-	m.rest, m.wakeAt = ks.resting(), s.wakeAt(now, ks)
+	if m.rest == restAwake && ks.resting() {
+		m.rest = restNew
+	}
+	m.wakeAt = s.wakeAt(now, ks)
 }
 
 // steady reports whether ks gives nothing in any epoch while its inputs

@@ -99,6 +99,10 @@ type State struct {
 	restE    []float64 // scratch of rest.go
 	restM    []float64
 	restR    []float64
+	restIn   []int64 // scratch of restSig
+	// sizes are the latest Plan's and tally report's lengths, to size the
+	// next ones' slices at once.
+	sizes struct{ steps, lower, raise, tally int }
 }
 
 // keyState is the exchange state of one key in this region.

@@ -22,9 +22,22 @@ type benchRegions struct {
 	bytes  int        // bytes published in the latest epoch, all regions
 	codec  codec
 	// pause, when set, is the benchmark whose timer stops while local
-	// demand is observed (the lease service pays for that, per call).
+	// demand is observed (the lease service pays for that, per call), and
+	// cpu the process CPU clock that stops with it.
 	pause *testing.B
+	cpu   *cpuClock
 }
+
+// cpuClock sums the process's CPU time (user and system, every thread:
+// the garbage collector's too) over the intervals between start and stop.
+// On a shared machine it measures the work where wall time measures the
+// load.
+type cpuClock struct {
+	total, from time.Duration
+}
+
+func (c *cpuClock) start() { c.from = processCPU() }
+func (c *cpuClock) stop()  { c.total += processCPU() - c.from }
 
 // codec is an encoder and a decoder of reports, so that one benchmark run
 // compares the package's codec with the generated code's.
@@ -87,11 +100,13 @@ func (b *benchRegions) tally(tb testing.TB, i int) {
 	st := b.states[i]
 	if b.pause != nil {
 		b.pause.StopTimer()
+		b.cpu.stop()
 	}
 	for k, key := range b.keys {
 		st.Observe(key, b.demand[i][k], b.demand[i][k])
 	}
 	if b.pause != nil {
+		b.cpu.start()
 		b.pause.StartTimer()
 	}
 	rep := st.Tally(b.now)

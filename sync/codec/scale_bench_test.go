@@ -44,7 +44,9 @@ func keysLabel(n int) string {
 // decode and merge of the peers' tallies, Epoch, Commit, Report and encode,
 // decode and merge of the peers' reports, Apply. ms/region-epoch and
 // wire-B/region-epoch are per region and epoch; B/op is for the three
-// regions.
+// regions. cpu-ms/region-epoch is the process's CPU time over the same
+// timed work (every thread, the garbage collector's included): on a shared
+// machine wall time measures the load as much as the work.
 //
 //	go test -run '^$' -bench EpochAtScale -benchmem -benchtime 3x -timeout 1h ./sync/codec
 func BenchmarkEpochAtScale(b *testing.B) {
@@ -79,7 +81,7 @@ func BenchmarkEpochAtScale(b *testing.B) {
 				change()
 				br.epoch(b)
 			}
-			br.pause = b
+			br.pause, br.cpu = b, &cpuClock{}
 			b.ReportAllocs()
 			b.ResetTimer()
 			var bytes int
@@ -87,12 +89,15 @@ func BenchmarkEpochAtScale(b *testing.B) {
 				b.StopTimer()
 				change()
 				b.StartTimer()
+				br.cpu.start()
 				br.epoch(b)
+				br.cpu.stop()
 				bytes += br.bytes
 			}
 			per := float64(b.N * len(br.names))
 			b.ReportMetric(float64(b.Elapsed().Microseconds())/1000/per, "ms/region-epoch")
 			b.ReportMetric(float64(bytes)/per, "wire-B/region-epoch")
+			b.ReportMetric(float64(br.cpu.total.Microseconds())/1000/per, "cpu-ms/region-epoch")
 		})
 	}
 }
