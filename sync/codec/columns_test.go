@@ -118,6 +118,51 @@ func TestColumnsSmaller(t *testing.T) {
 	}
 }
 
+// TestSmallestVersion: a sender writes the version that makes a report
+// smallest among those its peers read: V1 for a report of one key (the
+// columns' framing costs more than they save), V2 for many, V1 whenever V2
+// is not read; EncodeReport and Size agree with it.
+func TestSmallestVersion(t *testing.T) {
+	one := region.Report{Region: "eu", Replica: "0", Epoch: 9, Exchange: true, Regions: []string{"ap", "eu", "us"},
+		Keys: []region.KeyReport{{Key: "r/tenant=acme", Generation: 77, Base: 333_333, Row: []int64{1_000, 0, 0}, SharePPM: 332_333, Demand: 40}}}
+	many := one
+	many.Keys = nil
+	for i := 0; i < 100; i++ {
+		many.Keys = append(many.Keys, region.KeyReport{Key: fmt.Sprintf("r/tenant=%05d", i), Generation: 77, Base: 333_333, Row: []int64{int64(i), 0, 0}, SharePPM: 333_333 - int64(i), Demand: 40})
+	}
+	for _, c := range []struct {
+		name string
+		r    *region.Report
+		upTo Version
+		want Version
+	}{
+		{"one key", &one, V2, V1},
+		{"many keys", &many, V2, V2},
+		{"many keys, V2 not read", &many, V1, V1},
+	} {
+		got, err := Smallest(c.r, 1, 1<<20, c.upTo)
+		if err != nil || got != c.want {
+			t.Errorf("%s: Smallest up to %d = %d, %v; want %d", c.name, c.upTo, got, err, c.want)
+		}
+		b1, _, _ := SizeVersion(c.r, 1, 1<<20, V1)
+		b2, _, _ := SizeVersion(c.r, 1, 1<<20, V2)
+		t.Logf("%s: %d B in V1, %d in V2", c.name, b1, b2)
+		msgs, err := EncodeReportUpTo(c.r, 1, 1<<20, c.upTo)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := DecodePart(msgs[0], Limits{})
+		if err != nil || p.Version != c.want {
+			t.Errorf("%s: EncodeReportUpTo wrote version %d (%v), want %d", c.name, p.Version, err, c.want)
+		}
+	}
+	bytes, _, err := Size(&one, 1, 1<<20)
+	msgs, _ := EncodeReport(&one, 1, 1<<20)
+	if err != nil || len(msgs) != 1 || bytes != len(msgs[0]) {
+		t.Errorf("Size of one key = %d, %v; EncodeReport wrote %d messages", bytes, err, len(msgs))
+	}
+}
+
 // TestColumnsSplitRestarts checks that each part's keys are written from a
 // fresh start (the first name whole, differences from zero), so that a
 // part decodes without the others: any one part alone gives its keys.

@@ -16,11 +16,38 @@ var ErrTooLarge = errors.New("codec: entry larger than a message")
 
 // EncodeReport encodes r as one or more messages of at most maxBytes bytes
 // each (the connection's max_payload), all carrying report id id, in the
-// Latest version. Keys are split between parts in order; every part repeats
-// the header. A report without keys is one message. A sender whose peers
-// may not all read Latest uses EncodeReportVersion.
+// version up to Latest that makes them smallest (Smallest). Keys are split
+// between parts in order; every part repeats the header. A report without
+// keys is one message. A sender whose peers may not all read Latest uses
+// EncodeReportUpTo.
 func EncodeReport(r *region.Report, id uint64, maxBytes int) ([][]byte, error) {
-	return EncodeReportVersion(r, id, maxBytes, Latest)
+	return EncodeReportUpTo(r, id, maxBytes, Latest)
+}
+
+// EncodeReportUpTo is EncodeReport in the smallest version up to v.
+func EncodeReportUpTo(r *region.Report, id uint64, maxBytes int, v Version) ([][]byte, error) {
+	v, err := Smallest(r, id, maxBytes, v)
+	if err != nil {
+		return nil, err
+	}
+	return EncodeReportVersion(r, id, maxBytes, v)
+}
+
+// Smallest is the version up to v whose messages for r are fewest bytes
+// (the newer on a tie): V2's columns save most of a listing, but their
+// framing costs a report of a key or two a few bytes more than V1's.
+func Smallest(r *region.Report, id uint64, maxBytes int, v Version) (Version, error) {
+	if v < V2 {
+		return V1, nil
+	}
+	b2, _, err := SizeVersion(r, id, maxBytes, V2)
+	if err != nil {
+		return 0, err
+	}
+	if b1, _, err := SizeVersion(r, id, maxBytes, V1); err == nil && b1 < b2 {
+		return V1, nil
+	}
+	return V2, nil
 }
 
 // EncodeReportVersion is EncodeReport in version v (V1 or V2).
@@ -57,7 +84,11 @@ func EncodeReportVersion(r *region.Report, id uint64, maxBytes int, v Version) (
 // them: what a report costs on NATS. It splits r with EncodeReport's code,
 // and allocates nothing for a report of up to 16 parts.
 func Size(r *region.Report, id uint64, maxBytes int) (bytes, msgs int, err error) {
-	return SizeVersion(r, id, maxBytes, Latest)
+	v, err := Smallest(r, id, maxBytes, Latest)
+	if err != nil {
+		return 0, 0, err
+	}
+	return SizeVersion(r, id, maxBytes, v)
 }
 
 // SizeVersion is Size for EncodeReportVersion(r, id, maxBytes, v).

@@ -171,7 +171,7 @@ func (fx effects) Publish(_ context.Context, rep *region.Report) {
 		x.wire = v
 	}
 	x.met.wireVersion.Set(float64(v))
-	msgs, err := codec.EncodeReportVersion(rep, rand.Uint64(), limit, v)
+	msgs, err := codec.EncodeReportUpTo(rep, rand.Uint64(), limit, v)
 	if err != nil {
 		x.met.publishErrors.Inc()
 		x.cfg.Logger.Error("exchange: encoding the report", "err", err)
