@@ -79,7 +79,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		wireVersion: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "ration_exchange_wire_version",
-			Help: "The wire version of the reports last published: the newest every peer region's replicas read.",
+			Help: "The newest wire version reports may be written in: the newest every peer region's replicas read (each report takes the smallest up to it).",
 		}),
 		publishErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ration_exchange_publish_errors_total",
