@@ -211,28 +211,10 @@ func measureRedisMemory(t *testing.T, client redis.UniversalClient, keys []strin
 	return float64(usedMemory(t, client)-before) / float64(len(keys))
 }
 
-// usedMemory is INFO memory's used_memory less mem_clients_normal: the
-// buffers of the connection that wrote the keys are not the keys' cost.
+// usedMemory is redistest.UsedMemory of client's server.
 func usedMemory(t *testing.T, client redis.UniversalClient) int64 {
 	t.Helper()
-	info, err := client.Info(t.Context(), "memory").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	field := func(name string) int64 {
-		for line := range strings.SplitSeq(info, "\r\n") {
-			if v, ok := strings.CutPrefix(line, name+":"); ok {
-				n, err := strconv.ParseInt(v, 10, 64)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return n
-			}
-		}
-		t.Fatalf("no %s in INFO memory:\n%s", name, info)
-		return 0
-	}
-	return field("used_memory") - field("mem_clients_normal")
+	return redistest.UsedMemory(t, client.Info(t.Context(), "memory").Result)
 }
 
 // exchangeRecords writes each key's record of the exchange's persisted

@@ -406,30 +406,20 @@ const slabSize = 16 << 10
 // up to slabSize.
 func (s *recordSlab) size(n int) int { return max(n, min(slabSize, n*s.keys)) }
 
-func (s *recordSlab) int64s(n int) []int64 {
-	if len(s.ints) < n {
-		s.ints = make([]int64, s.size(n))
-	}
-	v := s.ints[:n:n]
-	s.ints = s.ints[n:]
-	return v
-}
+func (s *recordSlab) int64s(n int) []int64     { return takeN(&s.ints, n, s.size(n)) }
+func (s *recordSlab) float64s(n int) []float64 { return takeN(&s.floats, n, s.size(n)) }
+func (s *recordSlab) uint64s(n int) []uint64   { return takeN(&s.gens, n, s.size(n)) }
 
-func (s *recordSlab) float64s(n int) []float64 {
-	if len(s.floats) < n {
-		s.floats = make([]float64, s.size(n))
+// takeN takes the next n values of *buf (zeroed, length n), first
+// allocating size of them when fewer are left; the slice it returns has no
+// room to grow into the rest. (fill.go's carve hands out empty slices of a
+// counted slab instead.)
+func takeN[T any](buf *[]T, n, size int) []T {
+	if len(*buf) < n {
+		*buf = make([]T, size)
 	}
-	v := s.floats[:n:n]
-	s.floats = s.floats[n:]
-	return v
-}
-
-func (s *recordSlab) uint64s(n int) []uint64 {
-	if len(s.gens) < n {
-		s.gens = make([]uint64, s.size(n))
-	}
-	v := s.gens[:n:n]
-	s.gens = s.gens[n:]
+	v := (*buf)[:n:n]
+	*buf = (*buf)[n:]
 	return v
 }
 

@@ -224,25 +224,8 @@ func steadySnapshot(n int) region.Snapshot {
 	return snap
 }
 
-// stateUsedMemory is INFO memory's used_memory less the clients' buffers.
+// stateUsedMemory is redistest.UsedMemory of client's server.
 func stateUsedMemory(t *testing.T, client redis.UniversalClient) int64 {
 	t.Helper()
-	info, err := client.Info(context.Background(), "memory").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	field := func(name string) int64 {
-		for line := range strings.SplitSeq(info, "\r\n") {
-			if v, ok := strings.CutPrefix(line, name+":"); ok {
-				n, err := strconv.ParseInt(v, 10, 64)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return n
-			}
-		}
-		t.Fatalf("no %s in INFO memory", name)
-		return 0
-	}
-	return field("used_memory") - field("mem_clients_normal")
+	return redistest.UsedMemory(t, client.Info(context.Background(), "memory").Result)
 }
