@@ -96,17 +96,24 @@ func checkGroups(t *testing.T, c *RedisCoordinator, client redis.UniversalClient
 	if nonEmpty := len(keys) - 1; nonEmpty > g {
 		t.Errorf("%d keys of groups, want at most %d: the old groups were not deleted", nonEmpty, g)
 	}
-	st, err := c.Load(ctx, "eu")
-	if err != nil {
-		t.Fatal(err)
-	}
-	loaded := map[string]string{}
-	for i, k := range st.Keys {
-		loaded[k] = string(st.Records[i])
-	}
+	st, loaded := loadRecords(t, c)
 	if string(st.Head) != head || !cmp.Equal(want, loaded) {
 		t.Fatalf("Load: head %q and %d records, want %q and %d", st.Head, len(loaded), head, len(want))
 	}
+}
+
+// loadRecords loads region eu's state and its records by key.
+func loadRecords(t *testing.T, c *RedisCoordinator) (SavedState, map[string]string) {
+	t.Helper()
+	st, err := c.Load(context.Background(), "eu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := make(map[string]string, len(st.Keys))
+	for i, k := range st.Keys {
+		m[k] = string(st.Records[i])
+	}
+	return st, m
 }
 
 // TestRedisStateGroups checks the layout of the state: records in groups
@@ -183,14 +190,7 @@ func TestRedisStateUpgrade(t *testing.T) {
 	if err := client.HSet(ctx, c.key("eu", "state"), args...).Err(); err != nil {
 		t.Fatal(err)
 	}
-	st, err := c.Load(ctx, "eu")
-	if err != nil {
-		t.Fatal(err)
-	}
-	loaded := map[string]string{}
-	for i, k := range st.Keys {
-		loaded[k] = string(st.Records[i])
-	}
+	st, loaded := loadRecords(t, c)
 	if string(st.Head) != "old head" || !cmp.Equal(old, loaded) {
 		t.Fatalf("Load of the one hash: head %q and %d records, want %q and %d", st.Head, len(loaded), "old head", len(old))
 	}
@@ -243,14 +243,7 @@ func TestRedisStateOnCluster(t *testing.T) {
 	}
 	maps.Copy(want, change)
 	delete(want, "k1")
-	st, err := c.Load(ctx, "eu")
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := map[string]string{}
-	for i, k := range st.Keys {
-		got[k] = string(st.Records[i])
-	}
+	st, got := loadRecords(t, c)
 	if string(st.Head) != "h2" || !cmp.Equal(want, got) {
 		t.Fatalf("Load: head %q and %d records, want %q and %d", st.Head, len(got), "h2", len(want))
 	}
