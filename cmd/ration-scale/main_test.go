@@ -113,6 +113,8 @@ func TestParseRejectsBadFlags(t *testing.T) {
 	for _, args := range [][]string{
 		{"-keys", "0"}, {"-sweep", "60s"}, {"-sweep", "0s"}, {"-zipf", "1"}, {"-move", "1.5"},
 		{"-hot", "-1"}, {"-o", "yaml"}, {"-agents", "0"}, {"-workers", "0"}, {"-report", "0s"}, {"-store-timeout", "-1s"}, {"extra"},
+		{"-redis-layout", "rows"}, {"-redis-groups", "1000"}, {"-redis-groups", "1024", "-redis-layout", "keys"},
+		{"-heap-profiles", "x", "-regiond", "y"},
 	} {
 		if _, err := parse(args, io.Discard); err == nil {
 			t.Errorf("parse(%q): got no error", args)
