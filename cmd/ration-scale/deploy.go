@@ -189,9 +189,10 @@ func (p printer) start(o options, d *deployment) {
 		"  plus %.0f/s Zipf(s=%.2f) split 60/30/10%% between regions; %d agents per region; rule per-user 100/min global; seed %d\n",
 		l.Keys, o.load.sweep, l.SweepRate, 100*l.Move, l.Hot, l.Zipf, l.Agents, l.Seed)
 	fmt.Fprintf(p.w, "active keys: distinct keys the sweep decided within the regions' idle time (%v); sweep lag: keys it is behind its schedule\n", regionIdle)
-	fmt.Fprintf(p.w, "columns: rss, cpu/s and heap (go_memstats_heap_inuse_bytes) of regiond; epoch = mean exchange epoch;\n"+
+	fmt.Fprintf(p.w, "load = the machine's one-minute load average; columns: rss, cpu/s and heap (go_memstats_heap_inuse_bytes) of regiond; epoch = mean exchange epoch;\n"+
 		"  items/s = keys leased (one store operation each); l-err, x-err = failed store calls of the lease service and of the exchange in the interval,\n"+
-		"  x-save = of them the persisted state's saves; state-w/s = persisted state written; redis = INFO used_memory;\n"+
+		"  x-save = of them the persisted state's saves; share/s = shares the exchange wrote (or tried to);\n"+
+		"  state-w/s = persisted state written; redis = INFO used_memory;\n"+
 		"  entries = the keys' entries in Redis (a Redis key each, or a field of a group hash: SCAN and HLEN, expired fields until swept),\n"+
 		"  B/entry = their bytes each (used_memory − before the load − the state's); xrecs = the exchange's persisted records (its head's count),\n"+
 		"  B/xrec = MEMORY USAGE of the state's hashes over them; B/key = (used_memory − before the load)/max(entries, xrecs),\n"+

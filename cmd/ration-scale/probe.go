@@ -67,6 +67,21 @@ func readProc(pid int) (procUsage, error) {
 	return u, nil
 }
 
+// loadAverage is the machine's one-minute load average (/proc/loadavg):
+// the run shares the machine, and a loaded one shows in every figure.
+func loadAverage() float64 {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0
+	}
+	v, _ := strconv.ParseFloat(f[0], 64)
+	return v
+}
+
 // daemonMetrics are the figures the harness takes from regiond's /metrics.
 type daemonMetrics struct {
 	heapInuse      int64   // go_memstats_heap_inuse_bytes
@@ -77,6 +92,7 @@ type daemonMetrics struct {
 	exchangeErrors float64 // ration_exchange_store_errors_total: the exchange's
 	saveErrors     float64 // of them, {op="save"}: its persisted state's saves
 	stateWritten   float64 // ration_exchange_state_written_bytes_total
+	shareWrites    float64 // ration_exchange_share_writes_total: shares written (or deleted) by the exchange
 }
 
 // scrapeMetrics reads regiond's /metrics in the Prometheus text format
@@ -128,6 +144,8 @@ func parseMetrics(r io.Reader, m *daemonMetrics) error {
 			}
 		case "ration_exchange_state_written_bytes_total":
 			m.stateWritten += value
+		case "ration_exchange_share_writes_total":
+			m.shareWrites += value
 		}
 	}
 	return sc.Err()
