@@ -195,7 +195,7 @@ func (p printer) start(o options, d *deployment) {
 		"  state-w/s = persisted state written; redis = INFO used_memory;\n"+
 		"  entries = the keys' entries in Redis (a Redis key each, or a field of a group hash: SCAN and HLEN, expired fields until swept),\n"+
 		"  B/entry = their bytes each (used_memory − before the load − the state's); xrecs = the exchange's persisted records (its head's count),\n"+
-		"  B/xrec = MEMORY USAGE of the state's hashes over them; B/key = (used_memory − before the load)/max(entries, xrecs),\n"+
+		"  B/xrec = MEMORY USAGE of the state's hashes over them; ht = group hashes / state groups kept as hash tables, not listpacks; B/key = (used_memory − before the load)/max(entries, xrecs),\n"+
 		"  everything ration keeps in that Redis per key; B/active key in all = Σ(used_memory − before)/active keys; rcpu/s = redis-server CPU;\n"+
 		"  nats = regiond's connection, bytes published (in) and delivered (out); agent keys held; adm/den/fail = decisions, fail = by failure mode\n\n")
 }

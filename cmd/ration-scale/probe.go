@@ -185,6 +185,11 @@ type redisMemory struct {
 	// it), in groups hashes. A key's bucket, share and escrow are one
 	// entry in either layout.
 	own, fields, groups int64
+	// groupsHT and xgroupsHT are the group hashes and the exchange's
+	// state groups that Redis keeps as hash tables rather than listpacks
+	// (a field over hash-max-listpack-value bytes, or more fields than
+	// hash-max-listpack-entries): several times the memory a key, for good.
+	groupsHT, xgroupsHT int64
 	// xkeys are the exchange's own Redis keys (its hold, its state's head
 	// and the state's groups), xrecords the state's records (one a key it
 	// holds state for, the head's "n") and xbytes MEMORY USAGE summed over
@@ -255,14 +260,20 @@ func readRedis(ctx context.Context, rc redis.UniversalClient, reg string) (redis
 	for chunk := range slices.Chunk(group, scanBatch) {
 		pipe := rc.Pipeline()
 		lens := make([]*redis.IntCmd, len(chunk))
+		encs := make([]*redis.StringCmd, len(chunk))
 		for i, g := range chunk {
 			lens[i] = pipe.HLen(ctx, g)
+			encs[i] = pipe.ObjectEncoding(ctx, g)
 		}
-		if _, err := pipe.Exec(ctx); err != nil {
+		// A group that expired since SCAN answers 0 and nil.
+		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 			return m, fmt.Errorf("HLEN of %d groups: %w", len(chunk), err)
 		}
-		for _, l := range lens {
+		for i, l := range lens {
 			m.fields += l.Val()
+			if encs[i].Val() == "hashtable" {
+				m.groupsHT++
+			}
 		}
 	}
 	m.own = max(m.dbsize-m.groups-m.xkeys, 0)
@@ -306,8 +317,10 @@ func readExchange(ctx context.Context, rc redis.UniversalClient, reg string, m *
 		chunk := names[first:min(first+scanBatch, len(names))]
 		pipe := rc.Pipeline()
 		sizes := make([]*redis.IntCmd, len(chunk))
+		encs := make([]*redis.StringCmd, len(chunk))
 		for i, k := range chunk {
 			sizes[i] = pipe.MemoryUsage(ctx, k)
+			encs[i] = pipe.ObjectEncoding(ctx, k)
 		}
 		// A group the save left empty does not exist: MEMORY USAGE
 		// answers nil, and it counts as nothing.
@@ -321,6 +334,9 @@ func readExchange(ctx context.Context, rc redis.UniversalClient, reg string, m *
 			m.xbytes += s.Val()
 			if first+i > 0 { // the head is in EXISTS's count
 				m.xkeys++
+				if encs[i].Val() == "hashtable" {
+					m.xgroupsHT++
+				}
 			}
 		}
 	}

@@ -41,18 +41,20 @@ type regionLine struct {
 	// The parts of RedisPerKey: the keys' entries (bucket, share and
 	// escrow together: a Redis key of its own, or a field of a group
 	// hash) and the exchange's persisted records.
-	Entries     int64   `json:"redis_key_entries"`
-	Groups      int64   `json:"redis_groups"`
-	PerEntry    float64 `json:"redis_bytes_per_key_entry"`
-	XchgRecords int64   `json:"exchange_records"`
-	PerXchgRec  float64 `json:"exchange_state_bytes_per_record"`
-	RedisCPU    float64 `json:"redis_cpu_s_per_s"`
-	NATSIn      float64 `json:"nats_in_bytes_per_s"`
-	NATSOut     float64 `json:"nats_out_bytes_per_s"`
-	AgentKeys   int     `json:"agent_keys"`
-	Admitted    float64 `json:"admitted_per_s"`
-	Denied      float64 `json:"denied_per_s"`
-	FailureMode float64 `json:"failure_mode_per_s"`
+	Entries      int64   `json:"redis_key_entries"`
+	Groups       int64   `json:"redis_groups"`
+	PerEntry     float64 `json:"redis_bytes_per_key_entry"`
+	GroupsHT     int64   `json:"redis_groups_hashtable"`
+	XchgGroupsHT int64   `json:"exchange_state_groups_hashtable"`
+	XchgRecords  int64   `json:"exchange_records"`
+	PerXchgRec   float64 `json:"exchange_state_bytes_per_record"`
+	RedisCPU     float64 `json:"redis_cpu_s_per_s"`
+	NATSIn       float64 `json:"nats_in_bytes_per_s"`
+	NATSOut      float64 `json:"nats_out_bytes_per_s"`
+	AgentKeys    int     `json:"agent_keys"`
+	Admitted     float64 `json:"admitted_per_s"`
+	Denied       float64 `json:"denied_per_s"`
+	FailureMode  float64 `json:"failure_mode_per_s"`
 }
 
 // allLine is the whole run's figures for one interval.
@@ -251,6 +253,7 @@ func (t *target) sampleRedis(ctx context.Context) error {
 	// per-key figure at its highest. An entry costs what is not the
 	// exchange's state; a record, the state's bytes over its records.
 	l.Entries, l.Groups, l.XchgRecords = rm.entries(), rm.groups, rm.xrecords
+	l.GroupsHT, l.XchgGroupsHT = rm.groupsHT, rm.xgroupsHT
 	if held := max(l.Entries, l.XchgRecords); held > 0 {
 		l.RedisPerKey = float64(rm.used-t.base) / float64(held)
 	}
@@ -344,13 +347,13 @@ func (p printer) interval(s *sampler) {
 	a := s.all
 	fmt.Fprintf(p.w, "t=%v active keys %d (sweep lag %d; %d entries in the Redises, %.0f B/active key in all), driven %.0f/s, harness cpu %.2f s/s, load %.1f, nats in %s/s out %s/s\n",
 		time.Duration(a.T*float64(time.Second)).Round(time.Second), a.ActiveKeys, a.SweepLag, a.RedisEntries, a.RedisPerActive, a.Driven, a.HarnessCPU, a.LoadAvg, mb(a.NATSIn), mb(a.NATSOut))
-	fmt.Fprintf(p.w, "  %-4s %8s %6s %8s %8s %8s %6s %6s %6s %7s %9s %9s %8s %7s %8s %6s %6s %6s %9s %9s %9s %8s %8s %6s\n",
-		"reg", "rss", "cpu/s", "heap", "epoch", "items/s", "l-err", "x-err", "x-save", "share/s", "state-w/s", "redis", "entries", "B/entry", "xrecs", "B/xrec", "B/key", "rcpu/s", "nats-in/s", "nats-out/s", "agentkeys", "adm/s", "den/s", "fail/s")
+	fmt.Fprintf(p.w, "  %-4s %8s %6s %8s %8s %8s %6s %6s %6s %7s %9s %9s %8s %7s %8s %6s %7s %6s %6s %9s %9s %9s %8s %8s %6s\n",
+		"reg", "rss", "cpu/s", "heap", "epoch", "items/s", "l-err", "x-err", "x-save", "share/s", "state-w/s", "redis", "entries", "B/entry", "xrecs", "B/xrec", "ht", "B/key", "rcpu/s", "nats-in/s", "nats-out/s", "agentkeys", "adm/s", "den/s", "fail/s")
 	for _, t := range s.regions {
 		l := t.line
-		fmt.Fprintf(p.w, "  %-4s %8s %6.2f %8s %6.0fms %8.0f %6.0f %6.0f %6.0f %7.0f %9s %9s %8d %7.0f %8d %6.0f %6.0f %6.2f %9s %9s %9d %8.0f %8.0f %6.0f\n",
+		fmt.Fprintf(p.w, "  %-4s %8s %6.2f %8s %6.0fms %8.0f %6.0f %6.0f %6.0f %7.0f %9s %9s %8d %7.0f %8d %6.0f %7s %6.0f %6.2f %9s %9s %9d %8.0f %8.0f %6.0f\n",
 			l.Region, mb(float64(l.RSS)), l.CPU, mb(float64(l.HeapInuse)), l.EpochMS, l.LeaseItems, l.LeaseErrors, l.XchgErrors, l.SaveErrors, l.ShareWrites, mb(l.StateWritten), mb(float64(l.RedisUsed)),
-			l.Entries, l.PerEntry, l.XchgRecords, l.PerXchgRec, l.RedisPerKey, l.RedisCPU, mb(l.NATSIn), mb(l.NATSOut), l.AgentKeys, l.Admitted, l.Denied, l.FailureMode)
+			l.Entries, l.PerEntry, l.XchgRecords, l.PerXchgRec, fmt.Sprintf("%d/%d", l.GroupsHT, l.XchgGroupsHT), l.RedisPerKey, l.RedisCPU, mb(l.NATSIn), mb(l.NATSOut), l.AgentKeys, l.Admitted, l.Denied, l.FailureMode)
 	}
 	fmt.Fprintf(p.w, "  agents: %d keys held, live heap %s above the start, %.0f B/key\n", a.AgentKeys, mb(float64(a.AgentHeap)), a.AgentPerKey)
 }
