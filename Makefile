@@ -46,8 +46,10 @@ bench:
 
 # The scale run (issue 12), not part of test: three regiond, each on its own
 # redis-server, over embedded NATS, with a million active keys for ten
-# minutes, printing memory, CPU and NATS bytes per second every 30s. Needs
-# redis-server on PATH. Smaller: make scale SCALEFLAGS='-keys 100000 -duration 3m'
+# minutes, printing memory, CPU and NATS bytes per second every 30s, in
+# regiond's grouped Redis layout (-redis-layout keys for the default one).
+# Needs redis-server on PATH. Smaller: make scale SCALEFLAGS='-keys 10000 -duration 3m';
+# -heap-profiles DIR writes every regiond's heap profile at the end.
 scale:
 	$(GO) run ./cmd/ration-scale $(SCALEFLAGS)
 

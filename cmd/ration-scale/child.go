@@ -37,7 +37,7 @@ type child struct {
 
 // startChild starts bin with args, stdout and stderr into dir/name.out and
 // dir/name.err.
-func startChild(dir, name, bin string, args ...string) (*child, error) {
+func startChild(dir, name string, env []string, bin string, args ...string) (*child, error) {
 	c := &child{
 		name:    name,
 		done:    make(chan struct{}),
@@ -56,6 +56,9 @@ func startChild(dir, name, bin string, args ...string) (*child, error) {
 	defer errf.Close()
 	c.cmd = exec.Command(bin, args...)
 	c.cmd.Stdout, c.cmd.Stderr = out, errf
+	if len(env) > 0 {
+		c.cmd.Env = append(os.Environ(), env...)
+	}
 	// Should the harness itself be killed, the kernel kills its children.
 	c.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := c.cmd.Start(); err != nil {
@@ -151,7 +154,7 @@ func startRedis(ctx context.Context, dir, name string) (*child, string, error) {
 	if err := os.Mkdir(rdir, 0o755); err != nil {
 		return nil, "", err
 	}
-	c, err := startChild(dir, name, bin,
+	c, err := startChild(dir, name, nil, bin,
 		"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", rdir, "--daemonize", "no")
 	if err != nil {
@@ -178,18 +181,31 @@ func freePort() (int, error) {
 type regiondProc struct {
 	*child
 	region, lease, admin string
+	pprof                string // its pprof server (pprofSource), or ""
 }
 
 // startRegiond execs the regiond binary and waits until it has printed
 // its addresses; waitReady waits for its /readyz. A regiond is ready only
 // once it has heard every other region (or its grace passed), so start
 // them all before waiting for any.
-func startRegiond(ctx context.Context, dir, bin string, args []string, region string) (*regiondProc, error) {
-	c, err := startChild(dir, "regiond-"+region, bin, args...)
+// With withPprof, a regiond built with pprofSource serves pprof on a free
+// loopback port.
+func startRegiond(ctx context.Context, dir, bin string, args []string, region string, withPprof bool) (*regiondProc, error) {
+	var env []string
+	var pprofAddr string
+	if withPprof {
+		port, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		pprofAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		env = []string{pprofEnv + "=" + pprofAddr}
+	}
+	c, err := startChild(dir, "regiond-"+region, env, bin, args...)
 	if err != nil {
 		return nil, err
 	}
-	p := &regiondProc{child: c, region: region}
+	p := &regiondProc{child: c, region: region, pprof: pprofAddr}
 	err = c.waitFor(ctx, "did not print its addresses", func() bool {
 		p.lease, p.admin = regiondAddrs(c.outPath)
 		return p.admin != ""

@@ -32,7 +32,13 @@ type deployment struct {
 func startDeployment(ctx context.Context, o options, dir string) (*deployment, error) {
 	d := &deployment{hc: &http.Client{Timeout: 5 * time.Second}, dir: dir}
 	bin := o.regiond
-	if bin == "" {
+	switch {
+	case o.profiles != "":
+		var err error
+		if bin, err = buildRegiondPprof(ctx, dir); err != nil {
+			return d, err
+		}
+	case bin == "":
 		var err error
 		if bin, err = buildRegiond(ctx, dir); err != nil {
 			return d, err
@@ -61,7 +67,7 @@ func startDeployment(ctx context.Context, o options, dir string) (*deployment, e
 			return d, err
 		}
 		t.rc = redis.NewClient(&redis.Options{Addr: addr})
-		if t.daemon, err = startRegiond(ctx, dir, bin, regionArgs(o, r, addr, ns.ClientURL(), policy), r); err != nil {
+		if t.daemon, err = startRegiond(ctx, dir, bin, regionArgs(o, r, addr, ns.ClientURL(), policy), r, o.profiles != ""); err != nil {
 			return d, err
 		}
 	}
@@ -147,6 +153,8 @@ type startLine struct {
 	Move      float64        `json:"move"`
 	Zipf      float64        `json:"zipf"`
 	Agents    int            `json:"agents_per_region"`
+	Layout    string         `json:"redis_layout"`
+	Groups    int            `json:"redis_groups,omitempty"`
 	Seed      uint64         `json:"seed"`
 	NATS      string         `json:"nats"`
 	PIDs      map[string]int `json:"pids"`
@@ -156,7 +164,7 @@ type startLine struct {
 func (p printer) start(o options, d *deployment) {
 	l := startLine{
 		Kind: "start", Keys: o.load.keys, Sweep: o.load.sweep.String(), SweepRate: o.load.sweepRate(),
-		Hot: o.load.hot, Move: o.load.move, Zipf: o.load.zipfS, Agents: o.agents, Seed: o.load.seed,
+		Hot: o.load.hot, Move: o.load.move, Zipf: o.load.zipfS, Agents: o.agents, Layout: o.layout, Groups: o.groups, Seed: o.load.seed,
 		NATS: d.nats.ClientURL(), PIDs: map[string]int{}, Dir: d.dir,
 	}
 	for _, t := range d.targets {
@@ -167,8 +175,12 @@ func (p printer) start(o options, d *deployment) {
 		_ = json.NewEncoder(p.w).Encode(l)
 		return
 	}
-	fmt.Fprintf(p.w, "ration-scale: regions %v, each a regiond on its own redis-server, exchanging every %v over NATS %s (in this process)\n",
-		regions, o.syncPeriod, l.NATS)
+	layout := "keys (a Redis key a key)"
+	if o.layout == "groups" {
+		layout = fmt.Sprintf("groups (%d hashes)", o.groups)
+	}
+	fmt.Fprintf(p.w, "ration-scale: regions %v, each a regiond on its own redis-server (layout %s), exchanging every %v over NATS %s (in this process)\n",
+		regions, layout, o.syncPeriod, l.NATS)
 	for _, t := range d.targets {
 		fmt.Fprintf(p.w, "  %s: regiond pid %d (lease %s, admin %s), redis-server pid %d\n",
 			t.name, t.daemon.pid(), t.daemon.lease, t.daemon.admin, t.redis.pid())
@@ -177,11 +189,13 @@ func (p printer) start(o options, d *deployment) {
 		"  plus %.0f/s Zipf(s=%.2f) split 60/30/10%% between regions; %d agents per region; rule per-user 100/min global; seed %d\n",
 		l.Keys, o.load.sweep, l.SweepRate, 100*l.Move, l.Hot, l.Zipf, l.Agents, l.Seed)
 	fmt.Fprintf(p.w, "active keys: distinct keys the sweep decided within the regions' idle time (%v); sweep lag: keys it is behind its schedule\n", regionIdle)
-	fmt.Fprintf(p.w, "columns: rss, cpu/s and heap (go_memstats_heap_inuse_bytes) of regiond; epoch = mean exchange epoch;\n"+
+	fmt.Fprintf(p.w, "load = the machine's one-minute load average; columns: rss, cpu/s and heap (go_memstats_heap_inuse_bytes) of regiond; epoch = mean exchange epoch;\n"+
 		"  items/s = keys leased (one store operation each); l-err, x-err = failed store calls of the lease service and of the exchange in the interval,\n"+
-		"  x-save = of them the persisted state's saves; state-w/s = persisted state written; redis = INFO used_memory;\n"+
-		"  keys = the keys' own Redis keys (DBSIZE less the exchange's hold and state), B/kkey = their bytes each (used_memory − before the load − the state's);\n"+
-		"  xrecs = the exchange's persisted records (one a key it holds state for), B/xrec = the state's MEMORY USAGE each;\n"+
-		"  B/key = (used_memory − before the load)/max(keys, xrecs), everything ration keeps in Redis per key; rcpu/s = redis-server CPU;\n"+
+		"  x-save = of them the persisted state's saves; share/s = shares the exchange wrote (or tried to);\n"+
+		"  state-w/s = persisted state written; redis = INFO used_memory;\n"+
+		"  entries = the keys' entries in Redis (a Redis key each, or a field of a group hash: SCAN and HLEN, expired fields until swept),\n"+
+		"  B/entry = their bytes each (used_memory − before the load − the state's); xrecs = the exchange's persisted records (its head's count),\n"+
+		"  B/xrec = MEMORY USAGE of the state's hashes over them; ht = group hashes / state groups kept as hash tables, not listpacks; B/key = (used_memory − before the load)/max(entries, xrecs),\n"+
+		"  everything ration keeps in that Redis per key; B/active key in all = Σ(used_memory − before)/active keys; rcpu/s = redis-server CPU;\n"+
 		"  nats = regiond's connection, bytes published (in) and delivered (out); agent keys held; adm/den/fail = decisions, fail = by failure mode\n\n")
 }

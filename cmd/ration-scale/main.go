@@ -8,6 +8,12 @@
 //
 //	go run ./cmd/ration-scale                  # 1,000,000 keys for 10 minutes, a report every 30s
 //	go run ./cmd/ration-scale -keys 10000 -duration 1m -report 10s
+//	go run ./cmd/ration-scale -keys 100000 -duration 3m -heap-profiles /tmp/prof
+//
+// regiond runs in its grouped Redis layout (-redis-layout groups, the
+// memory issue 12 asks for; keys for regiond's default), with
+// -redis-groups sized from -keys. The keys' entries and the exchange's
+// records are counted in Redis itself, in either layout.
 //
 // It needs redis-server on PATH and the Go toolchain (it builds regiond
 // from this module). It is not part of the tests or CI: at a million keys
@@ -23,9 +29,11 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"math/bits"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -72,6 +80,9 @@ type options struct {
 	json                bool
 	regiond             string
 	verbose             bool
+	layout              string // regiond -redis-layout
+	groups              int    // regiond -redis-groups, for layout groups
+	profiles            string // directory for heap profiles at the end; "" none
 }
 
 func parse(args []string, stderr io.Writer) (options, error) {
@@ -93,6 +104,9 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.storeTimeout, "store-timeout", 0, "regiond -store-timeout, the deadline of each Redis call (0: regiond's default, 50ms)")
 	fs.DurationVar(&o.rttWait, "round-trip-timeout", 100*time.Millisecond, "agents' RoundTripTimeout: how long a cold key waits for its region before its failure mode decides")
 	fs.StringVar(&o.regiond, "regiond", "", "regiond binary to run (default: go build ./cmd/regiond into the temp dir)")
+	fs.StringVar(&o.layout, "redis-layout", "groups", "regiond -redis-layout: groups (a key a field of a hash, issue 12's memory) or keys (a Redis key a key, regiond's default)")
+	fs.IntVar(&o.groups, "redis-groups", 0, "regiond -redis-groups, a power of two (0: sized from -keys, groupsFor)")
+	fs.StringVar(&o.profiles, "heap-profiles", "", "at the end of the run, write each regiond's heap profile and this process's into this directory (regiond is built with net/http/pprof on a loopback port; needs the module source)")
 	fs.BoolVar(&o.verbose, "v", false, "regiond logs at info (default warn), in the temp dir; printed at exit")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -105,6 +119,9 @@ func parse(args []string, stderr io.Writer) (options, error) {
 		o.load.seed = uint64(time.Now().UnixNano())
 	}
 	o.json = *out == "json"
+	if o.layout == "groups" && o.groups == 0 {
+		o.groups = groupsFor(o.load.keys)
+	}
 	switch {
 	case *out != "text" && *out != "json":
 		return o, fmt.Errorf("-o %q: want text or json", *out)
@@ -122,6 +139,12 @@ func parse(args []string, stderr io.Writer) (options, error) {
 		return o, fmt.Errorf("-move %v: want 0 to 1", o.load.move)
 	case o.agents < 1 || o.load.workers < 1:
 		return o, errors.New("-agents and -workers must be at least 1")
+	case o.layout != "keys" && o.layout != "groups":
+		return o, fmt.Errorf("-redis-layout %q: want keys or groups", o.layout)
+	case o.groups != 0 && (o.layout != "groups" || o.groups < 1 || bits.OnesCount(uint(o.groups)) != 1):
+		return o, fmt.Errorf("-redis-groups %d: want a power of two, with -redis-layout groups", o.groups)
+	case o.profiles != "" && o.regiond != "":
+		return o, errors.New("-heap-profiles builds regiond itself: not with -regiond")
 	case o.syncPeriod < 10*time.Millisecond || o.rttWait <= 0 || o.storeTimeout < 0:
 		return o, errors.New("-sync-period must be at least 10ms, -round-trip-timeout positive and -store-timeout not negative")
 	}
@@ -159,7 +182,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := s.baseline(ctx); err != nil {
 		return err
 	}
-	return drive(ctx, o, s, p)
+	err = drive(ctx, o, s, p)
+	if o.profiles != "" && err == nil {
+		// After an interrupt too: the profiles are of the load as it
+		// stood. ctx may be done, so the fetch has its own deadline.
+		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 3*time.Minute)
+		defer cancel()
+		if err := d.writeProfiles(pctx, o.profiles); err != nil {
+			return fmt.Errorf("heap profiles: %w", err)
+		}
+		fmt.Fprintf(stdout, "heap profiles in %s: go tool pprof -sample_index=inuse_space -top %s\n", o.profiles, filepath.Join(o.profiles, "regiond-eu.heap"))
+	}
+	return err
 }
 
 // drive runs the load and prints every interval, then the summary.
@@ -224,6 +258,23 @@ func policyFile(dir string) (string, error) {
 	return path, os.WriteFile(path, []byte(policyYAML), 0o644)
 }
 
+// keysPerGroup is what the groups layout is sized for: DESIGN's "Redis
+// layouts (as built)" advises about 64 keys a hash, under the 128 fields
+// up to which a packaged redis.conf keeps a hash a listpack.
+const keysPerGroup = 64
+
+// groupsFor is the power of two nearest keys/keysPerGroup (at least 1):
+// every region's Redis may hold an entry for every key (a share the
+// exchange writes), so the sizing takes all of them.
+func groupsFor(keys int) int {
+	want := float64(keys) / keysPerGroup
+	g := 1
+	for float64(g)*math.Sqrt2 < want {
+		g *= 2
+	}
+	return g
+}
+
 // regionArgs are regiond's flags for region r.
 func regionArgs(o options, r, redisAddr, natsURL, policy string) []string {
 	level := "warn"
@@ -235,6 +286,9 @@ func regionArgs(o options, r, redisAddr, natsURL, policy string) []string {
 		"-redis", "redis://" + redisAddr, "-nats", natsURL,
 		"-listen", "127.0.0.1:0", "-admin", "127.0.0.1:0",
 		"-policy", policy, "-sync-period", o.syncPeriod.String(), "-log-level", level,
+	}
+	if o.layout == "groups" {
+		args = append(args, "-redis-layout", "groups", "-redis-groups", strconv.Itoa(o.groups))
 	}
 	if o.storeTimeout > 0 {
 		args = append(args, "-store-timeout", o.storeTimeout.String())

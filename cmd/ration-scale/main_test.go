@@ -113,6 +113,8 @@ func TestParseRejectsBadFlags(t *testing.T) {
 	for _, args := range [][]string{
 		{"-keys", "0"}, {"-sweep", "60s"}, {"-sweep", "0s"}, {"-zipf", "1"}, {"-move", "1.5"},
 		{"-hot", "-1"}, {"-o", "yaml"}, {"-agents", "0"}, {"-workers", "0"}, {"-report", "0s"}, {"-store-timeout", "-1s"}, {"extra"},
+		{"-redis-layout", "rows"}, {"-redis-groups", "1000"}, {"-redis-groups", "1024", "-redis-layout", "keys"},
+		{"-heap-profiles", "x", "-regiond", "y"},
 	} {
 		if _, err := parse(args, io.Discard); err == nil {
 			t.Errorf("parse(%q): got no error", args)
@@ -149,12 +151,14 @@ ration_exchange_store_errors_total{op="shares"} 3
 ration_exchange_store_errors_total{op="hold"} 4
 ration_exchange_store_errors_total{op="save"} 1
 ration_exchange_state_written_bytes_total 2048
+ration_exchange_share_writes_total{op="set"} 700
+ration_exchange_share_writes_total{op="delete"} 20
 `
 	var got daemonMetrics
 	if err := parseMetrics(strings.NewReader(text), &got); err != nil {
 		t.Fatal(err)
 	}
-	want := daemonMetrics{heapInuse: 15e6, epochSum: 1.25, epochCount: 5, leaseItems: 15, leaseErrors: 2, exchangeErrors: 8, saveErrors: 1, stateWritten: 2048}
+	want := daemonMetrics{heapInuse: 15e6, epochSum: 1.25, epochCount: 5, leaseItems: 15, leaseErrors: 2, exchangeErrors: 8, saveErrors: 1, stateWritten: 2048, shareWrites: 720}
 	if got != want {
 		t.Errorf("got %+v, want %+v", got, want)
 	}

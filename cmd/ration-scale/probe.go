@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -66,6 +67,21 @@ func readProc(pid int) (procUsage, error) {
 	return u, nil
 }
 
+// loadAverage is the machine's one-minute load average (/proc/loadavg):
+// the run shares the machine, and a loaded one shows in every figure.
+func loadAverage() float64 {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0
+	}
+	v, _ := strconv.ParseFloat(f[0], 64)
+	return v
+}
+
 // daemonMetrics are the figures the harness takes from regiond's /metrics.
 type daemonMetrics struct {
 	heapInuse      int64   // go_memstats_heap_inuse_bytes
@@ -76,6 +92,7 @@ type daemonMetrics struct {
 	exchangeErrors float64 // ration_exchange_store_errors_total: the exchange's
 	saveErrors     float64 // of them, {op="save"}: its persisted state's saves
 	stateWritten   float64 // ration_exchange_state_written_bytes_total
+	shareWrites    float64 // ration_exchange_share_writes_total: shares written (or deleted) by the exchange
 }
 
 // scrapeMetrics reads regiond's /metrics in the Prometheus text format
@@ -127,6 +144,8 @@ func parseMetrics(r io.Reader, m *daemonMetrics) error {
 			}
 		case "ration_exchange_state_written_bytes_total":
 			m.stateWritten += value
+		case "ration_exchange_share_writes_total":
+			m.shareWrites += value
 		}
 	}
 	return sc.Err()
@@ -155,15 +174,31 @@ func sample(line string) (string, float64, bool) {
 	return name, v, err == nil
 }
 
-// redisMemory is INFO memory's used_memory and DBSIZE, and what of them
-// is the exchange's: its keys and its persisted state's records and bytes.
+// redisMemory is what one Redis holds for ration: INFO memory's
+// used_memory, and the keys' entries and the exchange's records counted in
+// Redis itself, in either of regiond's layouts.
 type redisMemory struct {
-	used, keys int64
-	// xkeys are the exchange's own keys (its hold and its state), not a
-	// key's; xrecords the state's per-key records (its fields less the
-	// head), and xbytes MEMORY USAGE's estimate of the state.
+	used, dbsize int64
+	// own are the keys' own Redis keys ("ration:{<key>}", the keys
+	// layout); fields the fields of the group hashes ("ration:g{<tag>}",
+	// the groups layout; an expired field counts until a write samples
+	// it), in groups hashes. A key's bucket, share and escrow are one
+	// entry in either layout.
+	own, fields, groups int64
+	// groupsHT and xgroupsHT are the group hashes and the exchange's
+	// state groups that Redis keeps as hash tables rather than listpacks
+	// (a field over hash-max-listpack-value bytes, or more fields than
+	// hash-max-listpack-entries): several times the memory a key, for good.
+	groupsHT, xgroupsHT int64
+	// xkeys are the exchange's own Redis keys (its hold, its state's head
+	// and the state's groups), xrecords the state's records (one a key it
+	// holds state for, the head's "n") and xbytes MEMORY USAGE summed over
+	// the head and every group of the state.
 	xkeys, xrecords, xbytes int64
 }
+
+// entries are the keys' entries in this Redis: a key in either layout.
+func (m redisMemory) entries() int64 { return m.own + m.fields }
 
 // storePrefix is regiond's Redis key prefix (lease.RedisConfig's default),
 // and exchangeKey a key of the exchange's in region reg, as
@@ -172,14 +207,21 @@ const storePrefix = "ration:"
 
 func exchangeKey(reg, what string) string { return storePrefix + "exchange:{" + reg + "}:" + what }
 
-// stateSamples is how many of the state's fields MEMORY USAGE looks at to
-// estimate the whole: enough for records of similar size, and O(samples)
-// rather than O(keys) on a Redis that serves the leases meanwhile.
-const stateSamples = 1000
+// groupPattern matches the group hashes of lease's LayoutGroups,
+// "<prefix>g{<tag>}[<n>]", and no key's own name, "<prefix>{<key>}".
+const groupPattern = storePrefix + "g{*"
 
-func readRedis(ctx context.Context, rc *redis.Client, reg string) (redisMemory, error) {
+// scanBatch is SCAN's COUNT and the commands pipelined at once: a sample
+// costs Redis a few thousand short calls, spread between the leases'.
+const scanBatch = 1000
+
+// readRedis counts what reg's Redis holds. It reads the exchange's head
+// (records and groups), sizes every group of the state with MEMORY USAGE,
+// and, for the groups layout, finds the group hashes with SCAN and sums
+// their HLEN: O(groups) calls, not O(keys).
+func readRedis(ctx context.Context, rc redis.UniversalClient, reg string) (redisMemory, error) {
 	var m redisMemory
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
 	info, err := rc.Info(ctx, "memory").Result()
 	if err != nil {
@@ -192,27 +234,111 @@ func readRedis(ctx context.Context, rc *redis.Client, reg string) (redisMemory, 
 			}
 		}
 	}
-	if m.keys, err = rc.DBSize(ctx).Result(); err != nil {
+	if m.dbsize, err = rc.DBSize(ctx).Result(); err != nil {
 		return m, fmt.Errorf("DBSIZE: %w", err)
 	}
-	state := exchangeKey(reg, "state")
-	if m.xkeys, err = rc.Exists(ctx, exchangeKey(reg, "lease"), state).Result(); err != nil {
-		return m, fmt.Errorf("EXISTS: %w", err)
+	if err := readExchange(ctx, rc, reg, &m); err != nil {
+		return m, err
 	}
-	if typ, err := rc.Type(ctx, state).Result(); err != nil {
-		return m, fmt.Errorf("TYPE %s: %w", state, err)
-	} else if typ == "hash" {
-		n, err := rc.HLen(ctx, state).Result()
+	var group []string
+	var cursor uint64
+	for {
+		var names []string
+		names, cursor, err = rc.ScanType(ctx, cursor, groupPattern, scanBatch, "hash").Result()
 		if err != nil {
-			return m, fmt.Errorf("HLEN %s: %w", state, err)
+			return m, fmt.Errorf("SCAN %s: %w", groupPattern, err)
 		}
-		m.xrecords = max(n-1, 0) // the head is at field ""
-	}
-	if m.xkeys > 0 {
-		m.xbytes, err = rc.MemoryUsage(ctx, state, stateSamples).Result()
-		if err != nil && !errors.Is(err, redis.Nil) {
-			return m, fmt.Errorf("MEMORY USAGE %s: %w", state, err)
+		group = append(group, names...)
+		if cursor == 0 {
+			break
 		}
 	}
+	// SCAN may return a name twice; count each once.
+	slices.Sort(group)
+	group = slices.Compact(group)
+	m.groups = int64(len(group))
+	for chunk := range slices.Chunk(group, scanBatch) {
+		pipe := rc.Pipeline()
+		lens := make([]*redis.IntCmd, len(chunk))
+		encs := make([]*redis.StringCmd, len(chunk))
+		for i, g := range chunk {
+			lens[i] = pipe.HLen(ctx, g)
+			encs[i] = pipe.ObjectEncoding(ctx, g)
+		}
+		// A group that expired since SCAN answers 0 and nil.
+		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+			return m, fmt.Errorf("HLEN of %d groups: %w", len(chunk), err)
+		}
+		for i, l := range lens {
+			m.fields += l.Val()
+			if encs[i].Val() == "hashtable" {
+				m.groupsHT++
+			}
+		}
+	}
+	m.own = max(m.dbsize-m.groups-m.xkeys, 0)
 	return m, nil
+}
+
+// readExchange reads the exchange's keys in reg's Redis: its hold, its
+// state's head ('\0grouped' at "", G at "g", the records at "n") and its G
+// groups, "<head>:<i>", whose MEMORY USAGE it sums.
+func readExchange(ctx context.Context, rc redis.UniversalClient, reg string, m *redisMemory) error {
+	head := exchangeKey(reg, "state")
+	n, err := rc.Exists(ctx, exchangeKey(reg, "lease"), head).Result()
+	if err != nil {
+		return fmt.Errorf("EXISTS: %w", err)
+	}
+	m.xkeys = n
+	if typ, err := rc.Type(ctx, head).Result(); err != nil {
+		return fmt.Errorf("TYPE %s: %w", head, err)
+	} else if typ != "hash" {
+		return nil // no state saved yet
+	}
+	meta, err := rc.HMGet(ctx, head, "", "g", "n").Result()
+	if err != nil {
+		return fmt.Errorf("HMGET %s: %w", head, err)
+	}
+	if meta[0] != "\x00grouped" {
+		return fmt.Errorf("exchange state %s: not in groups (field \"\" is %q): this tool reads the layout of sync/exchange.RedisCoordinator", head, meta[0])
+	}
+	gs, _ := meta[1].(string)
+	ns, _ := meta[2].(string)
+	g, err1 := strconv.ParseInt(gs, 10, 64)
+	m.xrecords, err = strconv.ParseInt(ns, 10, 64)
+	if err1 != nil || err != nil {
+		return fmt.Errorf("exchange state %s: groups %q, records %q", head, gs, ns)
+	}
+	names := []string{head}
+	for i := range g {
+		names = append(names, head+":"+strconv.FormatInt(i, 10))
+	}
+	for first := 0; first < len(names); first += scanBatch {
+		chunk := names[first:min(first+scanBatch, len(names))]
+		pipe := rc.Pipeline()
+		sizes := make([]*redis.IntCmd, len(chunk))
+		encs := make([]*redis.StringCmd, len(chunk))
+		for i, k := range chunk {
+			sizes[i] = pipe.MemoryUsage(ctx, k)
+			encs[i] = pipe.ObjectEncoding(ctx, k)
+		}
+		// A group the save left empty does not exist: MEMORY USAGE
+		// answers nil, and it counts as nothing.
+		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+			return fmt.Errorf("MEMORY USAGE of the state: %w", err)
+		}
+		for i, s := range sizes {
+			if s.Err() != nil {
+				continue
+			}
+			m.xbytes += s.Val()
+			if first+i > 0 { // the head is in EXISTS's count
+				m.xkeys++
+				if encs[i].Val() == "hashtable" {
+					m.xgroupsHT++
+				}
+			}
+		}
+	}
+	return nil
 }

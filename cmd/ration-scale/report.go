@@ -34,14 +34,18 @@ type regionLine struct {
 	XchgErrors   float64 `json:"exchange_store_errors"`
 	SaveErrors   float64 `json:"exchange_save_errors"`
 	StateWritten float64 `json:"exchange_state_written_bytes_per_s"`
+	ShareWrites  float64 `json:"exchange_share_writes_per_s"`
 	RedisUsed    int64   `json:"redis_used_memory_bytes"`
-	RedisKeys    int64   `json:"redis_dbsize"`
-	RedisPerRKey float64 `json:"redis_bytes_per_redis_key"`
+	RedisDBSize  int64   `json:"redis_dbsize"`
 	RedisPerKey  float64 `json:"redis_bytes_per_key"`
-	// The parts of RedisPerKey: the keys' own Redis keys (bucket, share
-	// and escrow, one each) and the exchange's persisted records.
-	BucketKeys   int64   `json:"redis_key_keys"`
-	PerBucketKey float64 `json:"redis_bytes_per_key_key"`
+	// The parts of RedisPerKey: the keys' entries (bucket, share and
+	// escrow together: a Redis key of its own, or a field of a group
+	// hash) and the exchange's persisted records.
+	Entries      int64   `json:"redis_key_entries"`
+	Groups       int64   `json:"redis_groups"`
+	PerEntry     float64 `json:"redis_bytes_per_key_entry"`
+	GroupsHT     int64   `json:"redis_groups_hashtable"`
+	XchgGroupsHT int64   `json:"exchange_state_groups_hashtable"`
 	XchgRecords  int64   `json:"exchange_records"`
 	PerXchgRec   float64 `json:"exchange_state_bytes_per_record"`
 	RedisCPU     float64 `json:"redis_cpu_s_per_s"`
@@ -55,17 +59,22 @@ type regionLine struct {
 
 // allLine is the whole run's figures for one interval.
 type allLine struct {
-	Kind        string  `json:"kind"` // "all"
-	T           float64 `json:"t_s"`
-	ActiveKeys  int64   `json:"active_keys"`
-	SweepLag    int64   `json:"sweep_lag_keys"`
-	Driven      float64 `json:"decisions_per_s"`
-	NATSIn      float64 `json:"nats_in_bytes_per_s"`
-	NATSOut     float64 `json:"nats_out_bytes_per_s"`
-	HarnessCPU  float64 `json:"harness_cpu_s_per_s"`
-	AgentHeap   int64   `json:"agent_heap_bytes"`
-	AgentKeys   int     `json:"agent_keys"`
-	AgentPerKey float64 `json:"agent_bytes_per_key"`
+	Kind       string  `json:"kind"` // "all"
+	T          float64 `json:"t_s"`
+	ActiveKeys int64   `json:"active_keys"`
+	SweepLag   int64   `json:"sweep_lag_keys"`
+	Driven     float64 `json:"decisions_per_s"`
+	NATSIn     float64 `json:"nats_in_bytes_per_s"`
+	NATSOut    float64 `json:"nats_out_bytes_per_s"`
+	HarnessCPU float64 `json:"harness_cpu_s_per_s"`
+	LoadAvg    float64 `json:"load_average_1m"`
+	// RedisPerActive is every Redis's used_memory above its start over
+	// the active keys: what the deployment keeps per key, in all regions.
+	RedisEntries   int64   `json:"redis_key_entries"`
+	RedisPerActive float64 `json:"redis_bytes_per_active_key"`
+	AgentHeap      int64   `json:"agent_heap_bytes"`
+	AgentKeys      int     `json:"agent_keys"`
+	AgentPerKey    float64 `json:"agent_bytes_per_key"`
 }
 
 // counters turn cumulative counters into what changed over the interval:
@@ -222,6 +231,7 @@ func (t *target) sampleDaemon(ctx context.Context, hc *http.Client) error {
 	l.XchgErrors = t.count.delta("exchange errors", m.exchangeErrors)
 	l.SaveErrors = t.count.delta("save errors", m.saveErrors)
 	l.StateWritten = t.count.rate("state written", m.stateWritten)
+	l.ShareWrites = t.count.rate("share writes", m.shareWrites)
 	return nil
 }
 
@@ -237,21 +247,18 @@ func (t *target) sampleRedis(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	l.RedisUsed, l.RedisKeys = rm.used, rm.keys
-	if rm.keys > 0 {
-		l.RedisPerRKey = float64(rm.used) / float64(rm.keys)
-	}
-	// A key ration holds state for in this Redis has its own Redis key,
-	// an exchange record, or both: dividing by the larger count is the
-	// per-key figure at its highest. The key's own Redis keys cost what
-	// is not the exchange's state; an exchange record, the state's
-	// estimate over its records.
-	l.BucketKeys, l.XchgRecords = rm.keys-rm.xkeys, rm.xrecords
-	if held := max(l.BucketKeys, l.XchgRecords); held > 0 {
+	l.RedisUsed, l.RedisDBSize = rm.used, rm.dbsize
+	// A key ration holds state for in this Redis has an entry, an
+	// exchange record, or both: dividing by the larger count is the
+	// per-key figure at its highest. An entry costs what is not the
+	// exchange's state; a record, the state's bytes over its records.
+	l.Entries, l.Groups, l.XchgRecords = rm.entries(), rm.groups, rm.xrecords
+	l.GroupsHT, l.XchgGroupsHT = rm.groupsHT, rm.xgroupsHT
+	if held := max(l.Entries, l.XchgRecords); held > 0 {
 		l.RedisPerKey = float64(rm.used-t.base) / float64(held)
 	}
-	if l.BucketKeys > 0 {
-		l.PerBucketKey = float64(rm.used-t.base-rm.xbytes) / float64(l.BucketKeys)
+	if l.Entries > 0 {
+		l.PerEntry = float64(rm.used-t.base-rm.xbytes) / float64(l.Entries)
 	}
 	if l.XchgRecords > 0 {
 		l.PerXchgRec = float64(rm.xbytes) / float64(l.XchgRecords)
@@ -305,9 +312,16 @@ func (s *sampler) sampleAll(now time.Time, active int64) error {
 		return err
 	}
 	a.HarnessCPU = s.count.rate("cpu", self.cpu)
+	a.LoadAvg = loadAverage()
 	a.AgentHeap = liveHeap() - s.heapBase
+	var above int64
 	for _, t := range s.regions {
 		a.AgentKeys += t.line.AgentKeys
+		a.RedisEntries += t.line.Entries
+		above += t.line.RedisUsed - t.base
+	}
+	if active > 0 {
+		a.RedisPerActive = float64(above) / float64(active)
 	}
 	if a.AgentKeys > 0 {
 		a.AgentPerKey = float64(a.AgentHeap) / float64(a.AgentKeys)
@@ -331,15 +345,15 @@ func (p printer) interval(s *sampler) {
 		return
 	}
 	a := s.all
-	fmt.Fprintf(p.w, "t=%v active keys %d (sweep lag %d), driven %.0f/s, harness cpu %.2f s/s, nats in %s/s out %s/s\n",
-		time.Duration(a.T*float64(time.Second)).Round(time.Second), a.ActiveKeys, a.SweepLag, a.Driven, a.HarnessCPU, mb(a.NATSIn), mb(a.NATSOut))
-	fmt.Fprintf(p.w, "  %-4s %8s %6s %8s %8s %8s %6s %6s %6s %9s %9s %8s %6s %8s %6s %6s %6s %9s %9s %9s %8s %8s %6s\n",
-		"reg", "rss", "cpu/s", "heap", "epoch", "items/s", "l-err", "x-err", "x-save", "state-w/s", "redis", "keys", "B/kkey", "xrecs", "B/xrec", "B/key", "rcpu/s", "nats-in/s", "nats-out/s", "agentkeys", "adm/s", "den/s", "fail/s")
+	fmt.Fprintf(p.w, "t=%v active keys %d (sweep lag %d; %d entries in the Redises, %.0f B/active key in all), driven %.0f/s, harness cpu %.2f s/s, load %.1f, nats in %s/s out %s/s\n",
+		time.Duration(a.T*float64(time.Second)).Round(time.Second), a.ActiveKeys, a.SweepLag, a.RedisEntries, a.RedisPerActive, a.Driven, a.HarnessCPU, a.LoadAvg, mb(a.NATSIn), mb(a.NATSOut))
+	fmt.Fprintf(p.w, "  %-4s %8s %6s %8s %8s %8s %6s %6s %6s %7s %9s %9s %8s %7s %8s %6s %7s %6s %6s %9s %9s %9s %8s %8s %6s\n",
+		"reg", "rss", "cpu/s", "heap", "epoch", "items/s", "l-err", "x-err", "x-save", "share/s", "state-w/s", "redis", "entries", "B/entry", "xrecs", "B/xrec", "ht", "B/key", "rcpu/s", "nats-in/s", "nats-out/s", "agentkeys", "adm/s", "den/s", "fail/s")
 	for _, t := range s.regions {
 		l := t.line
-		fmt.Fprintf(p.w, "  %-4s %8s %6.2f %8s %6.0fms %8.0f %6.0f %6.0f %6.0f %9s %9s %8d %6.0f %8d %6.0f %6.0f %6.2f %9s %9s %9d %8.0f %8.0f %6.0f\n",
-			l.Region, mb(float64(l.RSS)), l.CPU, mb(float64(l.HeapInuse)), l.EpochMS, l.LeaseItems, l.LeaseErrors, l.XchgErrors, l.SaveErrors, mb(l.StateWritten), mb(float64(l.RedisUsed)),
-			l.BucketKeys, l.PerBucketKey, l.XchgRecords, l.PerXchgRec, l.RedisPerKey, l.RedisCPU, mb(l.NATSIn), mb(l.NATSOut), l.AgentKeys, l.Admitted, l.Denied, l.FailureMode)
+		fmt.Fprintf(p.w, "  %-4s %8s %6.2f %8s %6.0fms %8.0f %6.0f %6.0f %6.0f %7.0f %9s %9s %8d %7.0f %8d %6.0f %7s %6.0f %6.2f %9s %9s %9d %8.0f %8.0f %6.0f\n",
+			l.Region, mb(float64(l.RSS)), l.CPU, mb(float64(l.HeapInuse)), l.EpochMS, l.LeaseItems, l.LeaseErrors, l.XchgErrors, l.SaveErrors, l.ShareWrites, mb(l.StateWritten), mb(float64(l.RedisUsed)),
+			l.Entries, l.PerEntry, l.XchgRecords, l.PerXchgRec, fmt.Sprintf("%d/%d", l.GroupsHT, l.XchgGroupsHT), l.RedisPerKey, l.RedisCPU, mb(l.NATSIn), mb(l.NATSOut), l.AgentKeys, l.Admitted, l.Denied, l.FailureMode)
 	}
 	fmt.Fprintf(p.w, "  agents: %d keys held, live heap %s above the start, %.0f B/key\n", a.AgentKeys, mb(float64(a.AgentHeap)), a.AgentPerKey)
 }

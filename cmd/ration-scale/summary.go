@@ -54,12 +54,12 @@ func (p printer) summary(sum summary) {
 	fmt.Fprintf(p.w, "summary: t=%v (%d active keys) → t=%v (%d active keys)\n", at(f.All.T), f.All.ActiveKeys, at(l.All.T), l.All.ActiveKeys)
 	for i := range f.Regions {
 		a, b := f.Regions[i], l.Regions[i]
-		fmt.Fprintf(p.w, "  %-4s rss %s → %s, heap %s → %s, epoch %.0fms → %.0fms, redis %s → %s (keys %d → %d, %.0f → %.0f B/kkey; xrecs %d → %d, %.0f → %.0f B/xrec; %.0f → %.0f B/key)\n",
+		fmt.Fprintf(p.w, "  %-4s rss %s → %s, heap %s → %s, epoch %.0fms → %.0fms, redis %s → %s (entries %d → %d, %.0f → %.0f B/entry; xrecs %d → %d, %.0f → %.0f B/xrec; %.0f → %.0f B/key)\n",
 			a.Region, mb(float64(a.RSS)), mb(float64(b.RSS)), mb(float64(a.HeapInuse)), mb(float64(b.HeapInuse)), a.EpochMS, b.EpochMS,
-			mb(float64(a.RedisUsed)), mb(float64(b.RedisUsed)), a.BucketKeys, b.BucketKeys, a.PerBucketKey, b.PerBucketKey,
+			mb(float64(a.RedisUsed)), mb(float64(b.RedisUsed)), a.Entries, b.Entries, a.PerEntry, b.PerEntry,
 			a.XchgRecords, b.XchgRecords, a.PerXchgRec, b.PerXchgRec, a.RedisPerKey, b.RedisPerKey)
 	}
-	fmt.Fprintf(p.w, "  agents: %d → %d keys held, heap %s → %s, %.0f → %.0f B/key; nats in %s/s → %s/s, out %s/s → %s/s\n",
+	fmt.Fprintf(p.w, "  agents: %d → %d keys held, heap %s → %s, %.0f → %.0f B/key; redis %.0f → %.0f B/active key in all; nats in %s/s → %s/s, out %s/s → %s/s\n",
 		f.All.AgentKeys, l.All.AgentKeys, mb(float64(f.All.AgentHeap)), mb(float64(l.All.AgentHeap)), f.All.AgentPerKey, l.All.AgentPerKey,
-		mb(f.All.NATSIn), mb(l.All.NATSIn), mb(f.All.NATSOut), mb(l.All.NATSOut))
+		f.All.RedisPerActive, l.All.RedisPerActive, mb(f.All.NATSIn), mb(l.All.NATSIn), mb(f.All.NATSOut), mb(l.All.NATSOut))
 }
