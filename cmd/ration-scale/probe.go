@@ -299,7 +299,9 @@ func readExchange(ctx context.Context, rc redis.UniversalClient, reg string, m *
 	if err != nil {
 		return fmt.Errorf("HMGET %s: %w", head, err)
 	}
-	if meta[0] != "\x00grouped" {
+	// "\x00grouped2" keeps long records apart in ":l" hashes (always hash
+	// tables, holding only those records); "\x00grouped" is the layout before.
+	if meta[0] != "\x00grouped2" && meta[0] != "\x00grouped" {
 		return fmt.Errorf("exchange state %s: not in groups (field \"\" is %q): this tool reads the layout of sync/exchange.RedisCoordinator", head, meta[0])
 	}
 	gs, _ := meta[1].(string)
@@ -311,7 +313,7 @@ func readExchange(ctx context.Context, rc redis.UniversalClient, reg string, m *
 	}
 	names := []string{head}
 	for i := range g {
-		names = append(names, head+":"+strconv.FormatInt(i, 10))
+		names = append(names, head+":"+strconv.FormatInt(i, 10), head+":"+strconv.FormatInt(i, 10)+":l")
 	}
 	for first := 0; first < len(names); first += scanBatch {
 		chunk := names[first:min(first+scanBatch, len(names))]
@@ -334,7 +336,7 @@ func readExchange(ctx context.Context, rc redis.UniversalClient, reg string, m *
 			m.xbytes += s.Val()
 			if first+i > 0 { // the head is in EXISTS's count
 				m.xkeys++
-				if encs[i].Val() == "hashtable" {
+				if encs[i].Val() == "hashtable" && !strings.HasSuffix(chunk[i], ":l") {
 					m.xgroupsHT++
 				}
 			}

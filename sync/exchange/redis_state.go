@@ -26,6 +26,14 @@ import (
 //	    "n"  the number of records
 //	<prefix>exchange:{<region>}:state:<i>  group i < G: a hash of the
 //	    records of the keys whose FNV-1a hash is i modulo G, by key
+//	<prefix>exchange:{<region>}:state:<i>:l  the group's records longer
+//	    than longRecord bytes
+//
+// A record longer than Redis's hash-max-listpack-value (64 B by default)
+// would turn its whole group into a hash table for good, at about twice
+// the bytes a record (a key's record grows while its share moves); so long
+// records are kept apart, in their group's ":l" hash, and a record moves
+// between the two as its length crosses longRecord.
 //
 // Every key has the region's hash tag, so one script writes them all on a
 // Redis Cluster. A whole save chooses G for about recordsPerGroup records a
@@ -37,8 +45,18 @@ import (
 // the first whole save replaces them.
 
 // stateGrouped is the head hash's field "" in this layout (saveScript
-// writes it as '\0grouped').
-const stateGrouped = "\x00grouped"
+// writes it as '\0grouped2'). stateGroupedShort is the layout before long
+// records were kept apart, read and written over (its groups have no ":l"
+// hashes); a release that knows only it reads this one as no state and
+// does not take the exchange over.
+const (
+	stateGrouped      = "\x00grouped2"
+	stateGroupedShort = "\x00grouped"
+)
+
+// longRecord is the longest record kept in its group's listpack: Redis's
+// default hash-max-listpack-value.
+const longRecord = 64
 
 // The group count: recordsPerGroup records a group on average when chosen;
 // chosen again when the average leaves [minPerGroup, maxPerGroup]. Hashes
@@ -68,7 +86,8 @@ func groupOf(key string, g int) int {
 // head, ARGV[4] G, ARGV[5] the groups' key prefix (the head's key and ":"),
 // ARGV[6] the number of groups records are deleted from, then for each the
 // group, a count c and c keys; then until the end, for each group written,
-// the group, a count c and c (key, record) pairs. The groups' keys are made
+// the group, counts s and l, s (key, record) pairs of records of at most
+// longRecord bytes and l of longer ones. The groups' keys are made
 // here: they share the head's hash tag, so its slot.
 var saveScript = redis.NewScript(`
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
@@ -80,19 +99,22 @@ local meta = {false, false, false}
 if typ == 'hash' then
   meta = redis.call('HMGET', KEYS[2], '', 'g', 'n')
 end
-local grouped = meta[1] == '\0grouped'
+local grouped = meta[1] == '\0grouped2' or meta[1] == '\0grouped'
 local n = 0
 if ARGV[2] == '1' then
   if grouped then
-    local old = tonumber(meta[2])
+    -- The old groups and their long records (up to the larger count, so
+    -- that none is left to be read back as the new groups' own).
+    local old = math.max(tonumber(meta[2]), g)
     local i = 0
     while i < old do
       local names = {}
-      for j = i, math.min(i + 999, old - 1) do
+      for j = i, math.min(i + 499, old - 1) do
         names[#names + 1] = prefix .. j
+        names[#names + 1] = prefix .. j .. ':l'
       end
       redis.call('DEL', unpack(names))
-      i = i + 1000
+      i = i + 500
     end
   end
   redis.call('DEL', KEYS[2])
@@ -101,26 +123,49 @@ elseif not grouped or tonumber(meta[2]) ~= g then
 else
   n = tonumber(meta[3])
 end
+-- hdel deletes ARGV[i..last] from key if it exists, and returns how many.
+local function hdel(key, i, last)
+  local d = 0
+  if redis.call('EXISTS', key) == 1 then
+    while i <= last do
+      local j = math.min(i + 999, last)
+      d = d + redis.call('HDEL', key, unpack(ARGV, i, j))
+      i = j + 1
+    end
+  end
+  return d
+end
+-- hset sets the c (key, record) pairs from ARGV[i] in key, deletes their
+-- keys from other, and returns the records added less those deleted.
+local function hset(key, other, i, c)
+  local last, d = i + 2 * c - 1, 0
+  if c > 0 and redis.call('EXISTS', other) == 1 then
+    for k = i, last, 2 do
+      d = d + redis.call('HDEL', other, ARGV[k])
+    end
+  end
+  while i <= last do
+    local j = math.min(i + 1999, last)
+    d = d - redis.call('HSET', key, unpack(ARGV, i, j))
+    i = j + 1
+  end
+  return -d
+end
 local i = 7
 for _ = 1, tonumber(ARGV[6]) do
   local key, last = prefix .. ARGV[i], i + 1 + tonumber(ARGV[i + 1])
-  i = i + 2
-  while i <= last do
-    local j = math.min(i + 999, last)
-    n = n - redis.call('HDEL', key, unpack(ARGV, i, j))
-    i = j + 1
-  end
+  n = n - hdel(key, i + 2, last) - hdel(key .. ':l', i + 2, last)
+  i = last + 1
 end
 while i <= #ARGV do
-  local key, last = prefix .. ARGV[i], i + 1 + 2 * tonumber(ARGV[i + 1])
-  i = i + 2
-  while i <= last do
-    local j = math.min(i + 1999, last)
-    n = n + redis.call('HSET', key, unpack(ARGV, i, j))
-    i = j + 1
-  end
+  local key, short, long = prefix .. ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
+  i = i + 3
+  n = n + hset(key, key .. ':l', i, short)
+  i = i + 2 * short
+  n = n + hset(key .. ':l', key, i, long)
+  i = i + 2 * long
 end
-redis.call('HSET', KEYS[2], '', '\0grouped', 'h', ARGV[3], 'g', g, 'n', n)
+redis.call('HSET', KEYS[2], '', '\0grouped2', 'h', ARGV[3], 'g', g, 'n', n)
 return {1, n}
 `)
 
@@ -168,7 +213,7 @@ func (c *RedisCoordinator) save(ctx context.Context, reg, holder string, st *Sav
 		whole = "1"
 	}
 	head := c.key(reg, "state")
-	args := make([]any, 0, 6+2*len(st.Keys)+len(st.Deleted)+4*g)
+	args := make([]any, 0, 6+2*len(st.Keys)+len(st.Deleted)+5*g)
 	args = append(args, holder, whole, st.Head, g, head+":")
 	// The deleted keys, then the records, by group.
 	dels := make([][]string, g)
@@ -197,11 +242,20 @@ func (c *RedisCoordinator) save(ctx context.Context, reg, holder string, st *Sav
 		sets[i] = append(sets[i], j)
 	}
 	for i, js := range sets {
-		if len(js) > 0 {
-			args = append(args, i, len(js))
-			for _, j := range js {
-				args = append(args, st.Keys[j], st.Records[j])
+		if len(js) == 0 {
+			continue
+		}
+		// The group's short records first, then its long ones.
+		short := 0
+		for a, j := range js {
+			if len(st.Records[j]) <= longRecord {
+				js[a], js[short] = js[short], j
+				short++
 			}
+		}
+		args = append(args, i, short, len(js)-short)
+		for _, j := range js {
+			args = append(args, st.Keys[j], st.Records[j])
 		}
 	}
 	res, err := saveScript.Run(ctx, c.client, []string{c.key(reg, "lease"), head}, args...).Int64Slice()
@@ -236,7 +290,7 @@ func (c *RedisCoordinator) storedGroups(ctx context.Context, reg string) (int, e
 	if err != nil && !isWrongType(err) {
 		return 0, fmt.Errorf("exchange: redis save: %w", err)
 	}
-	if len(meta) == 2 && meta[0] == stateGrouped {
+	if len(meta) == 2 && (meta[0] == stateGrouped || meta[0] == stateGroupedShort) {
 		if s, ok := meta[1].(string); ok {
 			g, _ = strconv.Atoi(s)
 		}
@@ -284,7 +338,8 @@ func (c *RedisCoordinator) Load(ctx context.Context, reg string) (SavedState, er
 	if err != nil {
 		return st, fmt.Errorf("exchange: redis load: %w", err)
 	}
-	if meta[0] != stateGrouped {
+	long := meta[0] == stateGrouped
+	if !long && meta[0] != stateGroupedShort {
 		return c.loadHash(ctx, key)
 	}
 	head, _ := meta[1].(string)
@@ -302,6 +357,9 @@ func (c *RedisCoordinator) Load(ctx context.Context, reg string) (SavedState, er
 		cmds := make([]*redis.MapStringStringCmd, 0, batch)
 		for i := first; i < min(first+batch, g); i++ {
 			cmds = append(cmds, pipe.HGetAll(ctx, key+":"+strconv.Itoa(i)))
+			if long {
+				cmds = append(cmds, pipe.HGetAll(ctx, key+":"+strconv.Itoa(i)+":l"))
+			}
 		}
 		if _, err := pipe.Exec(ctx); err != nil {
 			return SavedState{Whole: true}, fmt.Errorf("exchange: redis load: %w", err)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -79,7 +80,24 @@ func checkGroups(t *testing.T, c *RedisCoordinator, client redis.UniversalClient
 		if enc := client.ObjectEncoding(ctx, key).Val(); len(recs) > 0 && (enc != "listpack" || len(recs) > 128) {
 			t.Errorf("group %d: %d records, encoded as %s", i, len(recs), enc)
 		}
+		long, err := client.HGetAll(ctx, key+":l").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k, r := range long {
+			if len(r) <= longRecord {
+				t.Errorf("a record of %d bytes (%q) in group %d's long records", len(r), k, i)
+			}
+			if _, both := recs[k]; both {
+				t.Errorf("%q in group %d and in its long records", k, i)
+			}
+		}
 		for k, r := range recs {
+			if len(r) > longRecord {
+				t.Errorf("a record of %d bytes (%q) in group %d, not its long records", len(r), k, i)
+			}
+		}
+		for k, r := range merge(recs, long) {
 			if groupOf(k, g) != i {
 				t.Errorf("record of %q in group %d, want %d", k, i, groupOf(k, g))
 			}
@@ -93,13 +111,20 @@ func checkGroups(t *testing.T, c *RedisCoordinator, client redis.UniversalClient
 	if err != nil {
 		t.Fatal(err)
 	}
-	if nonEmpty := len(keys) - 1; nonEmpty > g {
-		t.Errorf("%d keys of groups, want at most %d: the old groups were not deleted", nonEmpty, g)
+	if nonEmpty := len(keys) - 1; nonEmpty > 2*g {
+		t.Errorf("%d keys of groups and their long records, want at most %d: the old groups were not deleted", nonEmpty, 2*g)
 	}
 	st, loaded := loadRecords(t, c)
 	if string(st.Head) != head || !cmp.Equal(want, loaded) {
 		t.Fatalf("Load: head %q and %d records, want %q and %d", st.Head, len(loaded), head, len(want))
 	}
+}
+
+// merge returns a map of a's entries and b's.
+func merge(a, b map[string]string) map[string]string {
+	m := maps.Clone(a)
+	maps.Copy(m, b)
+	return m
 }
 
 // loadRecords loads region eu's state and its records by key.
@@ -173,6 +198,74 @@ func TestRedisStateGroups(t *testing.T) {
 		t.Fatal("a save by a replica not holding the election succeeded")
 	}
 	checkGroups(t, c, client, "h4", want, groupsFor(100))
+}
+
+// TestRedisStateLongRecords checks that records longer than a listpack's
+// values are kept in their group's long records, that a record moves
+// between the two as its length crosses longRecord, that deletes reach
+// both, and that the groups stay listpacks and a regrouping leaves no
+// long records behind.
+func TestRedisStateLongRecords(t *testing.T) {
+	c, client := redisStateFixture(t)
+	ctx := context.Background()
+	long := func(k string) string { return strings.Repeat("L", longRecord+1) + k }
+	want := records("k", 200)
+	for i := 0; i < 200; i += 7 {
+		want["k"+strconv.Itoa(i)] = long("k" + strconv.Itoa(i))
+	}
+	if err := c.Save(ctx, "eu", "a", savedOf(true, "h1", want)); err != nil {
+		t.Fatal(err)
+	}
+	checkGroups(t, c, client, "h1", want, groupsFor(200))
+
+	// k0 shortens, k1 lengthens, k7 (long) and k2 (short) are deleted.
+	change := map[string]string{"k0": "short again", "k1": long("k1"), "new": long("new")}
+	if err := c.Save(ctx, "eu", "a", savedOf(false, "h2", change, "k7", "k2")); err != nil {
+		t.Fatal(err)
+	}
+	maps.Copy(want, change)
+	delete(want, "k7")
+	delete(want, "k2")
+	checkGroups(t, c, client, "h2", want, groupsFor(200))
+
+	// 2,000 more, long: regrouped, the old groups' long records deleted.
+	more := records("m", 2000)
+	for k := range more {
+		more[k] = long(k)
+	}
+	if err := c.Save(ctx, "eu", "a", savedOf(false, "h3", more)); err != nil {
+		t.Fatal(err)
+	}
+	maps.Copy(want, more)
+	checkGroups(t, c, client, "h3", want, groupsFor(len(want)))
+
+	// The layout before long records were apart (head "\x00grouped", no
+	// ":l" hashes) is read, and a partial save over it keeps its groups.
+	head := c.key("eu", "state")
+	old := records("o", 100)
+	if err := client.Del(ctx, head).Err(); err != nil {
+		t.Fatal(err)
+	}
+	keys, err := client.Keys(ctx, head+":*").Result()
+	if err != nil || client.Del(ctx, keys...).Err() != nil {
+		t.Fatal(keys, err)
+	}
+	for k, r := range old {
+		client.HSet(ctx, head+":"+strconv.Itoa(groupOf(k, 2)), k, r)
+	}
+	client.HSet(ctx, head, "", stateGroupedShort, "h", "old", "g", 2, "n", len(old))
+	c.mu.Lock()
+	delete(c.groups, "eu")
+	c.mu.Unlock()
+	if _, got := loadRecords(t, c); !cmp.Equal(old, got) {
+		t.Fatalf("the layout before: loaded %d records, want %d", len(got), len(old))
+	}
+	if err := c.Save(ctx, "eu", "a", savedOf(false, "h4", map[string]string{"o1": long("o1")}, "o2")); err != nil {
+		t.Fatal(err)
+	}
+	old["o1"] = long("o1")
+	delete(old, "o2")
+	checkGroups(t, c, client, "h4", old, 2)
 }
 
 // TestRedisStateUpgrade checks that the state as the release before groups
