@@ -105,6 +105,14 @@ func TestEndToEndLongTail(t *testing.T) {
 				owed += perMS * float64(now.Sub(next)) / float64(time.Millisecond)
 				next = now
 				for ; owed >= 1; owed-- {
+					select {
+					case <-stop:
+						// A goroutine that fell behind (round trips slowed by
+						// a loaded machine) would otherwise work off its
+						// backlog long after the load's end.
+						return
+					default:
+					}
 					k := nHot + rng.IntN(nKeys-nHot)
 					if rng.Float64() < hotFrac {
 						k = rng.IntN(nHot)
