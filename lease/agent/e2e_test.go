@@ -20,12 +20,13 @@ import (
 // serving policy doc, and stops it at cleanup.
 func startRegiond(t *testing.T, redisURL, doc string) *regiond.Daemon {
 	t.Helper()
-	return startRegiondWith(t, redisURL, doc, nil)
+	return startRegiondWith(t, redisURL, doc, nil, 0)
 }
 
 // startRegiondWith is startRegiond with its metrics on reg (nil: a registry
-// of its own).
-func startRegiondWith(t *testing.T, redisURL, doc string, reg *prometheus.Registry) *regiond.Daemon {
+// of its own) and its store calls bounded by storeTimeout (0: regiond's
+// default).
+func startRegiondWith(t *testing.T, redisURL, doc string, reg *prometheus.Registry, storeTimeout time.Duration) *regiond.Daemon {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "policy.yaml")
 	if err := os.WriteFile(path, []byte(doc), 0o600); err != nil {
@@ -33,7 +34,7 @@ func startRegiondWith(t *testing.T, redisURL, doc string, reg *prometheus.Regist
 	}
 	d, err := regiond.New(regiond.Config{
 		Region: "eu", Listen: "127.0.0.1:0", Admin: "-", RedisURL: redisURL,
-		PolicyFile: path, Logger: quietLogger(), Registry: reg,
+		PolicyFile: path, Logger: quietLogger(), Registry: reg, StoreTimeout: storeTimeout,
 	})
 	if err != nil {
 		t.Fatal(err)

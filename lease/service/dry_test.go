@@ -53,6 +53,9 @@ func TestDryKeyAnsweredWithoutStore(t *testing.T) {
 	if grants, _ := f.svc.StoreItems(); grants != 2 {
 		t.Fatalf("the store saw %d grant items, want 2", grants)
 	}
+	if got := f.svc.Probes(); got != 1 {
+		t.Errorf("Probes() got %d, want 1", got)
+	}
 }
 
 // TestDryKeyForgotten: a return, Forget (a share written) and a new policy

@@ -239,6 +239,7 @@ func (s *Service) fromMemory(b *batch, i int, now time.Time) bool {
 	d, dry, wait, probe := s.dry.claim(b.keys[i], b.grants[i].Want, b.grants[i].Limit.Cost, at)
 	if probe {
 		s.metrics.dryProbes.Inc()
+		s.probeItems.Add(1)
 	}
 	switch {
 	case dry:

@@ -193,8 +193,8 @@ type Service struct {
 	// joined, when set (by tests, before any call), is called when an ask
 	// waits for another call's answer.
 	joined func()
-	// Items sent to the store, for StoreItems.
-	grantItems, returnItems atomic.Int64
+	// Items sent to the store, for StoreItems and Probes.
+	grantItems, returnItems, probeItems atomic.Int64
 
 	mu      sync.Mutex
 	pol     *policy.Set
@@ -276,6 +276,11 @@ func (s *Service) Forget(keys ...string) {
 func (s *Service) StoreItems() (grants, returns int64) {
 	return s.grantItems.Load(), s.returnItems.Load()
 }
+
+// Probes returns how many of the grant items StoreItems counts probed a
+// key remembered dry once the memory was no longer trusted (the store
+// operations a dry key costs).
+func (s *Service) Probes() int64 { return s.probeItems.Load() }
 
 // Agents returns how many distinct agents called within AgentWindow.
 func (s *Service) Agents() int { return s.agents.count(s.cfg.Clock()) }

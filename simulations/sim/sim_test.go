@@ -118,3 +118,32 @@ func TestWriteFiles(t *testing.T) {
 		}
 	}
 }
+
+// TestStoreOpsByCause: the store operations by cause add up to the ratio
+// the table shows, and the probes are among the grant items.
+func TestStoreOpsByCause(t *testing.T) {
+	sc := load(t, "testdata/golden.yaml")
+	res, err := Run(sc, Options{Algorithm: Escrow})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := res.Summary
+	o := s.StoreOps
+	if o == nil {
+		t.Fatal("store_ops got nil, want the escrow run's causes")
+	}
+	if o.Grant == 0 || o.ShareWrite == 0 || o.Probe > o.Grant {
+		t.Errorf("store_ops got %+v, want grant items and share writes, probes ≤ grant items", *o)
+	}
+	total := o.Grant + o.Return + o.ShareWrite
+	if got, want := s.StoreOpsPerAdmitted, round4(float64(total)/float64(s.Admitted)); got != want {
+		t.Errorf("store_ops_per_admitted got %v, want %v from store_ops %+v and %d admitted", got, want, *o, s.Admitted)
+	}
+	ideal, err := Run(sc, Options{Algorithm: Ideal})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ideal.Summary.StoreOps != nil {
+		t.Errorf("ideal's store_ops got %+v, want none", *ideal.Summary.StoreOps)
+	}
+}

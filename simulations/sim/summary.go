@@ -84,6 +84,10 @@ type Summary struct {
 	// items that reach the store, share writes; for ideal, one per
 	// request) per admitted request.
 	StoreOpsPerAdmitted float64 `json:"store_ops_per_admitted"`
+	// StoreOps is what StoreOpsPerAdmitted counts, by cause: grant items
+	// (probe: those of them that probed a key the lease service remembered
+	// dry), return items and share writes; absent for ideal.
+	StoreOps *StoreOps `json:"store_ops,omitempty"`
 	// SyncDecisionPct is the share of decisions that waited for a round
 	// trip; DroppedPct the leased tokens dropped unspent at expiry.
 	SyncDecisionPct float64          `json:"sync_decision_pct"`
@@ -97,6 +101,14 @@ type Summary struct {
 	// WallSeconds is the run's wall-clock time: the only field that
 	// differs between two runs of the same scenario and seed.
 	WallSeconds float64 `json:"wall_s"`
+}
+
+// StoreOps counts store operations by cause over a run.
+type StoreOps struct {
+	Grant      int64 `json:"grant"`
+	Probe      int64 `json:"probe"`
+	Return     int64 `json:"return"`
+	ShareWrite int64 `json:"share_write"`
 }
 
 // WindowBound is how the fixed-window keys' windows kept the window bound
@@ -265,11 +277,15 @@ func (w *world) result() *Result {
 	}
 	var ops, synced, granted, dropped int64
 	paths := map[string]int64{}
+	var byCause StoreOps
 	for _, r := range w.rs {
 		// Counted where the store is called: a lease item the service
 		// answers from its memory of dry keys costs the store nothing.
 		g, ret := r.svc.StoreItems()
 		ops += g + ret
+		byCause.Grant += g
+		byCause.Return += ret
+		byCause.Probe += r.svc.Probes()
 	}
 	for _, x := range stats {
 		synced += int64(x.SyncDecisions)
@@ -292,6 +308,8 @@ func (w *world) result() *Result {
 		s.RLQS = w.proxySummary()
 		s.Paths = paths
 		ops += w.shareWrites
+		byCause.ShareWrite = w.shareWrites
+		s.StoreOps = &byCause
 	}
 	if m.admittedReqs > 0 {
 		s.StoreOpsPerAdmitted = round4(float64(ops) / float64(m.admittedReqs))
