@@ -128,8 +128,10 @@ type Config struct {
 	// SettledPPM of its target for the demand itself, without the
 	// headroom (docs/DESIGN.md, "Settled keys"), rather than following
 	// each move of its targets, most of which, for keys of a few requests
-	// an epoch, are noise. Below the convergence tolerance the tests and
-	// the simulator measure (50,000). Default 40,000; negative: keys
+	// an epoch, are noise. A key without a rate (relative needs, which
+	// no share can hold whole) moves none while every share is within
+	// SettledPPM of its target. Below the convergence tolerance the tests
+	// and the simulator measure (50,000). Default 40,000; negative: keys
 	// follow their targets always.
 	SettledPPM int64
 	// StaleAfter is how long a region (or a replica's tallies) counts as

@@ -256,41 +256,53 @@ func (s *State) steady(now time.Time, ks *keyState, pol KeyPolicy) bool {
 	if sh-lt[me] < max(s.cfg.MinTransferPPM, 1)-2 {
 		return true
 	}
-	return pol.Rate > 0 && s.inPlaceOver(lo, hi, PPM-frozen, pol)
+	return s.inPlaceOver(lo, hi, PPM-frozen, pol)
 }
 
 // inPlaceOver reports whether the key is in place (inPlace) at every point
 // of the box of smoothed demands between lo and hi (steady's): an ask
 // rises with its need, so the asks fit and are held at every point if they
 // are at hi; a bare target rises with its own need and falls with the
-// others', so its extremes are at the box's corners (give or take 1 ppm).
+// others' (a relative need too: its ratio rises with its own demand and
+// falls with the others'), so its extremes are at the box's corners (give
+// or take 1 ppm).
 func (s *State) inPlaceOver(lo, hi []float64, total int64, pol KeyPolicy) bool {
 	band := s.cfg.SettledPPM - 2
 	if band < 0 {
 		return false
 	}
-	need, lt := s.need[:0], s.lt[:len(s.live)]
-	for i := range s.live {
-		need = append(need, s.rateNeed(hi[i], pol))
-	}
+	need, lt := append(s.need[:0], hi...), s.lt[:len(s.live)]
 	s.need = need
-	s.tg.fill(lt, total, need, s.cfg.FloorPPM, s.weights)
-	if !s.tg.fits {
-		return false
-	}
-	for i, k := range s.live {
-		if s.tg.ask[i] > float64(s.v[k]) {
+	if pol.Rate > 0 {
+		for i, e := range need {
+			need[i] = s.rateNeed(e, pol)
+		}
+		s.tg.fill(lt, total, need, s.cfg.FloorPPM, s.weights)
+		if !s.tg.fits {
 			return false
+		}
+		for i, k := range s.live {
+			if s.tg.ask[i] > float64(s.v[k]) {
+				return false
+			}
 		}
 	}
 	for i, k := range s.live {
 		for _, up := range [2]bool{true, false} {
+			var sum float64
 			for j := range s.live {
 				e := lo[j]
 				if (j == i) == up {
 					e = hi[j]
 				}
-				need[j] = s.rateShare(e, pol) // bare, as inPlace's band
+				need[j], sum = e, sum+e
+			}
+			for j, e := range need { // bare, as inPlace's band
+				if pol.Rate > 0 {
+					need[j] = s.rateShare(e, pol)
+				} else {
+					need[j] = ratio(e, sum)
+				}
 			}
 			s.tg.fill(lt, total, need, s.cfg.FloorPPM, s.weights)
 			if d := s.v[k] - lt[i]; d > band || -d > band {

@@ -113,3 +113,62 @@ func TestSettledBandIsBare(t *testing.T) {
 		}
 	}
 }
+
+// TestSettledRelativeKeys: keys without a rate (their rule left the policy,
+// so their needs are each region's part of the demand) settle too. After
+// steps of their demand among a few requests an epoch, as a small key's
+// smoothed demand converges for tens of epochs, they write their shares
+// far less often than keys that follow every move of their targets, and
+// end within 50,000 ppm of the targets of the demand itself.
+func TestSettledRelativeKeys(t *testing.T) {
+	seed := testSeed(t)
+	run := func(band int64) int {
+		rng := rand.New(rand.NewPCG(seed, 9))
+		c := newCluster(t, rng, 3, func(cfg *region.Config) { cfg.SettledPPM = band })
+		n := 0
+		c.trace = func(e string) {
+			if strings.Contains(e, " writes ") {
+				n++
+			}
+		}
+		var keys []string
+		demand := map[string][]int64{}
+		for i := range 20 {
+			keys = append(keys, fmt.Sprintf("gone/%02d", i))
+		}
+		c.check = func(c *cluster, when string) {
+			for _, key := range keys {
+				if sum := c.sum(key); sum > region.PPM {
+					t.Fatalf("seed %d step %d after %s: Σ shares of %s = %d", seed, c.step, when, key, sum)
+				}
+			}
+		}
+		for step := range 4 {
+			for _, key := range keys {
+				demand[key] = []int64{1 + rng.Int64N(8), 1 + rng.Int64N(8), 1 + rng.Int64N(8)}
+			}
+			for range 60 {
+				c.run(keys, func(r int, key string) int64 { return demand[key][r] })
+			}
+			for _, key := range keys {
+				d := demand[key]
+				need := make([]float64, len(d))
+				for r := range d {
+					need[r] = float64(d[r]) / float64(d[0]+d[1]+d[2]) * region.PPM
+				}
+				want := region.Targets(region.PPM, need, c.nodes[0].st().Config().FloorPPM, []int64{333_334, 333_333, 333_333})
+				for r := range want {
+					if got := c.applied(r, key); got-want[r] > 50_000 || want[r]-got > 50_000 {
+						t.Errorf("seed %d band %d step %d: %s region %d holds %d ppm, want %d ± 50000", seed, band, step, key, r, got, want[r])
+					}
+				}
+			}
+		}
+		return n
+	}
+	settled, following := run(0), run(-1)
+	t.Logf("seed %d: 20 keys × 3 regions × 240 epochs: %d share writes settled, %d following every target", seed, settled, following)
+	if settled*2 > following {
+		t.Errorf("seed %d: %d share writes settled against %d following: want at most half", seed, settled, following)
+	}
+}

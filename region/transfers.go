@@ -162,15 +162,22 @@ func (s *State) giftsFor(ks *keyState, sh int64, t []int64, idle bool) []int64 {
 // need and headroom) and every share is within SettledPPM of its bare
 // target (bareTargets). Such a key serves every region's demand where it
 // is, and moving its share would only chase the noise of small demands
-// (docs/DESIGN.md, "Settled keys").
+// (docs/DESIGN.md, "Settled keys"). A key without a rate (relative needs)
+// has no ask a share can hold, as its needs sum to the whole quota: it is
+// in place when every share is within the band of its target.
 func (s *State) inPlace(t []int64) bool {
 	band := s.cfg.SettledPPM
-	if band < 0 || !s.tg.fits {
+	if band < 0 {
 		return false
 	}
-	for i, k := range s.live {
-		if s.tg.ask[i] > float64(s.v[k]) {
+	if s.pol.Rate > 0 {
+		if !s.tg.fits {
 			return false
+		}
+		for i, k := range s.live {
+			if s.tg.ask[i] > float64(s.v[k]) {
+				return false
+			}
 		}
 	}
 	bt := s.bareTargets(t)
