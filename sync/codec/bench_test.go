@@ -65,12 +65,12 @@ func encodeV1(r *region.Report, id uint64, maxBytes int) ([][]byte, error) {
 const benchMaxPayload = 1 << 20 // NATS's default max_payload
 
 func newBenchRegions(tb testing.TB, nkeys int, c codec) *benchRegions {
-	return newBenchRegionsWith(tb, nkeys, c, -1)
+	return newBenchRegionsWith(tb, nkeys, c, -1, region.KeyPolicy{})
 }
 
 // newBenchRegionsWith is newBenchRegions with the regions' Config.Refresh
 // (-1: full reports, as the exchange sent before deltas).
-func newBenchRegionsWith(tb testing.TB, nkeys int, c codec, refresh int) *benchRegions {
+func newBenchRegionsWith(tb testing.TB, nkeys int, c codec, refresh int, pol region.KeyPolicy) *benchRegions {
 	tb.Helper()
 	rng := rand.New(rand.NewPCG(1, 2))
 	b := &benchRegions{names: []string{"ap", "eu", "us"}, now: time.Unix(1_700_000_000, 0), codec: c}
@@ -78,7 +78,8 @@ func newBenchRegionsWith(tb testing.TB, nkeys int, c codec, refresh int) *benchR
 		b.keys = append(b.keys, fmt.Sprintf("per-tenant/tenant=%07d", i))
 	}
 	for _, r := range b.names {
-		st, err := region.New(region.Config{Self: r, Regions: b.names, Refresh: refresh})
+		st, err := region.New(region.Config{Self: r, Regions: b.names, Refresh: refresh,
+			Policy: func(string) region.KeyPolicy { return pol }})
 		if err != nil {
 			tb.Fatal(err)
 		}
