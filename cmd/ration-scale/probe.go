@@ -257,24 +257,14 @@ func readRedis(ctx context.Context, rc redis.UniversalClient, reg string) (redis
 	slices.Sort(group)
 	group = slices.Compact(group)
 	m.groups = int64(len(group))
-	for chunk := range slices.Chunk(group, scanBatch) {
-		pipe := rc.Pipeline()
-		lens := make([]*redis.IntCmd, len(chunk))
-		encs := make([]*redis.StringCmd, len(chunk))
-		for i, g := range chunk {
-			lens[i] = pipe.HLen(ctx, g)
-			encs[i] = pipe.ObjectEncoding(ctx, g)
+	err = eachInPipelines(ctx, rc, group, func(p redis.Pipeliner, k string) *redis.IntCmd { return p.HLen(ctx, k) }, func(_ int, l int64, enc string) {
+		m.fields += l
+		if enc == "hashtable" {
+			m.groupsHT++
 		}
-		// A group that expired since SCAN answers 0 and nil.
-		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-			return m, fmt.Errorf("HLEN of %d groups: %w", len(chunk), err)
-		}
-		for i, l := range lens {
-			m.fields += l.Val()
-			if encs[i].Val() == "hashtable" {
-				m.groupsHT++
-			}
-		}
+	})
+	if err != nil {
+		return m, fmt.Errorf("HLEN of the groups: %w", err)
 	}
 	m.own = max(m.dbsize-m.groups-m.xkeys, 0)
 	return m, nil
@@ -315,30 +305,42 @@ func readExchange(ctx context.Context, rc redis.UniversalClient, reg string, m *
 	for i := range g {
 		names = append(names, head+":"+strconv.FormatInt(i, 10), head+":"+strconv.FormatInt(i, 10)+":l")
 	}
+	err = eachInPipelines(ctx, rc, names, func(p redis.Pipeliner, k string) *redis.IntCmd { return p.MemoryUsage(ctx, k) }, func(i int, size int64, enc string) {
+		m.xbytes += size
+		if i > 0 { // the head is in EXISTS's count
+			m.xkeys++
+			if enc == "hashtable" && !strings.HasSuffix(names[i], ":l") {
+				m.xgroupsHT++
+			}
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("MEMORY USAGE of the state: %w", err)
+	}
+	return nil
+}
+
+// eachInPipelines asks Redis, in pipelines of scanBatch, for size (HLEN,
+// MEMORY USAGE) and OBJECT ENCODING of every key of names, and calls each
+// with the key's index, size and encoding for the keys that exist (a key
+// deleted or expired since it was listed answers nil, and is skipped).
+func eachInPipelines(ctx context.Context, rc redis.UniversalClient, names []string,
+	size func(redis.Pipeliner, string) *redis.IntCmd, each func(i int, size int64, enc string)) error {
 	for first := 0; first < len(names); first += scanBatch {
 		chunk := names[first:min(first+scanBatch, len(names))]
 		pipe := rc.Pipeline()
 		sizes := make([]*redis.IntCmd, len(chunk))
 		encs := make([]*redis.StringCmd, len(chunk))
 		for i, k := range chunk {
-			sizes[i] = pipe.MemoryUsage(ctx, k)
+			sizes[i] = size(pipe, k)
 			encs[i] = pipe.ObjectEncoding(ctx, k)
 		}
-		// A group the save left empty does not exist: MEMORY USAGE
-		// answers nil, and it counts as nothing.
 		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-			return fmt.Errorf("MEMORY USAGE of the state: %w", err)
+			return err
 		}
 		for i, s := range sizes {
-			if s.Err() != nil {
-				continue
-			}
-			m.xbytes += s.Val()
-			if first+i > 0 { // the head is in EXISTS's count
-				m.xkeys++
-				if encs[i].Val() == "hashtable" && !strings.HasSuffix(chunk[i], ":l") {
-					m.xgroupsHT++
-				}
+			if s.Err() == nil && encs[i].Err() == nil {
+				each(first+i, s.Val(), encs[i].Val())
 			}
 		}
 	}
