@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math/bits"
-	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -40,16 +39,7 @@ import (
 // up to 44) and the value's object (a string of up to 12 bytes embedded in
 // 32 B, up to 28 in 48 B, up to 44 in 64 B).
 func TestRedisMemoryPerKey(t *testing.T) {
-	n := 100_000
-	if testing.Short() {
-		n = 10_000
-	}
-	if v := os.Getenv("RATION_REDIS_MEM_KEYS"); v != "" {
-		var err error
-		if n, err = strconv.Atoi(v); err != nil || n < 1000 {
-			t.Fatalf("RATION_REDIS_MEM_KEYS=%q: want an integer ≥ 1000", v)
-		}
-	}
+	n := redistest.MemoryKeys(t, "RATION_REDIS_MEM_KEYS")
 	srv := redistest.StartServer(t) // its own: FLUSHALL and INFO need the server alone
 	// Batches of 500 scripts on a loaded machine may take longer than the
 	// client's default 500 ms read timeout.

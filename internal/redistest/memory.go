@@ -1,6 +1,7 @@
 package redistest
 
 import (
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -30,4 +31,22 @@ func UsedMemory(t testing.TB, info func() (string, error)) int64 {
 		return 0
 	}
 	return field("used_memory") - field("mem_clients_normal")
+}
+
+// MemoryKeys is the number of keys a memory-per-key test writes: 100,000,
+// 10,000 with -short, or the integer (at least 1,000) in the environment
+// variable env when it is set ("" reads none).
+func MemoryKeys(t testing.TB, env string) int {
+	t.Helper()
+	n := 100_000
+	if testing.Short() {
+		n = 10_000
+	}
+	if v := os.Getenv(env); env != "" && v != "" {
+		var err error
+		if n, err = strconv.Atoi(v); err != nil || n < 1000 {
+			t.Fatalf("%s=%q: want an integer ≥ 1000", env, v)
+		}
+	}
+	return n
 }

@@ -11,8 +11,6 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/ration-dev/ration/internal/redistest"
-	"github.com/ration-dev/ration/lease"
 	"github.com/ration-dev/ration/region"
 )
 
@@ -144,16 +142,7 @@ func TestMemoryCoordinatorContract(t *testing.T) {
 }
 
 func TestRedisCoordinatorContract(t *testing.T) {
-	client, err := lease.NewRedisClient(redistest.Start(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = client.Close() })
-	s, err := lease.NewRedisStore(client, lease.RedisConfig{Prefix: redistest.KeyPrefix(t), Timeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := NewRedisCoordinator(s)
+	c, s, client := redisCoordinatorFixture(t)
 	if got, want := c.key("e{u}", "lease"), s.Config().Prefix+"exchange:{e%7Bu%7D}:lease"; got != want {
 		t.Errorf("got hold key %q, want %q", got, want)
 	}

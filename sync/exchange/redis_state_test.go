@@ -18,9 +18,9 @@ import (
 	"github.com/ration-dev/ration/sync/codec"
 )
 
-// redisStateFixture is a RedisCoordinator on a server shared with other
-// tests (its own key prefix), holding region "eu" for "a".
-func redisStateFixture(t *testing.T) (*RedisCoordinator, redis.UniversalClient) {
+// redisCoordinatorFixture is a RedisCoordinator, its store and client, on
+// a server shared with other tests (its own key prefix).
+func redisCoordinatorFixture(t *testing.T) (*RedisCoordinator, *lease.RedisStore, redis.UniversalClient) {
 	t.Helper()
 	client, err := lease.NewRedisClient(redistest.Start(t))
 	if err != nil {
@@ -31,7 +31,14 @@ func redisStateFixture(t *testing.T) (*RedisCoordinator, redis.UniversalClient) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := NewRedisCoordinator(s)
+	return NewRedisCoordinator(s), s, client
+}
+
+// redisStateFixture is a RedisCoordinator on a server shared with other
+// tests (its own key prefix), holding region "eu" for "a".
+func redisStateFixture(t *testing.T) (*RedisCoordinator, redis.UniversalClient) {
+	t.Helper()
+	c, _, client := redisCoordinatorFixture(t)
 	if _, err := c.Acquire(context.Background(), "eu", "a", time.Minute); err != nil {
 		t.Fatal(err)
 	}

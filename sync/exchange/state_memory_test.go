@@ -3,8 +3,6 @@ package exchange
 import (
 	"context"
 	"fmt"
-	"os"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -30,16 +28,7 @@ import (
 // key counting everything ration keeps in Redis; the buckets take about 70
 // B of it, so the state is bounded at 70 B.
 func TestRedisStateMemoryPerKey(t *testing.T) {
-	n := 100_000
-	if testing.Short() {
-		n = 10_000
-	}
-	if v := os.Getenv("RATION_STATE_MEM_KEYS"); v != "" {
-		var err error
-		if n, err = strconv.Atoi(v); err != nil || n < 1000 {
-			t.Fatalf("RATION_STATE_MEM_KEYS=%q: want an integer ≥ 1000", v)
-		}
-	}
+	n := redistest.MemoryKeys(t, "RATION_STATE_MEM_KEYS")
 	srv := redistest.StartServer(t) // its own: INFO needs the server alone
 	// NewRedisClient's defaults: a whole save of 100,000 keys takes longer
 	// than the 500ms read timeout they once had.
