@@ -94,7 +94,7 @@ func (s *State) smoothDemand(ks *keyState, pol KeyPolicy) bool {
 			ks.unheard &^= bit
 			ks.ewma()[k] = s.x[k]
 		default:
-			s.follow(ks, k, pol.Cost)
+			s.follow(ks, k, pol)
 		}
 		active = active || s.x[k] > 0
 	}
@@ -102,9 +102,11 @@ func (s *State) smoothDemand(ks *keyState, pol KeyPolicy) bool {
 }
 
 // follow moves region k's smoothed demand one epoch toward its tally s.x[k].
-func (s *State) follow(ks *keyState, k int, cost float64) {
+func (s *State) follow(ks *keyState, k int, pol KeyPolicy) {
 	bit := uint64(1) << k
-	a := s.cfg.Alpha * gain(max(s.x[k], ks.ewma()[k]), cost) * ks.turning(bit, s.x[k] > ks.ewma()[k])
+	cost := pol.Cost
+	m := max(s.x[k], ks.ewma()[k])
+	a := s.cfg.Alpha * gain(m, cost, s.horizon(ks, k, pol, m)) * ks.turning(bit, s.x[k] > ks.ewma()[k])
 	if ks.left(k, s.x[k], cost) {
 		a = 1
 	}
@@ -114,13 +116,13 @@ func (s *State) follow(ks *keyState, k int, cost float64) {
 // smoothOnce is smoothDemand's epoch for a key every region of which is
 // heard, for a key waking from rest (rest.go); false when it changed
 // nothing, and so never will again with the same tallies.
-func (s *State) smoothOnce(ks *keyState, cost float64) bool {
+func (s *State) smoothOnce(ks *keyState, pol KeyPolicy) bool {
 	e, m, r := s.restE[:0], s.restM[:0], s.restR[:0]
 	e, m, r = append(e, ks.ewma()...), append(m, ks.missed()...), append(r, ks.runBase()...)
 	s.restE, s.restM, s.restR = e, m, r
 	bits := [3]uint64{ks.moved, ks.rose, ks.flipped}
 	for k := 0; k < s.n; k++ {
-		s.follow(ks, k, cost)
+		s.follow(ks, k, pol)
 	}
 	return !slices.Equal(e, ks.ewma()) || !slices.Equal(m, ks.missed()) || !slices.Equal(r, ks.runBase()) ||
 		bits != [3]uint64{ks.moved, ks.rose, ks.flipped}
@@ -225,9 +227,54 @@ const noiseRequests = 4
 // gain scales Alpha for a region whose demand is m tokens an epoch (the
 // larger of its tally and its smoothed demand, so that a demand appearing
 // or vanishing is followed at once).
-func gain(m, cost float64) float64 {
+func gain(m, cost, horizon float64) float64 {
 	n := m / perRequest(cost)
-	return n / (n + noiseRequests)
+	return n / (n + noiseRequests*horizon)
+}
+
+// horizon is the factor on noiseRequests for region k's demand of m
+// tokens an epoch: bucketHorizon, but no slower than the region's part of
+// the bucket can cover. With gain g, a step of demand to m above what the
+// region's share serves (sh, in tokens an epoch) drains about (m − sh)/g
+// tokens before the smoothed demand catches up, which must fit in the part
+// (Burst / regions); a demand the share serves drains nothing.
+func (s *State) horizon(ks *keyState, k int, pol KeyPolicy, m float64) float64 {
+	h := s.bucketHorizon(pol, m)
+	if h == 1 {
+		return 1
+	}
+	per := pol.Rate * s.cfg.Period.Seconds()
+	share := ks.shares()[k]
+	if k == s.self {
+		share = s.own(ks)
+	}
+	if over := m - float64(max(share, 0))/PPM*per; over > 0 {
+		// (m − sh)(n + noiseRequests·h)/(Alpha·n) ≤ part, n = m/cost requests.
+		n := m / perRequest(pol.Cost)
+		part := pol.Burst / float64(s.n)
+		h = min(h, (s.cfg.Alpha*part*n/over-n)/noiseRequests)
+	}
+	return max(1, h)
+}
+
+// bucketHorizon is how many epochs a key's bucket absorbs the Poisson noise
+// of a demand of m tokens an epoch, for a demand under the key's rate whose
+// noise is wider than SettledPPM of the rate (a few requests an epoch): as
+// long as a region's part of the bucket (Burst / regions) serves m, at most
+// as long as the whole bucket serves the rate. Its shares need follow that
+// noise no faster. Any other demand (over the rate, or of so many requests
+// that their noise cannot move a share past the band) and a key whose burst
+// is not above a period's rate get 1.
+func (s *State) bucketHorizon(pol KeyPolicy, m float64) float64 {
+	per := pol.Rate * s.cfg.Period.Seconds()
+	if !(per > 0) || !(pol.Burst > per) || m > per || s.cfg.SettledPPM < 0 || noise(m, pol.Cost)/per*PPM <= float64(s.cfg.SettledPPM) {
+		return 1
+	}
+	h := pol.Burst / per
+	if part := pol.Burst / float64(s.n); m*h > part {
+		h = part / m
+	}
+	return max(1, h)
 }
 
 // left reports whether region k's demand left: no request in the epochs

@@ -144,13 +144,13 @@ func (s *State) wake(ks *keyState) {
 	if ks.restActive {
 		ks.lastDemand = s.prevNow
 	}
-	cost := s.cfg.Policy(ks.key).Cost
+	pol := s.cfg.Policy(ks.key)
 	for k := range s.fresh {
 		s.fresh[k] = true // a key rests only while every region is heard
 	}
 	for i := uint64(0); i < skipped; i++ {
 		copy(s.x, ks.restX())
-		if !s.smoothOnce(ks, cost) {
+		if !s.smoothOnce(ks, pol) {
 			break
 		}
 	}

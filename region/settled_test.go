@@ -172,3 +172,119 @@ func TestSettledRelativeKeys(t *testing.T) {
 		t.Errorf("seed %d: %d share writes settled against %d following: want at most half", seed, settled, following)
 	}
 }
+
+// TestSparseKeysHoldStill: keys of 100 a minute with a minute's burst, each
+// asked once in about 50 epochs in a random region (cmd/ration-scale's
+// load), write their shares far less often than the same keys with a bucket
+// of one period's rate: a request is noise that a region's part of a full
+// bucket (33 tokens) absorbs, so it does not move the shares (the smoothing
+// horizon, region/epoch.go). The shares never sum above the quota, and no
+// region is left without the share its bucket needs for one request.
+func TestSparseKeysHoldStill(t *testing.T) {
+	seed := testSeed(t)
+	const rate = 100.0 / 60
+	writes := func(burst float64) int {
+		rng := rand.New(rand.NewPCG(seed, 11))
+		c := newCluster(t, rng, 3, func(cfg *region.Config) {
+			cfg.Policy = func(string) region.KeyPolicy { return region.KeyPolicy{Rate: rate, Burst: burst, Cost: 1} }
+		})
+		c.rate, c.burst = rate, burst
+		n := 0
+		c.trace = func(e string) {
+			if strings.Contains(e, " writes ") {
+				n++
+			}
+		}
+		keys := make([]string, 200)
+		for i := range keys {
+			keys[i] = fmt.Sprintf("user/%03d", i)
+		}
+		c.check = func(c *cluster, when string) {
+			for _, key := range keys {
+				if sum := c.sum(key); sum > region.PPM {
+					t.Fatalf("seed %d step %d after %s: Σ shares of %s = %d", seed, c.step, when, key, sum)
+				}
+			}
+		}
+		asked := map[string]int{}
+		for range 300 {
+			for _, key := range keys {
+				asked[key] = -1
+				if rng.IntN(50) == 0 {
+					asked[key] = rng.IntN(3)
+				}
+			}
+			c.run(keys, func(r int, key string) int64 {
+				if asked[key] == r {
+					return 1
+				}
+				return 0
+			})
+		}
+		for _, key := range keys {
+			for r := range c.nodes {
+				if got := float64(c.applied(r, key)) / region.PPM * burst; burst > rate && got < 1 {
+					t.Errorf("seed %d, burst %v: %s region %d holds %d ppm, %.2f tokens of a full bucket", seed, burst, key, r, c.applied(r, key), got)
+				}
+			}
+		}
+		return n
+	}
+	minute, second := writes(100), writes(rate)
+	t.Logf("seed %d: 200 keys × 3 regions × 300 epochs, a request each in 50 epochs: %d share writes with a minute's burst, %d with a second's", seed, minute, second)
+	if minute*10 > second {
+		t.Errorf("seed %d: %d share writes with a minute's burst against %d with a second's: want at most a tenth", seed, minute, second)
+	}
+}
+
+// TestNoisyDemandFollowedWithinTheBucket: a noisy demand under the key's
+// rate that appears in one region (Poisson, 8 tokens an epoch at a rate of
+// 10 and a minute's burst) is followed slowly (the smoothing horizon), but
+// fast enough that the region's part of the bucket (200 tokens) covers
+// what its share lags behind: its bucket never runs dry, and its share
+// serves the demand before that part would have run out at the initial
+// share (200 tokens at a deficit of 8 − 3.33 an epoch: 42 epochs).
+func TestNoisyDemandFollowedWithinTheBucket(t *testing.T) {
+	seed := testSeed(t)
+	const rate, burst, mean = 10.0, 600.0, 8.0
+	rng := rand.New(rand.NewPCG(seed, 13))
+	c := newCluster(t, rng, 3, func(cfg *region.Config) {
+		cfg.Policy = func(string) region.KeyPolicy { return region.KeyPolicy{Rate: rate, Burst: burst, Cost: 1} }
+	})
+	c.rate, c.burst = rate, burst
+	keys := []string{"k"}
+	checkSum(t, c, keys, nil)
+	inner := c.check
+	c.check = func(c *cluster, when string) {
+		inner(c, when)
+		c.checkTokens("k", when)
+	}
+	poisson := func(m float64) int64 {
+		k, p, l := int64(0), 1.0, math.Exp(-m)
+		for p *= rng.Float64(); p > l; p *= rng.Float64() {
+			k++
+		}
+		return k
+	}
+	least, served := math.Inf(1), 0
+	for e := 1; e <= 120; e++ {
+		c.run(keys, func(r int, _ string) int64 {
+			if r == 0 {
+				return poisson(mean)
+			}
+			return 0
+		})
+		b := c.nodes[0].store.PeekAt(c.now, "k", c.limit(0))
+		least = min(least, b.Tokens)
+		if served == 0 && float64(b.SharePPM)/region.PPM*rate >= mean {
+			served = e
+		}
+	}
+	t.Logf("seed %d: region 0's bucket held at least %.1f tokens; its share served the mean demand from epoch %d: %v", seed, least, served, sharesOf(c, "k"))
+	if least < 1 {
+		t.Errorf("seed %d: region 0's bucket ran dry (%.2f tokens)", seed, least)
+	}
+	if served == 0 || served > 42 {
+		t.Errorf("seed %d: region 0's share served its mean demand from epoch %d (0: never in 120), want within 42", seed, served)
+	}
+}

@@ -1,6 +1,9 @@
 package region
 
-import "time"
+import (
+	"math"
+	"time"
+)
 
 // This file holds how a key's targets are set and what share moves toward
 // them in an epoch: gifts of our surplus and reclaims from silent peers.
@@ -98,7 +101,7 @@ func (s *State) needs(ks *keyState, pol KeyPolicy) {
 func (s *State) rateNeed(e float64, pol KeyPolicy) float64 {
 	per := pol.Rate * s.cfg.Period.Seconds()
 	need := s.rateShare(e, pol)
-	if h := noise(e, pol.Cost) / per * PPM; h > float64(s.cfg.FloorPPM) {
+	if h := noise(e, pol.Cost) / math.Sqrt(s.bucketHorizon(pol, e)) / per * PPM; h > float64(s.cfg.FloorPPM) {
 		need += h - float64(s.cfg.FloorPPM)
 	}
 	return need
