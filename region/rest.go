@@ -237,9 +237,9 @@ func (s *State) steady(now time.Time, ks *keyState, pol KeyPolicy) bool {
 		var need float64
 		switch {
 		case k == s.self && pol.Rate > 0:
-			need = s.rateNeed(lo[i], pol)
+			need = s.rateNeed(lo[i], pol, s.v[k])
 		case pol.Rate > 0:
-			need = s.rateNeed(hi[i], pol)
+			need = s.rateNeed(hi[i], pol, s.v[k])
 		case k == s.self: // relative: ours at its lowest, the others' at their highest
 			need = ratio(lo[i], lo[i]+sumHi-hi[i])
 		default:
@@ -275,7 +275,7 @@ func (s *State) inPlaceOver(lo, hi []float64, total int64, pol KeyPolicy) bool {
 	s.need = need
 	if pol.Rate > 0 {
 		for i, e := range need {
-			need[i] = s.rateNeed(e, pol)
+			need[i] = s.rateNeed(e, pol, s.v[s.live[i]])
 		}
 		s.tg.fill(lt, total, need, s.cfg.FloorPPM, s.weights)
 		if !s.tg.fits {

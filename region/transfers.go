@@ -83,7 +83,7 @@ func (s *State) needs(ks *keyState, pol KeyPolicy) {
 		var need, bare float64
 		switch {
 		case pol.Rate > 0:
-			need, bare = s.rateNeed(ks.ewma()[k], pol), s.rateShare(ks.ewma()[k], pol)
+			need, bare = s.rateNeed(ks.ewma()[k], pol, s.v[k]), s.rateShare(ks.ewma()[k], pol)
 		case sum > 0:
 			need = ks.ewma()[k] / sum * PPM
 			bare = need
@@ -95,13 +95,20 @@ func (s *State) needs(ks *keyState, pol KeyPolicy) {
 }
 
 // rateNeed is the need in ppm of a smoothed demand of e tokens an epoch
-// for a key with a rate: the share that serves it (rateShare), plus
-// headroom for Poisson noise (one standard deviation of the epoch's
-// demand) where that exceeds the floor (small keys).
-func (s *State) rateNeed(e float64, pol KeyPolicy) float64 {
+// for a key with a rate, in a region holding share sh: the share that
+// serves it (rateShare), plus headroom for Poisson noise where that exceeds
+// the floor (small keys). The headroom is one standard deviation of the
+// epoch's demand, or, where sh already serves e, of its mean over the
+// epochs the bucket absorbs the noise (bucketHorizon): a region still short
+// of its demand keeps the whole headroom.
+func (s *State) rateNeed(e float64, pol KeyPolicy, sh int64) float64 {
 	per := pol.Rate * s.cfg.Period.Seconds()
 	need := s.rateShare(e, pol)
-	if h := noise(e, pol.Cost) / math.Sqrt(s.bucketHorizon(pol, e)) / per * PPM; h > float64(s.cfg.FloorPPM) {
+	h := noise(e, pol.Cost) / per * PPM
+	if need <= float64(sh) {
+		h /= math.Sqrt(s.bucketHorizon(pol, e))
+	}
+	if h > float64(s.cfg.FloorPPM) {
 		need += h - float64(s.cfg.FloorPPM)
 	}
 	return need
