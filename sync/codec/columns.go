@@ -26,6 +26,21 @@ import (
 //
 // A measurement of what each step gave is in docs/DESIGN.md ("Reports are
 // deltas").
+//
+// Version 3 has the same columns, and two predictions more:
+//
+//   - a name of the previous key's length that differs from it only in its
+//     trailing decimal number (up to 18 digits, as many as the previous
+//     name ends with) is that number's difference from the previous key's
+//     (flag kStep): one varint in the lengths of names, nothing in names.
+//     Keys named by id ("per-user/user=0001234") take a byte or two instead
+//     of the two lengths and the digits that differ;
+//   - the share of a key without a generation (a tally-only entry, an
+//     empty one) is written as its difference from PPM/len(regions), the
+//     initial share, rather than from 0.
+//
+// Its flags are numbered so that kStep is in the first byte and kBase,
+// rarely set, in the second (wireFlags).
 
 // The flags of a key (column fColFlags): bits 0 to 6 are the fields most
 // keys have, so that a key's flags take one byte.
@@ -44,10 +59,33 @@ const (
 	kTokensWindow             // a scalar: TokensWindow - the previous key's
 	kShape                    // lengths gives the six rows' lengths
 	kExits                    // lengths gives the exits and their rows' lengths
+	kStep                     // V3: the name is the previous one's number plus a step
 
 	kRows  = kRow | kIn | kTaken | kInTaken | kTokens | kSettled
-	kKnown = 1<<14 - 1
+	kKnown = 1<<14 - 1 // in V2
+	// kKnown3 is kKnown in V3, where the first byte of the flags holds
+	// kStep instead of kBase.
+	kKnown3 = 1<<15 - 1
 )
+
+// wireFlags is flags as a part of shape sh writes them: in V3, kStep (bit
+// 14 here) is bit 2, kBase bit 7, and bits 7 to 13 one place higher.
+func wireFlags(flags uint64, sh shape) uint64 {
+	if !sh.v3 {
+		return flags
+	}
+	const low = kRow | kIn | kDemand | kShare | kGeneration | kGranted
+	return flags&low | (flags>>14&1)<<2 | (flags>>2&1)<<7 | (flags>>7&0x7f)<<8
+}
+
+// flagsOfWire is the inverse of wireFlags.
+func flagsOfWire(w uint64, sh shape) uint64 {
+	if !sh.v3 {
+		return w
+	}
+	const low = kRow | kIn | kDemand | kShare | kGeneration | kGranted
+	return w&low | (w>>2&1)<<14 | (w>>7&1)<<2 | (w>>8&0x7f)<<7
+}
 
 // Scalars are written in this order, then each exit's generation (less the
 // key's); values are Row, Taken, In, InTaken, Tokens, Settled, then each
@@ -107,10 +145,108 @@ func predictShare(k *region.KeyReport) int64 {
 	return p
 }
 
+// sharePrediction is what a key's share is written as a difference from:
+// predictShare, or in V3, for a key without a generation, the initial
+// share PPM/n.
+func sharePrediction(k *region.KeyReport, sh shape) int64 {
+	if sh.v3 && k.Generation == 0 {
+		if sh.n == 0 {
+			return 0
+		}
+		return region.PPM / int64(sh.n)
+	}
+	return predictShare(k)
+}
+
+// maxStepDigits bounds the trailing number of a name that a step changes:
+// 10^18 fits an int64.
+const maxStepDigits = 18
+
+var pow10 = func() (p [maxStepDigits + 1]uint64) {
+	p[0] = 1
+	for i := 1; i < len(p); i++ {
+		p[i] = p[i-1] * 10
+	}
+	return p
+}()
+
+func isDigit(c byte) bool { return '0' <= c && c <= '9' }
+
+// trailingDigits is the number of decimal digits name ends with, up to
+// maxStepDigits.
+func trailingDigits[S string | []byte](name S) int {
+	w := 0
+	for w < len(name) && w < maxStepDigits && isDigit(name[len(name)-1-w]) {
+		w++
+	}
+	return w
+}
+
+// step is V3's code of name after prev when name is prev with its trailing
+// number (trailingDigits(prev) digits) changed by d ≠ 0, written in as many
+// digits: d-1 for d > 0 and d otherwise, zigzag encoded.
+func step(prev, name string) (uint64, bool) {
+	w := trailingDigits(prev)
+	if w == 0 || len(name) != len(prev) || prev[:len(prev)-w] != name[:len(name)-w] {
+		return 0, false
+	}
+	var a, b int64
+	for i := len(prev) - w; i < len(prev); i++ {
+		if !isDigit(name[i]) {
+			return 0, false
+		}
+		a = a*10 + int64(prev[i]-'0')
+		b = b*10 + int64(name[i]-'0')
+	}
+	d := b - a
+	switch {
+	case d == 0:
+		return 0, false
+	case d > 0:
+		d--
+	}
+	return zigzag(d), true
+}
+
+// applyStep changes the trailing number of name (the previous key's name)
+// by the step code c, in place; false if name ends with no digit or the
+// number leaves its digits.
+func applyStep(name []byte, c uint64) bool {
+	w := trailingDigits(name)
+	if w == 0 {
+		return false
+	}
+	var a uint64
+	for _, ch := range name[len(name)-w:] {
+		a = a*10 + uint64(ch-'0')
+	}
+	d := protowire.DecodeZigZag(c)
+	var b uint64
+	if d >= 0 {
+		up := uint64(d) + 1 // d < 2^63: no wrap
+		if up >= pow10[w]-a {
+			return false
+		}
+		b = a + up
+	} else {
+		down := uint64(-(d + 1)) + 1
+		if down > a {
+			return false
+		}
+		b = a - down
+	}
+	for i := len(name) - 1; i >= len(name)-w; i-- {
+		name[i] = byte('0' + b%10)
+		b /= 10
+	}
+	return true
+}
+
 // keyCode is what a key is written as, given the previous key of its part
 // (nil for the first).
 type keyCode struct {
 	shared  int
+	step    uint64 // with kStep: the name's step from the previous name
 	flags   uint64
 	scalars [6]uint64 // generation, base, share, demand, granted, window
 }
@@ -127,11 +263,14 @@ func shared(a, b string) int {
 
 // shape is what a part's rows look like: n entries, of which the one at
 // self (the sender's own, -1 when the sender is not among its regions) is
-// left out.
-type shape struct{ n, self int }
+// left out; and whether the part is V3.
+type shape struct {
+	n, self int
+	v3      bool
+}
 
-func shapeOf(r *region.Report) shape {
-	return shape{len(r.Regions), slices.Index(r.Regions, r.Region)}
+func shapeOf(r *region.Report, v Version) shape {
+	return shape{len(r.Regions), slices.Index(r.Regions, r.Region), v >= V3}
 }
 
 // regular reports whether a row of length l whose entry at self is zero is
@@ -167,11 +306,15 @@ func encodeKey(k, prev *region.KeyReport, sh shape) keyCode {
 	var pg uint64
 	var pb, pw int64
 	if prev != nil {
-		c.shared = shared(prev.Key, k.Key)
+		if st, ok := step(prev.Key, k.Key); ok && sh.v3 {
+			c.step, c.flags = st, kStep
+		} else {
+			c.shared = shared(prev.Key, k.Key)
+		}
 		pg, pb, pw = prev.Generation, prev.Base, prev.TokensWindow
 	}
 	c.scalars = [6]uint64{
-		zigzag(int64(k.Generation - pg)), zigzag(k.Base - pb), zigzag(k.SharePPM - predictShare(k)),
+		zigzag(int64(k.Generation - pg)), zigzag(k.Base - pb), zigzag(k.SharePPM - sharePrediction(k, sh)),
 		uint64(k.Demand), zigzag(k.Demand - k.Granted), zigzag(k.TokensWindow - pw),
 	}
 	for i, f := range [6]uint64{kGeneration, kBase, kShare, kDemand, kGranted, kTokensWindow} {
@@ -201,10 +344,14 @@ func encodeKey(k, prev *region.KeyReport, sh shape) keyCode {
 func keyColumns(k, prev *region.KeyReport, sh shape) (columns, keyCode) {
 	c := encodeKey(k, prev, sh)
 	var s columns
-	suffix := len(k.Key) - c.shared
-	s[cNameLens] = protowire.SizeVarint(uint64(c.shared)) + protowire.SizeVarint(uint64(suffix))
-	s[cNames] = suffix
-	s[cFlags] = protowire.SizeVarint(c.flags)
+	if c.flags&kStep != 0 {
+		s[cNameLens] = protowire.SizeVarint(c.step)
+	} else {
+		suffix := len(k.Key) - c.shared
+		s[cNameLens] = protowire.SizeVarint(uint64(c.shared)) + protowire.SizeVarint(uint64(suffix))
+		s[cNames] = suffix
+	}
+	s[cFlags] = protowire.SizeVarint(wireFlags(c.flags, sh))
 	for _, v := range c.scalars {
 		if v != 0 {
 			s[cScalars] += protowire.SizeVarint(v)
@@ -282,10 +429,14 @@ func row[T int64 | uint64](w *colWriter, v []T, skip int) {
 
 // key writes k, coded as c.
 func (w *colWriter) key(k *region.KeyReport, c *keyCode, sh shape) {
-	w.varint(cNameLens, uint64(c.shared))
-	w.varint(cNameLens, uint64(len(k.Key)-c.shared))
-	w.at[cNames] += copy(w.b[w.at[cNames]:], k.Key[c.shared:])
-	w.varint(cFlags, c.flags)
+	if c.flags&kStep != 0 {
+		w.varint(cNameLens, c.step)
+	} else {
+		w.varint(cNameLens, uint64(c.shared))
+		w.varint(cNameLens, uint64(len(k.Key)-c.shared))
+		w.at[cNames] += copy(w.b[w.at[cNames]:], k.Key[c.shared:])
+	}
+	w.varint(cFlags, wireFlags(c.flags, sh))
 	for _, v := range c.scalars {
 		if v != 0 {
 			w.varint(cScalars, v)

@@ -159,25 +159,46 @@ func (cr *colReader) scalar(flags, f uint64) (uint64, bool) {
 	return cr.col[cScalars].next()
 }
 
-// key reads key i into k, prev being the key before it in the part (nil for
-// the first), and returns its name.
-func (cr *colReader) key(i int, k, prev *region.KeyReport, sl *slabs) ([]byte, error) {
-	flags, ok := cr.col[cFlags].next()
-	if !ok || flags&^kKnown != 0 {
-		return nil, columnsDrop()
-	}
+// fullName reads the name of key i as the length of the prefix it shares
+// with the previous one and the rest.
+func (cr *colReader) fullName(i int) error {
 	pre, ok1 := cr.col[cNameLens].next()
 	suf, ok2 := cr.col[cNameLens].next()
 	if !ok1 || !ok2 || pre > uint64(len(cr.name)) || suf > uint64(len(cr.names)) {
-		return nil, columnsDrop()
+		return columnsDrop()
 	}
 	if l := pre + suf; l > uint64(cr.lim.MaxKeyBytes) {
-		return nil, drop(ReasonInconsistent, "key %d: %d bytes, more than %d", i, l, cr.lim.MaxKeyBytes)
+		return drop(ReasonInconsistent, "key %d: %d bytes, more than %d", i, l, cr.lim.MaxKeyBytes)
 	}
 	cr.name = append(cr.name[:pre], cr.names[:suf]...)
 	cr.names = cr.names[suf:]
 	if !utf8.Valid(cr.name) {
-		return nil, corruptPart()
+		return corruptPart()
+	}
+	return nil
+}
+
+// key reads key i into k, prev being the key before it in the part (nil for
+// the first), and returns its name.
+func (cr *colReader) key(i int, k, prev *region.KeyReport, sl *slabs) ([]byte, error) {
+	w, ok := cr.col[cFlags].next()
+	known := uint64(kKnown)
+	if cr.sh.v3 {
+		known = kKnown3
+	}
+	if !ok || w&^known != 0 {
+		return nil, columnsDrop()
+	}
+	flags := flagsOfWire(w, cr.sh)
+	if flags&kStep != 0 {
+		// The previous name, its trailing number changed: as long, and
+		// as valid.
+		st, ok := cr.col[cNameLens].next()
+		if !ok || prev == nil || !applyStep(cr.name, st) {
+			return nil, columnsDrop()
+		}
+	} else if err := cr.fullName(i); err != nil {
+		return nil, err
 	}
 	l, ok := cr.rowLens(flags)
 	if !ok {
@@ -230,7 +251,7 @@ func (cr *colReader) key(i int, k, prev *region.KeyReport, sl *slabs) ([]byte, e
 			}
 		}
 	}
-	k.SharePPM = predictShare(k) + protowire.DecodeZigZag(sc[2])
+	k.SharePPM = sharePrediction(k, cr.sh) + protowire.DecodeZigZag(sc[2])
 	return cr.name, nil
 }
 
@@ -269,23 +290,25 @@ func (cr *colReader) elided(body []byte, keys int) int {
 	n := 0
 	flags := newColumn(body, fColFlags, keys)
 	for range keys {
-		if f, _ := flags.next(); f&kShape == 0 {
+		w, _ := flags.next()
+		if f := flagsOfWire(w, cr.sh); f&kShape == 0 {
 			n += bits.OnesCount64(f & (kRow | kIn | kTaken | kInTaken | kTokens))
 		}
 	}
 	return n
 }
 
-// fillColumns decodes the keys of a V2 body that s describes into p, whose
-// header fillPart has filled in (and s made room for s.cols[cFlags] keys).
-func fillColumns(body []byte, s *partShape, p *Part) error {
+// fillColumns decodes the keys of a V2 or V3 body that s describes into p,
+// whose header fillPart has filled in (and s made room for s.cols[cFlags]
+// keys).
+func fillColumns(body []byte, s *partShape, p *Part, v Version) error {
 	if len(p.Keys) == 0 {
 		if s.cols != [nColumns]int{} || len(s.names) > 0 {
 			return columnsDrop()
 		}
 		return nil
 	}
-	cr := colReader{names: s.names, sh: shapeOf(&p.Header), lim: s.lim}
+	cr := colReader{names: s.names, sh: shapeOf(&p.Header, v), lim: s.lim}
 	for c := range cr.col {
 		cr.col[c] = newColumn(body, protowire.Number(fColNameLens+c), s.cols[c])
 	}
