@@ -36,8 +36,8 @@ func EncodeReportUpTo(r *region.Report, id uint64, maxBytes int, v Version) ([][
 // Smallest is the version up to v whose messages for r are fewest bytes
 // (the newest on a tie): the columns (V2, V3) save most of a listing, but
 // their framing costs a report of a key or two a few bytes more than V1's
-// messages, and V3's flags cost a byte more than V2's where keys' bases
-// differ.
+// messages, and V3's flags cost a byte more than V2's for a key whose base
+// differs from the previous key's or that has exit records.
 func Smallest(r *region.Report, id uint64, maxBytes int, v Version) (Version, error) {
 	if v < V2 {
 		return V1, nil
