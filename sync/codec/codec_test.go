@@ -80,6 +80,11 @@ func randomReport(rng *rand.Rand, regions []string, n int, exchange bool) region
 		if rng.IntN(4) == 0 { // a tally-only or empty entry's share (V3)
 			k.Generation = 0
 		}
+		if row := row(); row != nil && rng.IntN(3) == 0 {
+			for _, v := range row {
+				k.Settled = append(k.Settled, uint64(v))
+			}
+		}
 		for e := rng.IntN(3); e > 0; e-- {
 			k.Exits = append(k.Exits, region.Exit{Generation: rng.Uint64N(1 << 30), Row: row(), Taken: row(), In: row(), InTaken: row()})
 		}

@@ -36,8 +36,17 @@ import (
 //     Keys named by id ("per-user/user=0001234") take a byte or two instead
 //     of the two lengths and the digits that differ;
 //   - the share of a key without a generation (a tally-only entry, an
-//     empty one) is written as its difference from PPM/len(regions), the
-//     initial share, rather than from 0.
+//     empty one) is written as its difference from the sender's initial
+//     share (PPM/len(regions), plus one for the first PPM%len(regions)
+//     regions) rather than from 0;
+//   - a regular row of a part whose rows write 1 to maxSparse entries (up
+//     to nine regions) is sparse: the mask of its entries that are not
+//     zero, with the first such entry above the mask in the same varint,
+//     then the others (sparseHead). A zero costs nothing, and the mask
+//     nothing either while the first entry is under 2^(21-m) (a gift of
+//     under half the quota among three regions); a row of zeros is one
+//     byte. A first entry that does not fit above the mask makes its key
+//     irregular (kShape), written whole.
 //
 // Its flags are numbered so that kStep is in the first byte and kBase,
 // rarely set, in the second (wireFlags).
@@ -146,14 +155,19 @@ func predictShare(k *region.KeyReport) int64 {
 }
 
 // sharePrediction is what a key's share is written as a difference from:
-// predictShare, or in V3, for a key without a generation, the initial
-// share PPM/n.
+// predictShare, or in V3, for a key without a generation, the sender's
+// initial share as region.Config's default makes it: PPM/n, and one ppm
+// more for each of the first PPM%n regions.
 func sharePrediction(k *region.KeyReport, sh shape) int64 {
 	if sh.v3 && k.Generation == 0 {
 		if sh.n == 0 {
 			return 0
 		}
-		return region.PPM / int64(sh.n)
+		p, n := int64(region.PPM), int64(sh.n)
+		if sh.self >= 0 && int64(sh.self) < p%n {
+			return p/n + 1
+		}
+		return p / n
 	}
 	return predictShare(k)
 }
@@ -263,14 +277,63 @@ func shared(a, b string) int {
 
 // shape is what a part's rows look like: n entries, of which the one at
 // self (the sender's own, -1 when the sender is not among its regions) is
-// left out; and whether the part is V3.
+// left out, so that a regular row writes m; whether the part is V3, and
+// whether its regular rows are sparse.
 type shape struct {
-	n, self int
-	v3      bool
+	n, self, m int
+	v3, sparse bool
 }
 
+// maxSparse bounds the entries a sparse row writes: its mask is as many
+// bits, and a row of one byte decodes to at most maxSparse+1 entries.
+const maxSparse = 8
+
 func shapeOf(r *region.Report, v Version) shape {
-	return shape{len(r.Regions), slices.Index(r.Regions, r.Region), v >= V3}
+	sh := shape{n: len(r.Regions), self: slices.Index(r.Regions, r.Region), v3: v >= V3}
+	sh.m = sh.n
+	if sh.self >= 0 {
+		sh.m--
+	}
+	sh.sparse = sh.v3 && sh.m >= 1 && sh.m <= maxSparse
+	return sh
+}
+
+// sparseHead is the first value a sparse row writes, and the index of its
+// first nonzero entry (-1: none, and the head is 0): the mask of the
+// entries it writes that are not zero (bit i for the i-th, the sender's
+// left out), with the first such entry above it. The other nonzero entries
+// follow it, in order.
+func sparseHead[T int64 | uint64](v []T, sh shape) (uint64, int) {
+	var mask uint64
+	first, bit := -1, 0
+	for j, x := range v {
+		if j == sh.self {
+			continue
+		}
+		if x != 0 {
+			mask |= 1 << bit
+			if first < 0 {
+				first = j
+			}
+		}
+		bit++
+	}
+	if first < 0 {
+		return 0, -1
+	}
+	return uint64(v[first])<<sh.m | mask, first
+}
+
+// sparseFits reports whether a regular row's first nonzero entry fits
+// above its mask; a row where it does not makes its key irregular (kShape),
+// written whole.
+func sparseFits[T int64 | uint64](v []T, sh shape) bool {
+	for j, x := range v {
+		if j != sh.self && x != 0 {
+			return uint64(x)>>(64-sh.m) == 0
+		}
+	}
+	return true
 }
 
 // regular reports whether a row of length l whose entry at self is zero is
@@ -285,17 +348,31 @@ func rowFlag[T int64 | uint64](v []T, sh shape, flag uint64) (uint64, bool) {
 	switch {
 	case len(v) == 0:
 		return 0, true
-	case sh.regular(len(v), sh.self < 0 || sh.self < len(v) && v[sh.self] == 0):
+	case sh.regular(len(v), sh.self < 0 || sh.self < len(v) && v[sh.self] == 0) && (!sh.sparse || sparseFits(v, sh)):
 		return flag, true
 	}
 	return 0, false
 }
 
 // rowSize is the bytes a row takes in values: less the sender's entry, a
-// byte, when the row is regular (not in a key of irregular shape).
+// byte, when the row is regular (not in a key of irregular shape); its
+// head and its nonzero entries after the first when it is also sparse.
 func rowSize[T int64 | uint64](v []T, sh shape, irregular bool) int {
+	if len(v) == 0 {
+		return 0
+	}
+	if !irregular && sh.sparse {
+		head, first := sparseHead(v, sh)
+		n := protowire.SizeVarint(head)
+		for j := first + 1; first >= 0 && j < len(v); j++ {
+			if j != sh.self && v[j] != 0 {
+				n += protowire.SizeVarint(uint64(v[j]))
+			}
+		}
+		return n
+	}
 	n := valuesSize(v)
-	if !irregular && len(v) > 0 && sh.self >= 0 {
+	if !irregular && sh.self >= 0 {
 		n--
 	}
 	return n
@@ -427,6 +504,20 @@ func row[T int64 | uint64](w *colWriter, v []T, skip int) {
 	}
 }
 
+// sparseRow writes a regular row of a sparse part.
+func sparseRow[T int64 | uint64](w *colWriter, v []T, sh shape) {
+	if len(v) == 0 {
+		return
+	}
+	head, first := sparseHead(v, sh)
+	w.varint(cValues, head)
+	for j := first + 1; first >= 0 && j < len(v); j++ {
+		if j != sh.self && v[j] != 0 {
+			w.varint(cValues, uint64(v[j]))
+		}
+	}
+}
+
 // key writes k, coded as c.
 func (w *colWriter) key(k *region.KeyReport, c *keyCode, sh shape) {
 	if c.flags&kStep != 0 {
@@ -447,16 +538,25 @@ func (w *colWriter) key(k *region.KeyReport, c *keyCode, sh shape) {
 			w.varint(cLengths, uint64(l))
 		}
 	}
-	skip := sh.self
-	if c.flags&kShape != 0 {
-		skip = -1
+	if sh.sparse && c.flags&kShape == 0 {
+		sparseRow(w, k.Row, sh)
+		sparseRow(w, k.Taken, sh)
+		sparseRow(w, k.In, sh)
+		sparseRow(w, k.InTaken, sh)
+		sparseRow(w, k.Tokens, sh)
+		sparseRow(w, k.Settled, sh)
+	} else {
+		skip := sh.self
+		if c.flags&kShape != 0 {
+			skip = -1
+		}
+		row(w, k.Row, skip)
+		row(w, k.Taken, skip)
+		row(w, k.In, skip)
+		row(w, k.InTaken, skip)
+		row(w, k.Tokens, skip)
+		row(w, k.Settled, skip)
 	}
-	row(w, k.Row, skip)
-	row(w, k.Taken, skip)
-	row(w, k.In, skip)
-	row(w, k.InTaken, skip)
-	row(w, k.Tokens, skip)
-	row(w, k.Settled, skip)
 	if len(k.Exits) == 0 {
 		return
 	}

@@ -102,13 +102,68 @@ func refApplyStep(prev []byte, c uint64) ([]byte, bool) {
 	return fmt.Appendf(append([]byte(nil), prev[:len(prev)-w]...), "%0*d", w, b), true
 }
 
-// refPrediction is what the share is written relative to.
-func refPrediction(k *region.KeyReport, regions int, v Version) int64 {
+// refSparse reports whether a V3 part of n regions from the one at me
+// writes its regular rows sparse: when they have 1 to 8 entries besides
+// the sender's.
+func refSparse(n, me int, v Version) bool {
+	m := n
+	if me >= 0 {
+		m--
+	}
+	return v >= V3 && m >= 1 && m <= 8
+}
+
+// refWritten is a regular row without the sender's entry.
+func refWritten(row []int64, me int) []int64 {
+	var out []int64
+	for j, x := range row {
+		if j != me {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+// refSparseRow is the values of a sparse row whose written entries are w:
+// the mask of those not zero with the first of them above it, then the
+// others.
+func refSparseRow(w []int64) []uint64 {
+	var mask uint64
+	var nonzero []uint64
+	for i, x := range w {
+		if x != 0 {
+			mask |= 1 << i
+			nonzero = append(nonzero, uint64(x))
+		}
+	}
+	if len(nonzero) == 0 {
+		return []uint64{0}
+	}
+	return append([]uint64{nonzero[0]<<len(w) | mask}, nonzero[1:]...)
+}
+
+// refPrediction is what the share is written relative to, by the sender
+// at me among regions.
+func refPrediction(k *region.KeyReport, regions, me int, v Version) int64 {
 	if v >= V3 && k.Generation == 0 {
 		if regions == 0 {
 			return 0
 		}
-		return 1_000_000 / int64(regions)
+		// region.Config's default initial shares: the remainder to the
+		// first regions, a ppm each.
+		shares := make([]int64, regions)
+		left := int64(1_000_000)
+		for i := range shares {
+			shares[i] = 1_000_000 / int64(regions)
+			left -= shares[i]
+		}
+		for i := 0; left > 0; i, left = i+1, left-1 {
+			shares[i]++
+		}
+		if me < 0 {
+			return 1_000_000 / int64(regions)
+		}
+		return shares[me]
 	}
 	return refShare(k)
 }
@@ -166,7 +221,7 @@ func columnsToPB(pb *syncv1.Part, keys []region.KeyReport, regions []string, sel
 		}{
 			{kGeneration, protowire.EncodeZigZag(int64(k.Generation - prev.Generation))},
 			{kBase, protowire.EncodeZigZag(k.Base - prev.Base)},
-			{kShare, protowire.EncodeZigZag(k.SharePPM - refPrediction(k, n, v))},
+			{kShare, protowire.EncodeZigZag(k.SharePPM - refPrediction(k, n, me, v))},
 			{kDemand, uint64(k.Demand)},
 			{kGranted, protowire.EncodeZigZag(k.Demand - k.Granted)},
 			{kTokensWindow, protowire.EncodeZigZag(k.TokensWindow - prev.TokensWindow)},
@@ -183,9 +238,20 @@ func columnsToPB(pb *syncv1.Part, keys []region.KeyReport, regions []string, sel
 			settled[j] = int64(v)
 		}
 		rows := [][]int64{k.Row, k.Taken, k.In, k.InTaken, k.Tokens, settled}
+		sparse := refSparse(n, me, v)
 		regular := true
 		for _, row := range rows {
 			regular = regular && (len(row) == 0 || len(row) == n && (me < 0 || row[me] == 0))
+			if sparse && len(row) > 0 {
+				written := refWritten(row, me)
+				for _, x := range written {
+					if x != 0 {
+						// The first nonzero entry goes above the mask.
+						regular = regular && uint64(x) < 1<<(64-len(written))
+						break
+					}
+				}
+			}
 		}
 		if regular {
 			for j, f := range []uint64{kRow, kTaken, kIn, kInTaken, kTokens, kSettled} {
@@ -200,6 +266,10 @@ func columnsToPB(pb *syncv1.Part, keys []region.KeyReport, regions []string, sel
 			}
 		}
 		for _, row := range rows {
+			if regular && sparse && len(row) > 0 {
+				pb.KeyValues = append(pb.KeyValues, refSparseRow(refWritten(row, me))...)
+				continue
+			}
 			for j, v := range row {
 				if !regular || j != me {
 					pb.KeyValues = append(pb.KeyValues, uint64(v))
@@ -296,6 +366,47 @@ func columnsFromPB(pb *syncv1.Part, lim Limits, v Version) ([]region.KeyReport, 
 		return v, true
 	}
 	me := selfIndex(pb.Regions, pb.Region)
+	sparse := refSparse(len(pb.Regions), me, v)
+	// sparseRow reads a regular row of a sparse part, or fails.
+	sparseRow := func() ([]int64, bool) {
+		m := len(pb.Regions)
+		if me >= 0 {
+			m--
+		}
+		head, ok := take(&values)
+		if !ok {
+			return nil, false
+		}
+		mask := head % (1 << m)
+		var written []int64
+		for i := range m {
+			var x uint64
+			switch {
+			case mask&(1<<i) == 0:
+			case mask%(1<<i) == 0: // the first nonzero entry
+				if x = head >> m; x == 0 {
+					return nil, false
+				}
+			default:
+				if x, ok = take(&values); !ok || x == 0 {
+					return nil, false
+				}
+			}
+			written = append(written, int64(x))
+		}
+		if mask == 0 && head != 0 {
+			return nil, false
+		}
+		var out []int64
+		for j := range pb.Regions {
+			if j == me {
+				out = append(out, 0)
+			} else {
+				out, written = append(out, written[0]), written[1:]
+			}
+		}
+		return out, true
+	}
 	row := func(l uint64, skip int) []int64 {
 		var out []int64
 		for j := range int(l) {
@@ -368,21 +479,37 @@ func columnsFromPB(pb *syncv1.Part, lim Limits, v Version) ([]region.KeyReport, 
 				return nil, drop(ReasonInconsistent, "key %q: %d exit records, more than %d", name, exits, lim.MaxExits)
 			}
 		}
-		skip, need := -1, l[0]+l[1]+l[2]+l[3]+l[4]+l[5]
-		if flags&kShape == 0 && me >= 0 {
-			skip = me
-			for _, n := range l {
-				if n > 0 {
-					need--
+		if flags&kShape == 0 && sparse {
+			var rows [6][]int64
+			for j := range rows {
+				if l[j] > 0 {
+					var ok bool
+					if rows[j], ok = sparseRow(); !ok {
+						return nil, bad()
+					}
 				}
 			}
-		}
-		if need > uint64(len(values)) {
-			return nil, bad()
-		}
-		k.Row, k.Taken, k.In, k.InTaken, k.Tokens = row(l[0], skip), row(l[1], skip), row(l[2], skip), row(l[3], skip), row(l[4], skip)
-		for _, v := range row(l[5], skip) {
-			k.Settled = append(k.Settled, uint64(v))
+			k.Row, k.Taken, k.In, k.InTaken, k.Tokens = rows[0], rows[1], rows[2], rows[3], rows[4]
+			for _, v := range rows[5] {
+				k.Settled = append(k.Settled, uint64(v))
+			}
+		} else {
+			skip, need := -1, l[0]+l[1]+l[2]+l[3]+l[4]+l[5]
+			if flags&kShape == 0 && me >= 0 {
+				skip = me
+				for _, n := range l {
+					if n > 0 {
+						need--
+					}
+				}
+			}
+			if need > uint64(len(values)) {
+				return nil, bad()
+			}
+			k.Row, k.Taken, k.In, k.InTaken, k.Tokens = row(l[0], skip), row(l[1], skip), row(l[2], skip), row(l[3], skip), row(l[4], skip)
+			for _, v := range row(l[5], skip) {
+				k.Settled = append(k.Settled, uint64(v))
+			}
 		}
 		var sc [6]uint64
 		for j, f := range []uint64{kGeneration, kBase, kShare, kDemand, kGranted, kTokensWindow} {
@@ -416,7 +543,7 @@ func columnsFromPB(pb *syncv1.Part, lim Limits, v Version) ([]region.KeyReport, 
 			x.Row, x.Taken, x.In, x.InTaken = row(xl[0], -1), row(xl[1], -1), row(xl[2], -1), row(xl[3], -1)
 			k.Exits = append(k.Exits, x)
 		}
-		k.SharePPM = refPrediction(&k, len(pb.Regions), v) + protowire.DecodeZigZag(sc[2])
+		k.SharePPM = refPrediction(&k, len(pb.Regions), me, v) + protowire.DecodeZigZag(sc[2])
 		keys = append(keys, k)
 		prev = k
 	}

@@ -294,17 +294,22 @@ func TestDecodeAllocs(t *testing.T) {
 	}
 }
 
-// TestColumnsHostileV3 feeds version 3 parts whose steps of names or flags
-// must be dropped, and compares each with the reference decoder.
+// TestColumnsHostileV3 feeds version 3 parts whose steps of names, sparse
+// rows or flags must be dropped, and compares each with the reference
+// decoder.
 func TestColumnsHostileV3(t *testing.T) {
 	// "u=098" (demand 7), then "u=099" as a step of +1 (code 0), "u=097"
-	// as one of -2 (code 3); shares written from PPM/2.
+	// as one of -2 (code 3), in generation 3 with Row [5 0 0] and In
+	// [0 0 0] from eu among ap, eu and us (sparse: the head 5<<2 | 1, then
+	// 0); shares written from PPM/3 and from what the rows add up to.
 	const step = 1 << 2 // kStep's wire bit
 	good := func() *syncv1.Part {
 		p := header(5, 1, 0, 3, 3)
+		p.Regions = []string{"ap", "eu", "us"}
 		p.KeyNameLens, p.KeyNames = []uint64{0, 5, 0, 3}, []byte("u=098")
-		p.KeyFlags = []uint64{kDemand, kDemand | step, step}
-		p.KeyScalars = []uint64{7, 8}
+		p.KeyFlags = []uint64{kDemand, kDemand | step, step | kGeneration | kRow | kIn}
+		p.KeyScalars = []uint64{7, 8, 6}
+		p.KeyValues = []uint64{5<<2 | 1, 0}
 		return p
 	}
 	v3 := func(p *syncv1.Part) []byte {
@@ -320,9 +325,9 @@ func TestColumnsHostileV3(t *testing.T) {
 		t.Fatalf("the good message: %v", err)
 	}
 	want := []region.KeyReport{
-		{Key: "u=098", SharePPM: 500_000, Demand: 7, Granted: 7},
-		{Key: "u=099", SharePPM: 500_000, Demand: 8, Granted: 8},
-		{Key: "u=097", SharePPM: 500_000},
+		{Key: "u=098", SharePPM: 333_333, Demand: 7, Granted: 7},
+		{Key: "u=099", SharePPM: 333_333, Demand: 8, Granted: 8},
+		{Key: "u=097", Generation: 3, Row: []int64{5, 0, 0}, In: []int64{0, 0, 0}, SharePPM: -5},
 	}
 	if fmt.Sprint(got.Keys) != fmt.Sprint(want) || got.Version != V3 {
 		t.Fatalf("the good message: got %+v (version %d), want %+v", got.Keys, got.Version, want)
@@ -340,6 +345,16 @@ func TestColumnsHostileV3(t *testing.T) {
 		{"the smallest step", func(p *syncv1.Part) { p.KeyNameLens[2] = 1<<64 - 1 }},
 		{"a step after a name without digits", func(p *syncv1.Part) { p.KeyNames[4] = 'x' }},
 		{"a step missing", func(p *syncv1.Part) { p.KeyNameLens = p.KeyNameLens[:3] }},
+		// Sparse rows (two entries besides eu's, so a mask of two bits):
+		// u=097's Row [5, 0] is the head 5<<2 | 1, its In [0, 0] a 0.
+		{"a sparse row missing", func(p *syncv1.Part) { p.KeyValues = p.KeyValues[:1] }},
+		{"a sparse row left over", func(p *syncv1.Part) { p.KeyValues = append(p.KeyValues, 0) }},
+		{"a head without a mask", func(p *syncv1.Part) { p.KeyValues[1] = 4 }},
+		{"a mask whose first entry is 0", func(p *syncv1.Part) { p.KeyValues[0] = 1 }},
+		{"a second entry missing", func(p *syncv1.Part) { p.KeyValues[0] = 5<<2 | 3 }},
+		{"a second entry 0", func(p *syncv1.Part) {
+			p.KeyValues = []uint64{5<<2 | 3, 0, 0}
+		}},
 	} {
 		p := good()
 		tc.spoil(p)

@@ -21,8 +21,9 @@
 // Three wire versions are read: V1 writes each key as a Key message, V2 as
 // columns, about a quarter of the bytes, and V3 (the Latest) as V2's
 // columns with a name that differs from the previous one only in its
-// trailing number written as the number's step, and a tally's share
-// relative to the initial share (columns.go). Every part says the newest
+// trailing number written as the number's step, a tally's share relative
+// to the initial share, and rows by their entries that are not zero
+// (columns.go). Every part says the newest
 // version its sender reads; during a rolling upgrade a sender writes the
 // newest version that every peer it hears reads (V1 until it has heard
 // every peer region), and among those the one that makes each report

@@ -26,8 +26,9 @@ const (
 	// the key's own rows predict, zeros left out.
 	V2 Version = 2
 	// V3 is V2 with names that differ from the previous key's in a
-	// trailing number written as the number's step, and the share of a
-	// key without a generation relative to the initial share (columns.go).
+	// trailing number written as the number's step, the share of a key
+	// without a generation relative to the initial share, and rows
+	// written by their entries that are not zero (columns.go).
 	V3 Version = 3
 	// Latest is the newest version: what EncodeReport writes, and what
 	// every Part advertises that its sender reads (Part.Reads).
