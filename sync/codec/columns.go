@@ -27,7 +27,7 @@ import (
 // A measurement of what each step gave is in docs/DESIGN.md ("Reports are
 // deltas").
 //
-// Version 3 has the same columns, and two predictions more:
+// Version 3 has the same columns, written three ways more:
 //
 //   - a name of the previous key's length that differs from it only in its
 //     trailing decimal number (up to 18 digits, as many as the previous

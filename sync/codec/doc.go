@@ -23,11 +23,11 @@
 // columns with a name that differs from the previous one only in its
 // trailing number written as the number's step, a tally's share relative
 // to the initial share, and rows by their entries that are not zero
-// (columns.go). Every part says the newest
-// version its sender reads; during a rolling upgrade a sender writes the
-// newest version that every peer it hears reads (V1 until it has heard
-// every peer region), and among those the one that makes each report
-// smallest:
+// (columns.go), about 0.6 of V2's delta reports. Every part says the
+// newest version its sender reads; during a rolling upgrade a sender
+// writes the newest version that every peer it hears reads (V1 until it
+// has heard every peer region), and among those the one that makes each
+// report smallest:
 //
 //	v := a.WriteVersion(now, peerRegions, 2*period)
 //	msgs, err := codec.EncodeReportUpTo(&rep, id, maxPayload, v)
