@@ -64,7 +64,7 @@ func randomReport(rng *rand.Rand, regions []string, n int, exchange bool) region
 	}
 	for i := 0; i < n; i++ {
 		k := region.KeyReport{
-			Key:          fmt.Sprintf("rule-%d/tenant=%d", rng.IntN(4), i),
+			Key:          randomName(rng, i),
 			Generation:   rng.Uint64N(1 << 35),
 			Base:         rng.Int64N(2_000_000) - 1_000_000,
 			Row:          row(),
@@ -77,12 +77,39 @@ func randomReport(rng *rand.Rand, regions []string, n int, exchange bool) region
 			Demand:       rng.Int64N(1 << 20),
 			Granted:      rng.Int64N(1 << 20),
 		}
+		if rng.IntN(4) == 0 { // a tally-only or empty entry's share (V3)
+			k.Generation = 0
+		}
+		if row := row(); row != nil && rng.IntN(3) == 0 {
+			for _, v := range row {
+				k.Settled = append(k.Settled, uint64(v))
+			}
+		}
 		for e := rng.IntN(3); e > 0; e-- {
 			k.Exits = append(k.Exits, region.Exit{Generation: rng.Uint64N(1 << 30), Row: row(), Taken: row(), In: row(), InTaken: row()})
 		}
 		r.Keys = append(r.Keys, k)
 	}
 	return r
+}
+
+// randomName is the name of key i of a random report: names that V3 writes
+// as steps of their trailing number (ids in order, out of order, at the
+// edges of their digits, longer than a step takes) and names it does not.
+func randomName(rng *rand.Rand, i int) string {
+	switch rng.IntN(8) {
+	case 0:
+		return fmt.Sprintf("per-user/user=%07d", rng.IntN(10_000_000))
+	case 1:
+		return fmt.Sprintf("per-user/user=%03d", []int{0, 1, 9, 99, 100, 998, 999}[rng.IntN(7)])
+	case 2:
+		return fmt.Sprintf("id=%d%019d", rng.IntN(10), rng.Uint64N(1e19))
+	case 3:
+		return fmt.Sprint(rng.IntN(30))
+	case 4:
+		return fmt.Sprintf("k%dx", rng.IntN(30))
+	}
+	return fmt.Sprintf("rule-%d/tenant=%d", rng.IntN(4), i)
 }
 
 // decodeAll decodes msgs in the given order into one assembler and returns
@@ -186,7 +213,7 @@ func TestDecodeHostile(t *testing.T) {
 	}
 	flipped := append([]byte(nil), good...)
 	flipped[len(flipped)-3] ^= 0x40
-	v3 := append([]byte{0x08, 0x03}, good[2:]...) // version 3
+	v4 := append([]byte{0x08, 0x04}, good[2:]...) // version 4, not known yet
 	for _, tc := range []struct {
 		name string
 		msg  []byte
@@ -196,7 +223,7 @@ func TestDecodeHostile(t *testing.T) {
 		{"empty", nil, Limits{}, ReasonVersion},
 		{"garbage", []byte("hello, world"), Limits{}, ReasonCorrupt},
 		{"bit flip", flipped, Limits{}, ReasonCorrupt},
-		{"version 3", v3, Limits{}, ReasonVersion},
+		{"version 4", v4, Limits{}, ReasonVersion},
 		{"oversized", good, Limits{MaxMessageBytes: 10}, ReasonOversized},
 		{"no body", good[:7], Limits{}, ReasonCorrupt},
 		{"part out of range", part(header(5, 1, 3, 2, 0)), Limits{}, ReasonInconsistent},

@@ -151,6 +151,76 @@ func (cr *colReader) uints(l, skip int) ([]uint64, bool) {
 	return v, true
 }
 
+// sparse reads a regular row of a sparse part (columns.go, sparseHead) into
+// v, which has the row's n entries, all zero. It fails on a row that is not
+// as the encoder writes it: a head without a mask that is not 0, a mask
+// whose first entry is 0, a later entry written 0.
+func (cr *colReader) sparse(v []uint64) bool {
+	col := &cr.col[cValues]
+	head, ok := col.next()
+	if !ok {
+		return false
+	}
+	mask := head & (1<<cr.sh.m - 1)
+	if mask == 0 {
+		return head == 0
+	}
+	first := head >> cr.sh.m
+	if first == 0 {
+		return false
+	}
+	bit := 0
+	for j := range v {
+		if j == cr.sh.self {
+			continue
+		}
+		if mask>>bit&1 != 0 {
+			if first != 0 {
+				v[j], first = first, 0
+			} else if v[j], ok = col.next(); !ok || v[j] == 0 {
+				return false
+			}
+		}
+		bit++
+	}
+	return true
+}
+
+// sparseInts is ints for a regular row of a sparse part (l entries, l > 0).
+func (cr *colReader) sparseInts(l int, slab *[]int64) ([]int64, bool) {
+	var buf [maxSparse + 1]uint64
+	if l > len(buf) || !cr.sparse(buf[:l]) {
+		return nil, false
+	}
+	v := carve(slab, l)
+	for _, x := range buf[:l] {
+		v = append(v, int64(x))
+	}
+	return v, true
+}
+
+// row reads a row of l entries of a key (int64; Settled is read by
+// settled): sparse when the part is and the row regular, else less the
+// entry at skip.
+func (cr *colReader) row(l, skip int, regular bool, slab *[]int64) ([]int64, bool) {
+	if l > 0 && regular && cr.sh.sparse {
+		return cr.sparseInts(l, slab)
+	}
+	return cr.ints(l, skip, slab)
+}
+
+// settled is row for Settled.
+func (cr *colReader) settled(l, skip int, regular bool) ([]uint64, bool) {
+	if l > 0 && regular && cr.sh.sparse {
+		if l > maxSparse+1 {
+			return nil, false // not reached: a regular row has n entries
+		}
+		v := make([]uint64, l)
+		return v, cr.sparse(v)
+	}
+	return cr.uints(l, skip)
+}
+
 // scalar reads the next scalar if flags has f, and is 0 otherwise.
 func (cr *colReader) scalar(flags, f uint64) (uint64, bool) {
 	if flags&f == 0 {
@@ -159,25 +229,46 @@ func (cr *colReader) scalar(flags, f uint64) (uint64, bool) {
 	return cr.col[cScalars].next()
 }
 
-// key reads key i into k, prev being the key before it in the part (nil for
-// the first), and returns its name.
-func (cr *colReader) key(i int, k, prev *region.KeyReport, sl *slabs) ([]byte, error) {
-	flags, ok := cr.col[cFlags].next()
-	if !ok || flags&^kKnown != 0 {
-		return nil, columnsDrop()
-	}
+// fullName reads the name of key i as the length of the prefix it shares
+// with the previous one and the rest.
+func (cr *colReader) fullName(i int) error {
 	pre, ok1 := cr.col[cNameLens].next()
 	suf, ok2 := cr.col[cNameLens].next()
 	if !ok1 || !ok2 || pre > uint64(len(cr.name)) || suf > uint64(len(cr.names)) {
-		return nil, columnsDrop()
+		return columnsDrop()
 	}
 	if l := pre + suf; l > uint64(cr.lim.MaxKeyBytes) {
-		return nil, drop(ReasonInconsistent, "key %d: %d bytes, more than %d", i, l, cr.lim.MaxKeyBytes)
+		return drop(ReasonInconsistent, "key %d: %d bytes, more than %d", i, l, cr.lim.MaxKeyBytes)
 	}
 	cr.name = append(cr.name[:pre], cr.names[:suf]...)
 	cr.names = cr.names[suf:]
 	if !utf8.Valid(cr.name) {
-		return nil, corruptPart()
+		return corruptPart()
+	}
+	return nil
+}
+
+// key reads key i into k, prev being the key before it in the part (nil for
+// the first), and returns its name.
+func (cr *colReader) key(i int, k, prev *region.KeyReport, sl *slabs) ([]byte, error) {
+	w, ok := cr.col[cFlags].next()
+	known := uint64(kKnown)
+	if cr.sh.v3 {
+		known = kKnown3
+	}
+	if !ok || w&^known != 0 {
+		return nil, columnsDrop()
+	}
+	flags := flagsOfWire(w, cr.sh)
+	if flags&kStep != 0 {
+		// The previous name, its trailing number changed: as long, and
+		// as valid.
+		st, ok := cr.col[cNameLens].next()
+		if !ok || prev == nil || !applyStep(cr.name, st) {
+			return nil, columnsDrop()
+		}
+	} else if err := cr.fullName(i); err != nil {
+		return nil, err
 	}
 	l, ok := cr.rowLens(flags)
 	if !ok {
@@ -192,17 +283,17 @@ func (cr *colReader) key(i int, k, prev *region.KeyReport, sl *slabs) ([]byte, e
 			return nil, drop(ReasonInconsistent, "key %q: %d exit records, more than %d", cr.name, exits, cr.lim.MaxExits)
 		}
 	}
-	skip := cr.sh.self
-	if flags&kShape != 0 {
+	skip, regular := cr.sh.self, flags&kShape == 0
+	if !regular {
 		skip = -1
 	}
 	var okRows [6]bool
-	k.Row, okRows[0] = cr.ints(l[0], skip, &sl.ints)
-	k.Taken, okRows[1] = cr.ints(l[1], skip, &sl.ints)
-	k.In, okRows[2] = cr.ints(l[2], skip, &sl.ints)
-	k.InTaken, okRows[3] = cr.ints(l[3], skip, &sl.ints)
-	k.Tokens, okRows[4] = cr.ints(l[4], skip, &sl.ints)
-	k.Settled, okRows[5] = cr.uints(l[5], skip)
+	k.Row, okRows[0] = cr.row(l[0], skip, regular, &sl.ints)
+	k.Taken, okRows[1] = cr.row(l[1], skip, regular, &sl.ints)
+	k.In, okRows[2] = cr.row(l[2], skip, regular, &sl.ints)
+	k.InTaken, okRows[3] = cr.row(l[3], skip, regular, &sl.ints)
+	k.Tokens, okRows[4] = cr.row(l[4], skip, regular, &sl.ints)
+	k.Settled, okRows[5] = cr.settled(l[5], skip, regular)
 	if okRows != [6]bool{true, true, true, true, true, true} {
 		return nil, columnsDrop()
 	}
@@ -230,7 +321,7 @@ func (cr *colReader) key(i int, k, prev *region.KeyReport, sl *slabs) ([]byte, e
 			}
 		}
 	}
-	k.SharePPM = predictShare(k) + protowire.DecodeZigZag(sc[2])
+	k.SharePPM = sharePrediction(k, cr.sh) + protowire.DecodeZigZag(sc[2])
 	return cr.name, nil
 }
 
@@ -260,36 +351,43 @@ func (cr *colReader) exit(x *region.Exit, gen uint64, sl *slabs) error {
 	return nil
 }
 
-// elided counts the entries of int64 rows that the wire leaves out (the
-// sender's own), so that the slab holds every row.
-func (cr *colReader) elided(body []byte, keys int) int {
-	if cr.sh.self < 0 {
-		return 0
+// slabSize is the int64 entries of a part's rows, at most: every value
+// written, and the entries the wire leaves out of regular rows (the
+// sender's own, or in a sparse part those not written: n a row at most,
+// each row writing one value at least).
+func (cr *colReader) slabSize(body []byte, keys, values int) int {
+	if cr.sh.self < 0 && !cr.sh.sparse {
+		return values
 	}
-	n := 0
+	rows := 0
 	flags := newColumn(body, fColFlags, keys)
 	for range keys {
-		if f, _ := flags.next(); f&kShape == 0 {
-			n += bits.OnesCount64(f & (kRow | kIn | kTaken | kInTaken | kTokens))
+		w, _ := flags.next()
+		if f := flagsOfWire(w, cr.sh); f&kShape == 0 {
+			rows += bits.OnesCount64(f & (kRow | kIn | kTaken | kInTaken | kTokens))
 		}
 	}
-	return n
+	if cr.sh.sparse {
+		return values + min(rows, values)*cr.sh.n
+	}
+	return values + rows
 }
 
-// fillColumns decodes the keys of a V2 body that s describes into p, whose
-// header fillPart has filled in (and s made room for s.cols[cFlags] keys).
-func fillColumns(body []byte, s *partShape, p *Part) error {
+// fillColumns decodes the keys of a V2 or V3 body that s describes into p,
+// whose header fillPart has filled in (and s made room for s.cols[cFlags]
+// keys).
+func fillColumns(body []byte, s *partShape, p *Part, v Version) error {
 	if len(p.Keys) == 0 {
 		if s.cols != [nColumns]int{} || len(s.names) > 0 {
 			return columnsDrop()
 		}
 		return nil
 	}
-	cr := colReader{names: s.names, sh: shapeOf(&p.Header), lim: s.lim}
+	cr := colReader{names: s.names, sh: shapeOf(&p.Header, v), lim: s.lim}
 	for c := range cr.col {
 		cr.col[c] = newColumn(body, protowire.Number(fColNameLens+c), s.cols[c])
 	}
-	sl := slabs{ints: make([]int64, s.cols[cValues]+cr.elided(body, s.cols[cFlags]))}
+	sl := slabs{ints: make([]int64, cr.slabSize(body, s.cols[cFlags], s.cols[cValues]))}
 	strs := keyStrings{buf: make([]byte, 0, keyChunk)}
 	var prev *region.KeyReport
 	for i := range p.Keys {

@@ -2,6 +2,7 @@ package codec
 
 import (
 	"fmt"
+	"strconv"
 	"unicode/utf8"
 
 	"google.golang.org/protobuf/encoding/protowire"
@@ -11,9 +12,161 @@ import (
 	syncv1 "github.com/ration-dev/ration/sync/v1"
 )
 
-// Version 2's key columns as sync.proto describes them, written the naive
-// way over the generated code: the reference that the tests and
+// Version 2's and 3's key columns as sync.proto describes them, written the
+// naive way over the generated code: the reference that the tests and
 // FuzzDecodeDifferential compare columns.go and columns_decode.go with.
+
+// refV3Flags are V3's flags in the order of their wire bits (bit i is
+// refV3Flags[i]); V2's are the flags' own bits.
+var refV3Flags = []uint64{kRow, kIn, kStep, kDemand, kShare, kGeneration, kGranted, kBase,
+	kTaken, kInTaken, kTokens, kSettled, kTokensWindow, kShape, kExits}
+
+func refWireFlags(flags uint64, v Version) uint64 {
+	if v < V3 {
+		return flags
+	}
+	var w uint64
+	for i, f := range refV3Flags {
+		if flags&f != 0 {
+			w |= 1 << i
+		}
+	}
+	return w
+}
+
+func refFlagsOfWire(w uint64, v Version) (uint64, bool) {
+	if v < V3 {
+		return w, w < 1<<14
+	}
+	var flags uint64
+	for i, f := range refV3Flags {
+		if w&(1<<i) != 0 {
+			flags |= f
+		}
+	}
+	return flags, w < 1<<len(refV3Flags)
+}
+
+// refDigits is the decimal number name ends with (up to 18 digits): its
+// digits' count and value.
+func refDigits(name string) (int, int64) {
+	w := 0
+	for w < len(name) && w < 18 && name[len(name)-1-w] >= '0' && name[len(name)-1-w] <= '9' {
+		w++
+	}
+	if w == 0 {
+		return 0, 0
+	}
+	n, err := strconv.ParseInt(name[len(name)-w:], 10, 64)
+	if err != nil {
+		panic(err)
+	}
+	return w, n
+}
+
+// refStep is V3's step from prev to name: the difference of their trailing
+// numbers (d-1 when positive), when that is all that differs.
+func refStep(prev, name string) (uint64, bool) {
+	w, a := refDigits(prev)
+	if w == 0 || len(name) != len(prev) || name[:len(name)-w] != prev[:len(prev)-w] {
+		return 0, false
+	}
+	b, err := strconv.ParseUint(name[len(name)-w:], 10, 64)
+	if err != nil || b == uint64(a) {
+		return 0, false
+	}
+	d := int64(b) - a
+	if d > 0 {
+		d--
+	}
+	return protowire.EncodeZigZag(d), true
+}
+
+// refApplyStep is the name step c makes of prev, or false.
+func refApplyStep(prev []byte, c uint64) ([]byte, bool) {
+	w, a := refDigits(string(prev))
+	if w == 0 {
+		return nil, false
+	}
+	d := protowire.DecodeZigZag(c)
+	if d >= 0 {
+		if d >= 1_000_000_000_000_000_000 {
+			return nil, false
+		}
+		d++
+	}
+	b := a + d // |d| ≤ 10^18 here or the check below fails
+	if d < -1_000_000_000_000_000_000 || b < 0 || len(strconv.FormatInt(b, 10)) > w {
+		return nil, false
+	}
+	return fmt.Appendf(append([]byte(nil), prev[:len(prev)-w]...), "%0*d", w, b), true
+}
+
+// refSparse reports whether a V3 part of n regions from the one at me
+// writes its regular rows sparse: when they have 1 to 8 entries besides
+// the sender's.
+func refSparse(n, me int, v Version) bool {
+	m := n
+	if me >= 0 {
+		m--
+	}
+	return v >= V3 && m >= 1 && m <= 8
+}
+
+// refWritten is a regular row without the sender's entry.
+func refWritten(row []int64, me int) []int64 {
+	var out []int64
+	for j, x := range row {
+		if j != me {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+// refSparseRow is the values of a sparse row whose written entries are w:
+// the mask of those not zero with the first of them above it, then the
+// others.
+func refSparseRow(w []int64) []uint64 {
+	var mask uint64
+	var nonzero []uint64
+	for i, x := range w {
+		if x != 0 {
+			mask |= 1 << i
+			nonzero = append(nonzero, uint64(x))
+		}
+	}
+	if len(nonzero) == 0 {
+		return []uint64{0}
+	}
+	return append([]uint64{nonzero[0]<<len(w) | mask}, nonzero[1:]...)
+}
+
+// refPrediction is what the share is written relative to, by the sender
+// at me among regions.
+func refPrediction(k *region.KeyReport, regions, me int, v Version) int64 {
+	if v >= V3 && k.Generation == 0 {
+		if regions == 0 {
+			return 0
+		}
+		// region.Config's default initial shares: the remainder to the
+		// first regions, a ppm each.
+		shares := make([]int64, regions)
+		left := int64(1_000_000)
+		for i := range shares {
+			shares[i] = 1_000_000 / int64(regions)
+			left -= shares[i]
+		}
+		for i := 0; left > 0; i, left = i+1, left-1 {
+			shares[i]++
+		}
+		if me < 0 {
+			return 1_000_000 / int64(regions)
+		}
+		return shares[me]
+	}
+	return refShare(k)
+}
 
 // refShare is the share a key's base and rows add up to (sync.proto).
 func refShare(k *region.KeyReport) int64 {
@@ -44,26 +197,31 @@ func selfIndex(regions []string, self string) int {
 }
 
 // columnsToPB appends keys, the keys of one part of a report from self, to
-// pb's columns.
-func columnsToPB(pb *syncv1.Part, keys []region.KeyReport, regions []string, self string) {
+// pb's columns in version v.
+func columnsToPB(pb *syncv1.Part, keys []region.KeyReport, regions []string, self string, v Version) {
 	n, me := len(regions), selfIndex(regions, self)
 	var prev region.KeyReport // the zero key before the first
 	for i := range keys {
 		k := &keys[i]
-		common := 0
-		for common < len(k.Key) && common < len(prev.Key) && k.Key[common] == prev.Key[common] {
-			common++
-		}
-		pb.KeyNameLens = append(pb.KeyNameLens, uint64(common), uint64(len(k.Key)-common))
-		pb.KeyNames = append(pb.KeyNames, k.Key[common:]...)
 		var flags uint64
+		if st, ok := refStep(prev.Key, k.Key); ok && i > 0 && v >= V3 {
+			flags |= kStep
+			pb.KeyNameLens = append(pb.KeyNameLens, st)
+		} else {
+			common := 0
+			for common < len(k.Key) && common < len(prev.Key) && k.Key[common] == prev.Key[common] {
+				common++
+			}
+			pb.KeyNameLens = append(pb.KeyNameLens, uint64(common), uint64(len(k.Key)-common))
+			pb.KeyNames = append(pb.KeyNames, k.Key[common:]...)
+		}
 		scalars := []struct {
 			flag uint64
 			v    uint64
 		}{
 			{kGeneration, protowire.EncodeZigZag(int64(k.Generation - prev.Generation))},
 			{kBase, protowire.EncodeZigZag(k.Base - prev.Base)},
-			{kShare, protowire.EncodeZigZag(k.SharePPM - refShare(k))},
+			{kShare, protowire.EncodeZigZag(k.SharePPM - refPrediction(k, n, me, v))},
 			{kDemand, uint64(k.Demand)},
 			{kGranted, protowire.EncodeZigZag(k.Demand - k.Granted)},
 			{kTokensWindow, protowire.EncodeZigZag(k.TokensWindow - prev.TokensWindow)},
@@ -80,9 +238,20 @@ func columnsToPB(pb *syncv1.Part, keys []region.KeyReport, regions []string, sel
 			settled[j] = int64(v)
 		}
 		rows := [][]int64{k.Row, k.Taken, k.In, k.InTaken, k.Tokens, settled}
+		sparse := refSparse(n, me, v)
 		regular := true
 		for _, row := range rows {
 			regular = regular && (len(row) == 0 || len(row) == n && (me < 0 || row[me] == 0))
+			if sparse && len(row) > 0 {
+				written := refWritten(row, me)
+				for _, x := range written {
+					if x != 0 {
+						// The first nonzero entry goes above the mask.
+						regular = regular && uint64(x) < 1<<(64-len(written))
+						break
+					}
+				}
+			}
 		}
 		if regular {
 			for j, f := range []uint64{kRow, kTaken, kIn, kInTaken, kTokens, kSettled} {
@@ -97,6 +266,10 @@ func columnsToPB(pb *syncv1.Part, keys []region.KeyReport, regions []string, sel
 			}
 		}
 		for _, row := range rows {
+			if regular && sparse && len(row) > 0 {
+				pb.KeyValues = append(pb.KeyValues, refSparseRow(refWritten(row, me))...)
+				continue
+			}
 			for j, v := range row {
 				if !regular || j != me {
 					pb.KeyValues = append(pb.KeyValues, uint64(v))
@@ -116,7 +289,7 @@ func columnsToPB(pb *syncv1.Part, keys []region.KeyReport, regions []string, sel
 				}
 			}
 		}
-		pb.KeyFlags = append(pb.KeyFlags, flags)
+		pb.KeyFlags = append(pb.KeyFlags, refWireFlags(flags, v))
 		prev = *k
 	}
 }
@@ -124,6 +297,15 @@ func columnsToPB(pb *syncv1.Part, keys []region.KeyReport, regions []string, sel
 // encodeReportGeneratedV2 is EncodeReportVersion(…, V2) through
 // proto.Marshal: a part takes keys while proto.Size says they fit.
 func encodeReportGeneratedV2(r *region.Report, id uint64, maxBytes int) ([][]byte, error) {
+	return encodeReportGeneratedColumns(r, id, maxBytes, V2)
+}
+
+// encodeReportGeneratedV3 is encodeReportGeneratedV2 in V3.
+func encodeReportGeneratedV3(r *region.Report, id uint64, maxBytes int) ([][]byte, error) {
+	return encodeReportGeneratedColumns(r, id, maxBytes, V3)
+}
+
+func encodeReportGeneratedColumns(r *region.Report, id uint64, maxBytes int, v Version) ([][]byte, error) {
 	hdr := &syncv1.Part{
 		Region: r.Region, Replica: r.Replica, Epoch: r.Epoch, SentAtUnixNano: unixNano(r.SentAt), Exchange: r.Exchange,
 		Regions: r.Regions, Refresh: r.Refresh, RefreshFrom: r.RefreshFrom, RefreshCount: r.RefreshCount, Since: r.Since,
@@ -136,7 +318,7 @@ func encodeReportGeneratedV2(r *region.Report, id uint64, maxBytes int) ([][]byt
 	}
 	size := func(keys []region.KeyReport) int {
 		var pb syncv1.Part
-		columnsToPB(&pb, keys, r.Regions, r.Region)
+		columnsToPB(&pb, keys, r.Regions, r.Region, v)
 		return proto.Size(&pb)
 	}
 	var cuts []int // of each part's keys
@@ -159,20 +341,20 @@ func encodeReportGeneratedV2(r *region.Report, id uint64, maxBytes int) ([][]byt
 	for p, end := range cuts {
 		pb := proto.Clone(hdr).(*syncv1.Part)
 		pb.Part = uint32(p)
-		columnsToPB(pb, r.Keys[start:end], r.Regions, r.Region)
+		columnsToPB(pb, r.Keys[start:end], r.Regions, r.Region, v)
 		body, err := proto.Marshal(pb)
 		if err != nil {
 			return nil, fmt.Errorf("codec: encoding part %d: %w", p, err)
 		}
-		out = append(out, appendEnvelopeVersion(nil, body, V2))
+		out = append(out, appendEnvelopeVersion(nil, body, v))
 		start = end
 	}
 	return out, nil
 }
 
-// columnsFromPB reads pb's key columns, checking them in the order
-// fillColumns does.
-func columnsFromPB(pb *syncv1.Part, lim Limits) ([]region.KeyReport, error) {
+// columnsFromPB reads pb's key columns of version v, checking them in the
+// order fillColumns does.
+func columnsFromPB(pb *syncv1.Part, lim Limits, v Version) ([]region.KeyReport, error) {
 	bad := func() error { return drop(ReasonCorrupt, "part: key columns do not add up") }
 	lens, names, scalars, values, lengths := pb.KeyNameLens, pb.KeyNames, pb.KeyScalars, pb.KeyValues, pb.KeyLengths
 	take := func(col *[]uint64) (uint64, bool) {
@@ -184,6 +366,47 @@ func columnsFromPB(pb *syncv1.Part, lim Limits) ([]region.KeyReport, error) {
 		return v, true
 	}
 	me := selfIndex(pb.Regions, pb.Region)
+	sparse := refSparse(len(pb.Regions), me, v)
+	// sparseRow reads a regular row of a sparse part, or fails.
+	sparseRow := func() ([]int64, bool) {
+		m := len(pb.Regions)
+		if me >= 0 {
+			m--
+		}
+		head, ok := take(&values)
+		if !ok {
+			return nil, false
+		}
+		mask := head % (1 << m)
+		var written []int64
+		for i := range m {
+			var x uint64
+			switch {
+			case mask&(1<<i) == 0:
+			case mask%(1<<i) == 0: // the first nonzero entry
+				if x = head >> m; x == 0 {
+					return nil, false
+				}
+			default:
+				if x, ok = take(&values); !ok || x == 0 {
+					return nil, false
+				}
+			}
+			written = append(written, int64(x))
+		}
+		if mask == 0 && head != 0 {
+			return nil, false
+		}
+		var out []int64
+		for j := range pb.Regions {
+			if j == me {
+				out = append(out, 0)
+			} else {
+				out, written = append(out, written[0]), written[1:]
+			}
+		}
+		return out, true
+	}
 	row := func(l uint64, skip int) []int64 {
 		var out []int64
 		for j := range int(l) {
@@ -198,22 +421,33 @@ func columnsFromPB(pb *syncv1.Part, lim Limits) ([]region.KeyReport, error) {
 	var keys []region.KeyReport
 	var prev region.KeyReport
 	var name []byte
-	for i, flags := range pb.KeyFlags {
-		if flags >= 1<<14 {
+	for i, w := range pb.KeyFlags {
+		flags, ok := refFlagsOfWire(w, v)
+		if !ok {
 			return nil, bad()
 		}
-		pre, ok1 := take(&lens)
-		suf, ok2 := take(&lens)
-		if !ok1 || !ok2 || pre > uint64(len(name)) || suf > uint64(len(names)) {
-			return nil, bad()
-		}
-		if pre+suf > uint64(lim.MaxKeyBytes) {
-			return nil, drop(ReasonInconsistent, "key %d: %d bytes, more than %d", i, pre+suf, lim.MaxKeyBytes)
-		}
-		name = append(append([]byte(nil), name[:pre]...), names[:suf]...)
-		names = names[suf:]
-		if !utf8.Valid(name) {
-			return nil, drop(ReasonCorrupt, "key %d is not UTF-8", i)
+		if flags&kStep != 0 {
+			st, ok := take(&lens)
+			if !ok || i == 0 {
+				return nil, bad()
+			}
+			if name, ok = refApplyStep(name, st); !ok {
+				return nil, bad()
+			}
+		} else {
+			pre, ok1 := take(&lens)
+			suf, ok2 := take(&lens)
+			if !ok1 || !ok2 || pre > uint64(len(name)) || suf > uint64(len(names)) {
+				return nil, bad()
+			}
+			if pre+suf > uint64(lim.MaxKeyBytes) {
+				return nil, drop(ReasonInconsistent, "key %d: %d bytes, more than %d", i, pre+suf, lim.MaxKeyBytes)
+			}
+			name = append(append([]byte(nil), name[:pre]...), names[:suf]...)
+			names = names[suf:]
+			if !utf8.Valid(name) {
+				return nil, drop(ReasonCorrupt, "key %d is not UTF-8", i)
+			}
 		}
 		k := region.KeyReport{Key: string(name)}
 		var l [6]uint64
@@ -245,21 +479,37 @@ func columnsFromPB(pb *syncv1.Part, lim Limits) ([]region.KeyReport, error) {
 				return nil, drop(ReasonInconsistent, "key %q: %d exit records, more than %d", name, exits, lim.MaxExits)
 			}
 		}
-		skip, need := -1, l[0]+l[1]+l[2]+l[3]+l[4]+l[5]
-		if flags&kShape == 0 && me >= 0 {
-			skip = me
-			for _, n := range l {
-				if n > 0 {
-					need--
+		if flags&kShape == 0 && sparse {
+			var rows [6][]int64
+			for j := range rows {
+				if l[j] > 0 {
+					var ok bool
+					if rows[j], ok = sparseRow(); !ok {
+						return nil, bad()
+					}
 				}
 			}
-		}
-		if need > uint64(len(values)) {
-			return nil, bad()
-		}
-		k.Row, k.Taken, k.In, k.InTaken, k.Tokens = row(l[0], skip), row(l[1], skip), row(l[2], skip), row(l[3], skip), row(l[4], skip)
-		for _, v := range row(l[5], skip) {
-			k.Settled = append(k.Settled, uint64(v))
+			k.Row, k.Taken, k.In, k.InTaken, k.Tokens = rows[0], rows[1], rows[2], rows[3], rows[4]
+			for _, v := range rows[5] {
+				k.Settled = append(k.Settled, uint64(v))
+			}
+		} else {
+			skip, need := -1, l[0]+l[1]+l[2]+l[3]+l[4]+l[5]
+			if flags&kShape == 0 && me >= 0 {
+				skip = me
+				for _, n := range l {
+					if n > 0 {
+						need--
+					}
+				}
+			}
+			if need > uint64(len(values)) {
+				return nil, bad()
+			}
+			k.Row, k.Taken, k.In, k.InTaken, k.Tokens = row(l[0], skip), row(l[1], skip), row(l[2], skip), row(l[3], skip), row(l[4], skip)
+			for _, v := range row(l[5], skip) {
+				k.Settled = append(k.Settled, uint64(v))
+			}
 		}
 		var sc [6]uint64
 		for j, f := range []uint64{kGeneration, kBase, kShare, kDemand, kGranted, kTokensWindow} {
@@ -293,7 +543,7 @@ func columnsFromPB(pb *syncv1.Part, lim Limits) ([]region.KeyReport, error) {
 			x.Row, x.Taken, x.In, x.InTaken = row(xl[0], -1), row(xl[1], -1), row(xl[2], -1), row(xl[3], -1)
 			k.Exits = append(k.Exits, x)
 		}
-		k.SharePPM = refShare(&k) + protowire.DecodeZigZag(sc[2])
+		k.SharePPM = refPrediction(&k, len(pb.Regions), me, v) + protowire.DecodeZigZag(sc[2])
 		keys = append(keys, k)
 		prev = k
 	}

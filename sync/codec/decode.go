@@ -59,10 +59,11 @@ func decodeBody(body []byte, lim Limits, v Version, p *Part) error {
 	if !s.scan(body) {
 		return corruptPart()
 	}
-	if v == V2 {
-		// V2's keys are its columns; a V1 key in it is not ours.
+	if v >= V2 {
+		// V2's and V3's keys are their columns; a V1 key in them is not
+		// ours.
 		if s.keys > 0 {
-			return drop(ReasonInconsistent, "a version 2 part with version 1 keys")
+			return drop(ReasonInconsistent, "a version %d part with version 1 keys", v)
 		}
 		s.keys = s.cols[cFlags]
 	}
@@ -70,14 +71,14 @@ func decodeBody(body []byte, lim Limits, v Version, p *Part) error {
 		return err
 	}
 	// Everything is checked: the second pass cannot fail on a body the
-	// first accepted, but is written to drop rather than trust it. V2's
+	// first accepted, but is written to drop rather than trust it. The
 	// columns are checked as they are read.
 	s.header(p)
 	if err := fillPart(body, &s, p); err != nil {
 		return err
 	}
-	if v == V2 {
-		return fillColumns(body, &s, p)
+	if v >= V2 {
+		return fillColumns(body, &s, p, v)
 	}
 	return nil
 }

@@ -124,14 +124,14 @@ func decodePartGenerated(msg []byte, lim Limits) (*Part, error) {
 		return nil, drop(ReasonCorrupt, "part: %v", err)
 	}
 	var keys []region.KeyReport
-	if v == V2 {
+	if v >= V2 {
 		if len(pb.Keys) > 0 {
-			return nil, drop(ReasonInconsistent, "a version 2 part with version 1 keys")
+			return nil, drop(ReasonInconsistent, "a version %d part with version 1 keys", v)
 		}
 		if err := checkPB(&pb, lim, len(pb.KeyFlags)); err != nil {
 			return nil, err
 		}
-		if keys, err = columnsFromPB(&pb, lim); err != nil {
+		if keys, err = columnsFromPB(&pb, lim, v); err != nil {
 			return nil, err
 		}
 	} else if err := checkPB(&pb, lim, len(pb.Keys)); err != nil {
@@ -169,7 +169,7 @@ func decodePartGenerated(msg []byte, lim Limits) (*Part, error) {
 }
 
 // checkPB is DecodePart's checks of a decoded part against lim.
-// keys is the part's number of keys: Key messages (V1) or flags (V2).
+// keys is the part's number of keys: Key messages (V1) or flags (V2, V3).
 func checkPB(pb *syncv1.Part, lim Limits, keys int) error {
 	bad := func(format string, args ...any) error { return drop(ReasonInconsistent, format, args...) }
 	switch {

@@ -63,7 +63,7 @@ func assemble(t *testing.T, decode func([]byte, Limits) (*Part, error), msgs [][
 var generated = []struct {
 	v      Version
 	encode func(r *region.Report, id uint64, maxBytes int) ([][]byte, error)
-}{{V1, encodeReportGenerated}, {V2, encodeReportGeneratedV2}}
+}{{V1, encodeReportGenerated}, {V2, encodeReportGeneratedV2}, {V3, encodeReportGeneratedV3}}
 
 // TestCodecMatchesGenerated checks the hand-written codec against the
 // generated code in both directions, in every version: EncodeReportVersion
@@ -112,7 +112,7 @@ func TestCodecMatchesGenerated(t *testing.T) {
 
 func TestEncodeRejectsInvalidUTF8(t *testing.T) {
 	r := region.Report{Region: "eu", Replica: "0", Keys: []region.KeyReport{{Key: "r/\xff"}}}
-	for _, v := range []Version{V1, V2} {
+	for _, v := range []Version{V1, V2, V3} {
 		if _, err := EncodeReportVersion(&r, 1, 1<<20, v); err == nil {
 			t.Fatalf("V%d: got no error for a key that is not UTF-8, want one (receivers would drop the part)", v)
 		}
@@ -478,7 +478,7 @@ func FuzzDecodeDifferential(f *testing.F) {
 	f.Add([]byte{})
 	tight := Limits{MaxParts: 2, MaxKeys: 8, MaxNameBytes: 3, MaxKeyBytes: 12, MaxExits: 1}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		for _, v := range []Version{V1, V2} {
+		for _, v := range []Version{V1, V2, V3} {
 			msg := appendEnvelopeVersion(nil, body, v)
 			sameDecode(t, msg, Limits{})
 			sameDecode(t, msg, tight)

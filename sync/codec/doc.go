@@ -18,13 +18,19 @@
 // Anything corrupt, truncated, oversized, duplicated, replayed or
 // inconsistent is a *DropError whose Reason (ReasonOf) says why.
 //
-// Two wire versions are read: V1 writes each key as a Key message, V2 (the
-// Latest) as columns, about a quarter of the bytes. Every part says the
-// newest version its sender reads; during a rolling upgrade a sender writes
-// V1 until every peer it hears reads V2:
+// Three wire versions are read: V1 writes each key as a Key message, V2 as
+// columns, about a quarter of the bytes, and V3 (the Latest) as V2's
+// columns with a name that differs from the previous one only in its
+// trailing number written as the number's step, a tally's share relative
+// to the initial share, and rows by their entries that are not zero
+// (columns.go), about 0.6 of V2's delta reports. Every part says the
+// newest version its sender reads; during a rolling upgrade a sender
+// writes the newest version that every peer it hears reads (V1 until it
+// has heard every peer region), and among those the one that makes each
+// report smallest:
 //
 //	v := a.WriteVersion(now, peerRegions, 2*period)
-//	msgs, err := codec.EncodeReportVersion(&rep, id, maxPayload, v)
+//	msgs, err := codec.EncodeReportUpTo(&rep, id, maxPayload, v)
 //
 // EncodeSnapshot and DecodeSnapshot do the same for the exchange state a
 // region persists in its store.

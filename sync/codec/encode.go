@@ -34,29 +34,35 @@ func EncodeReportUpTo(r *region.Report, id uint64, maxBytes int, v Version) ([][
 }
 
 // Smallest is the version up to v whose messages for r are fewest bytes
-// (the newer on a tie): V2's columns save most of a listing, but their
-// framing costs a report of a key or two a few bytes more than V1's.
+// (the newest on a tie): the columns (V2, V3) save most of a listing, but
+// their framing costs a report of a key or two a few bytes more than V1's
+// messages, and V3's flags cost a byte more than V2's for a key whose base
+// differs from the previous key's or that has exit records.
 func Smallest(r *region.Report, id uint64, maxBytes int, v Version) (Version, error) {
 	if v < V2 {
 		return V1, nil
 	}
-	b2, _, err := SizeVersion(r, id, maxBytes, V2)
+	v = min(v, Latest)
+	bytes, _, err := SizeVersion(r, id, maxBytes, v)
 	if err != nil {
 		return 0, err
 	}
-	if b1, _, err := SizeVersion(r, id, maxBytes, V1); err == nil && b1 < b2 {
-		return V1, nil
+	best := v
+	for older := v - 1; older >= V1; older-- {
+		if b, _, err := SizeVersion(r, id, maxBytes, older); err == nil && b < bytes {
+			best, bytes = older, b
+		}
 	}
-	return V2, nil
+	return best, nil
 }
 
-// EncodeReportVersion is EncodeReport in version v (V1 or V2).
+// EncodeReportVersion is EncodeReport in version v (V1, V2 or V3).
 //
 // The messages are appended with protowire, byte for byte what proto.Marshal
 // of a syncv1.Part makes (the tests check it): building a syncv1.Key per key
 // first cost as much as the rest of the epoch's encoding.
 func EncodeReportVersion(r *region.Report, id uint64, maxBytes int, v Version) ([][]byte, error) {
-	if v != V1 && v != V2 {
+	if v < V1 || v > Latest {
 		return nil, fmt.Errorf("codec: no wire version %d", v)
 	}
 	var sizes []int // of each Key message (V1)
@@ -93,7 +99,7 @@ func Size(r *region.Report, id uint64, maxBytes int) (bytes, msgs int, err error
 
 // SizeVersion is Size for EncodeReportVersion(r, id, maxBytes, v).
 func SizeVersion(r *region.Report, id uint64, maxBytes int, v Version) (bytes, msgs int, err error) {
-	if v != V1 && v != V2 {
+	if v < V1 || v > Latest {
 		return 0, 0, fmt.Errorf("codec: no wire version %d", v)
 	}
 	var buf [16]span
@@ -109,7 +115,7 @@ func SizeVersion(r *region.Report, id uint64, maxBytes int, v Version) (bytes, m
 
 // span is one part of a report as split cuts it: the keys from the end of
 // the span before it up to end, whose fields in the Part take keyBytes
-// (in V2, the columns cols).
+// (in V2 and V3, the columns cols).
 type span struct {
 	end      int
 	keyBytes int
@@ -132,8 +138,8 @@ func split(r *region.Report, id uint64, maxBytes int, v Version, sizes []int, sp
 	if uint64(len(r.Keys)) > uint64(^uint32(0)) {
 		return nil, fmt.Errorf("%w: %d keys", ErrTooLarge, len(r.Keys))
 	}
-	if v == V2 {
-		return splitColumns(r, budget, spans)
+	if v >= V2 {
+		return splitColumns(r, budget, spans, v)
 	}
 	n := 0 // bytes of the current part's keys
 	for i := range r.Keys {
@@ -158,11 +164,11 @@ func tooLarge(k *region.KeyReport, need, budget int) error {
 	return fmt.Errorf("%w: key %q needs %d bytes, %d available", ErrTooLarge, k.Key, need, budget)
 }
 
-// splitColumns is split for V2: a key written after another costs less
-// than the first of a part, so a key that does not fit is sized again as
-// the first of the next part.
-func splitColumns(r *region.Report, budget int, spans []span) ([]span, error) {
-	sh := shapeOf(r)
+// splitColumns is split for V2 and V3: a key written after another costs
+// less than the first of a part, so a key that does not fit is sized again
+// as the first of the next part.
+func splitColumns(r *region.Report, budget int, spans []span, v Version) ([]span, error) {
+	sh := shapeOf(r, v)
 	var part columns
 	var prev *region.KeyReport
 	for i := range r.Keys {
@@ -206,11 +212,11 @@ func encodePart(r *region.Report, id uint64, v Version, spans []span, p int, siz
 		}
 	}
 	msg = appendTrailer(msg, r)
-	if v == V2 {
+	if v >= V2 {
 		var w colWriter
 		msg, w = beginColumns(msg, &spans[p].cols)
 		var prev *region.KeyReport
-		sh := shapeOf(r)
+		sh := shapeOf(r, v)
 		for i := start; i < spans[p].end; i++ {
 			c := encodeKey(&r.Keys[i], prev, sh)
 			w.key(&r.Keys[i], &c, sh)

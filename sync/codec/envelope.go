@@ -25,9 +25,14 @@ const (
 	// names front-coded, counters relative to what the previous key or
 	// the key's own rows predict, zeros left out.
 	V2 Version = 2
+	// V3 is V2 with names that differ from the previous key's in a
+	// trailing number written as the number's step, the share of a key
+	// without a generation relative to the initial share, and rows
+	// written by their entries that are not zero (columns.go).
+	V3 Version = 3
 	// Latest is the newest version: what EncodeReport writes, and what
 	// every Part advertises that its sender reads (Part.Reads).
-	Latest = V2
+	Latest = V3
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -130,8 +135,8 @@ func openEnvelopeVersion(msg []byte) ([]byte, Version, error) {
 		b = b[n:]
 	}
 	switch {
-	case version != uint64(V1) && version != uint64(V2):
-		return nil, 0, drop(ReasonVersion, "envelope version %d, want %d or %d", version, V1, V2)
+	case version < uint64(V1) || version > uint64(Latest):
+		return nil, 0, drop(ReasonVersion, "envelope version %d, want %d to %d", version, V1, Latest)
 	case !hasSum || !hasBd:
 		return nil, 0, drop(ReasonCorrupt, "envelope without checksum or body")
 	case crc32.Checksum(body, castagnoli) != sum:

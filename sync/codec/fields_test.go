@@ -60,7 +60,7 @@ func TestEveryReportFieldRoundTrips(t *testing.T) {
 	for i := 0; i < 20; i++ {
 		var want region.Report
 		fill(t, rng, reflect.ValueOf(&want).Elem(), "Report")
-		for _, v := range []Version{V1, V2} {
+		for _, v := range []Version{V1, V2, V3} {
 			msgs, err := EncodeReportVersion(&want, 7, 1<<20, v)
 			if err != nil {
 				t.Fatal(err)

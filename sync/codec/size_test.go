@@ -22,7 +22,7 @@ func encodedSize(r *region.Report, id uint64, maxBytes int) (bytes, msgs int, er
 // version.
 func sameSize(t *testing.T, what string, r *region.Report, id uint64, maxBytes int) {
 	t.Helper()
-	for _, v := range []Version{V1, V2} {
+	for _, v := range []Version{V1, V2, V3} {
 		var wantBytes, wantMsgs int
 		out, wantErr := EncodeReportVersion(r, id, maxBytes, v)
 		for _, m := range out {
@@ -104,7 +104,7 @@ func TestSizeErrors(t *testing.T) {
 func TestSizeAllocs(t *testing.T) {
 	rng := rand.New(rand.NewPCG(seed(t), 3))
 	r := randomReport(rng, []string{"ap", "eu", "us"}, 20_000, true)
-	for _, v := range []Version{V1, V2} {
+	for _, v := range []Version{V1, V2, V3} {
 		allocs := testing.AllocsPerRun(10, func() {
 			if _, _, err := SizeVersion(&r, 1, 1<<20, v); err != nil {
 				t.Fatal(err)

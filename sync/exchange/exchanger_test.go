@@ -19,6 +19,7 @@ import (
 	"github.com/ration-dev/ration/lease"
 	"github.com/ration-dev/ration/policy"
 	"github.com/ration-dev/ration/region"
+	"github.com/ration-dev/ration/sync/codec"
 	"github.com/ration-dev/ration/sync/embedded"
 )
 
@@ -247,8 +248,8 @@ func TestShareFollowsDemand(t *testing.T) {
 		`ration_exchange_epochs_total{role="holder"}`,
 		`ration_exchange_transfers_ppm_total{direction="given"}`,
 		`ration_exchange_dropped_total{reason="corrupt"} 0`,
-		// Every peer heard reads the columns: eu writes them.
-		`ration_exchange_wire_version 2`,
+		// Every peer heard reads the newest version: eu writes it.
+		"ration_exchange_wire_version " + strconv.Itoa(int(codec.Latest)),
 	}
 	// The share gauges are set at eu's epochs from the reports it heard:
 	// the shares can reach their targets an epoch before eu's next one.

@@ -41,8 +41,9 @@ const (
 // Envelope is one NATS message, or one persisted snapshot.
 type Envelope struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// version of body's format: 1 (a snapshot; a Part with Key messages) or
-	// 2 (a Part with key columns).
+	// version of body's format: 1 (a snapshot; a Part with Key messages),
+	// 2 (a Part with key columns) or 3 (key columns with steps and sparse
+	// rows, Part below).
 	Version uint32 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
 	// crc32c is the CRC-32C (Castagnoli) of body.
 	Crc32C uint32 `protobuf:"fixed32,2,opt,name=crc32c,proto3" json:"crc32c,omitempty"`
@@ -177,6 +178,22 @@ type Part struct {
 	//	  len(regions) entries when its flag is set, none when not, unless
 	//	  the shape flag gives the lengths), then each exit's row, taken, in
 	//	  and in_taken. Differences wrap around as 64-bit integers do.
+	//
+	// Version 3 (the same columns): a key whose name has the previous key's
+	// length and differs from it only in its trailing decimal number (as many
+	// digits as the previous name ends with, up to 18) has the step flag and,
+	// in key_name_lens, the zigzag of the numbers' difference d (of d - 1 when
+	// d > 0), nothing in key_names; a key of generation 0 has its share as the
+	// zigzag of its difference from 1,000,000 / len(regions) (plus 1 when the
+	// sender is among the first 1,000,000 % len(regions) regions; 0 without
+	// regions); a row without the shape flag that writes m = 1 to 8 entries
+	// (len(regions), less the sender's when it is among them) is sparse: the
+	// mask of its entries that are not zero (bit i for the i-th written) ORed
+	// with the first of them shifted left by m, then the others (a key whose
+	// first such entry does not fit has the shape flag); the flags' bits are
+	// 0 Row, 1 In, 2 step, 3 demand, 4 share, 5 generation, 6 granted, 7 base,
+	// 8 Taken, 9 InTaken, 10 Tokens, 11 Settled, 12 tokens_window, 13 shape,
+	// 14 exits.
 	KeyNameLens   []uint64 `protobuf:"varint,22,rep,packed,name=key_name_lens,json=keyNameLens,proto3" json:"key_name_lens,omitempty"`
 	KeyNames      []byte   `protobuf:"bytes,23,opt,name=key_names,json=keyNames,proto3" json:"key_names,omitempty"`
 	KeyFlags      []uint64 `protobuf:"varint,24,rep,packed,name=key_flags,json=keyFlags,proto3" json:"key_flags,omitempty"`
