@@ -44,7 +44,7 @@ func (r *Rule) KeyPolicy() region.KeyPolicy {
 	if r == nil {
 		return region.KeyPolicy{}
 	}
-	return region.KeyPolicy{Rule: r.Name, Rate: r.Rate(), ReclaimAfter: r.PartitionReclaimAfter, Cost: float64(r.Cost), Burst: float64(r.Burst)}
+	return region.KeyPolicy{Rule: r.Name, Rate: r.Rate(), ReclaimAfter: r.PartitionReclaimAfter, Cost: float64(r.Cost), Burst: float64(r.Burst), FixedWindow: r.FixedWindow()}
 }
 
 // Fingerprint hashes what the rule admits: its algorithm, limit, period,

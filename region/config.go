@@ -74,6 +74,10 @@ type KeyPolicy struct {
 	// at most b × s of the tokens the giver's store released with it (what
 	// that share holds in a full bucket). Zero moves no tokens.
 	Burst float64
+	// FixedWindow marks a fixed window's key: its bucket does not refill
+	// within a window, so it absorbs no demand noise over a horizon of
+	// epochs (bucketHorizon) the way a token bucket does.
+	FixedWindow bool
 }
 
 // Config configures a State. The zero value of every optional field selects
