@@ -256,7 +256,7 @@ func retryAfter(tokens float64, cost int64, rate float64) time.Duration {
 // window, the time until its end in µs (a window refills only then).
 func grantResult(l Limit, sharePPM, granted int64, tokens float64, untilEndUS int64) Grant {
 	rate, capacity := l.Regional(sharePPM)
-	g := Grant{Granted: granted, Tokens: tokens, Rate: rate, Capacity: capacity}
+	g := Grant{Granted: granted, Tokens: tokens, Rate: rate, Capacity: capacity, SharePPM: sharePPM}
 	switch {
 	case granted != 0:
 	case l.Fixed():

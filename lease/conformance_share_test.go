@@ -43,10 +43,15 @@ func wantKeyTTL(t *testing.T, h *harness, key string, lo, hi time.Duration) {
 }
 
 func confShareExpires(t *testing.T, h *harness) {
+	if g := grant1(t, h, "new", 1, fast); g.SharePPM != region.PPM {
+		t.Errorf("got share in force %d for a key without a share, want the initial %d", g.SharePPM, region.PPM)
+	}
 	setShare(t, h, "k", 500_000, fast)
 	// A scheduling pause may pass between the write and the look.
 	wantKeyTTL(t, h, "k", confShareTTL/2, confShareTTL+time.Millisecond)
-	wantGranted(t, grant1(t, h, "k", 1, fast), 1)
+	if g := grant1(t, h, "k", 1, fast); g.Granted != 1 || g.SharePPM != 500_000 {
+		t.Errorf("got %+v, want 1 granted at share 500000", g)
+	}
 	wantKeyTTL(t, h, "k", confShareTTL/2, confShareTTL+time.Millisecond) // a grant does not shorten it
 	poll(t, h, "the idle bucket expires", func() bool {
 		_, ok := h.bucketTTL(t, "k")
@@ -60,8 +65,8 @@ func confShareExpires(t *testing.T, h *harness) {
 	wantShare(t, h, "k", -1)
 	g := grant1(t, h, "k", 100, fast)
 	wantGranted(t, g, 10) // a new bucket at the initial share
-	if g.Rate != 1000 {
-		t.Errorf("got rate %v after the share expired, want 1000", g.Rate)
+	if g.Rate != 1000 || g.SharePPM != region.PPM {
+		t.Errorf("got rate %v at share %d after the share expired, want 1000 at %d", g.Rate, g.SharePPM, region.PPM)
 	}
 }
 

@@ -87,9 +87,12 @@ type Grant struct {
 	// RetryAfter is, when Granted is 0, the time until the bucket holds
 	// one whole token again; zero otherwise.
 	RetryAfter time.Duration
-	// Rate and Capacity are the regional bucket's parameters in force.
+	// Rate and Capacity are the regional bucket's parameters in force, at
+	// SharePPM: the share the store applied (Limit.InitialShare while it
+	// holds none).
 	Rate     float64
 	Capacity float64
+	SharePPM int64
 	// Err is non-nil when this item was rejected (wraps ErrInvalid); the
 	// item debited nothing.
 	Err error

@@ -171,8 +171,10 @@ func New(cfg Config) (*Daemon, error) {
 		scfg.Observer = &d.obs
 		scfg.InitialShareFor = func(string, *policy.Rule) int64 { return d.initial }
 		// The exchange's raises of keys whose bucket has plenty wait
-		// until a grant finds them short (lease/service/shares.go).
-		if d.keeper, err = service.NewShareKeeper(service.ShareKeeperConfig{Store: d.store}); err != nil {
+		// until a grant finds them short (lease/service/shares.go), and
+		// its first writes of keys without demand here until a grant
+		// (deferred.go).
+		if d.keeper, err = service.NewShareKeeper(service.ShareKeeperConfig{Store: d.store, Write: d.shares.SetShares}); err != nil {
 			d.closeDB()
 			return nil, fmt.Errorf("regiond: %w", err)
 		}

@@ -40,6 +40,17 @@ import (
 // received with a kept raise are credited when it is written: the update
 // carries the cumulative tokens of its generation, which the store credits
 // once.
+//
+// Initial shares (issue 12). The exchange writes a key's share when the key
+// enters a generation, because it cannot know what the store holds: half of
+// per-user's share writes set the initial share, with no tokens, on a key
+// whose store held none. A grant reports the share in force, so the keeper
+// notes, per key granted lately, a grant that found the initial share in
+// force; such an update is not written (shareSame). Only a grant that no
+// write of the keeper overlapped counts, and every write or Forget of a key
+// drops what grants told of its share: a write that failed may have
+// happened. A store that holds the initial share, or none, keeps applying
+// it whatever expires, so the note stays true until a write.
 
 // ShareWrite writes share updates to the region's store, one result each
 // (lease.RedisStore's and lease.MemoryStore's SetShares).
@@ -62,6 +73,10 @@ type ShareKeeperConfig struct {
 	// MaxKeep is how old the keeper's latest write of a key's share may be
 	// for a raise of it to be kept. Default 1h.
 	MaxKeep time.Duration
+	// Write, when set, is how the keeper writes a deferred update itself
+	// (deferred.go), before the first grant or return of its key; nil
+	// defers nothing. The exchange's own writes go through SetShares's.
+	Write ShareWrite
 	// FlushBatch is the most kept raises one call writes (Flush, or added
 	// to a SetShares); the rest wait for the next. Default 500.
 	FlushBatch int
@@ -108,6 +123,14 @@ type ShareKeeper struct {
 	written map[string]wrote
 	pending map[string]lease.ShareUpdate
 	due     map[string]struct{}
+	// deferred are the updates of keys whose store share is not known,
+	// written before the key's next grant or return; settling those being
+	// written, closed when done.
+	deferred map[string]lease.ShareUpdate
+	settling map[string]chan struct{}
+	// doubt is, per key whose latest write failed, the largest share
+	// written since its latest success: the store may hold it.
+	doubt map[string]int64
 	// seen is, per key granted lately, what its grants told.
 	seen map[string]granted
 	// noKeepUntil: the shortness table overflowed, or no raise is kept
@@ -120,13 +143,23 @@ type ShareKeeper struct {
 	keep    bool
 	inc     string
 	counts  ShareCounts
+	// wseq counts the starts and ends of writes, Forgets and Resets, and
+	// writing the writes under way: a grant's share is noted only when
+	// neither changed while it ran and no write was under way.
+	wseq    uint64
+	writing int
 }
 
 type wrote struct{ ppm, at int64 }
 
 // granted is what grants told of a key since the keeper began to watch:
-// when the latest found it short and with plenty (Clock ns, 0: none).
-type granted struct{ shortAt, plentyAt int64 }
+// when the latest found it short and with plenty (Clock ns, 0: none), and
+// the share in force of the latest grant no write overlapped (-1: none
+// since the key's latest write).
+type granted struct {
+	shortAt, plentyAt int64
+	share             int64
+}
 
 // NewShareKeeper returns a ShareKeeper for cfg, filling its defaults on a
 // copy; it keeps raises until KeepRaises(false).
@@ -139,11 +172,18 @@ func NewShareKeeper(cfg ShareKeeperConfig) (*ShareKeeper, error) {
 		return nil, errors.Join(ErrShareKeeperConfig, errors.New("ShortFor, Quiet, MaxKeep, MaxKeys and FlushBatch must not be negative"))
 	}
 	return &ShareKeeper{cfg: cfg, written: map[string]wrote{}, pending: map[string]lease.ShareUpdate{},
-		due: map[string]struct{}{}, seen: map[string]granted{}, keep: true, started: cfg.Clock().UnixNano()}, nil
+		due: map[string]struct{}{}, seen: map[string]granted{}, keep: true, started: cfg.Clock().UnixNano(),
+		deferred: map[string]lease.ShareUpdate{}, settling: map[string]chan struct{}{}, doubt: map[string]int64{}}, nil
 }
 
 // Grant grants from the store and notes the keys found short.
 func (k *ShareKeeper) Grant(ctx context.Context, reqs []lease.GrantRequest, out []lease.Grant) error {
+	if err := k.settle(ctx, len(reqs), func(i int) string { return reqs[i].Key }); err != nil {
+		return err
+	}
+	k.mu.Lock()
+	seq, clean := k.wseq, k.writing == 0
+	k.mu.Unlock()
 	err := k.cfg.Store.Grant(ctx, reqs, out)
 	if err != nil {
 		return err
@@ -151,6 +191,7 @@ func (k *ShareKeeper) Grant(ctx context.Context, reqs []lease.GrantRequest, out 
 	now := k.cfg.Clock().UnixNano()
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	clean = clean && k.writing == 0 && k.wseq == seq
 	for i := range reqs {
 		g := &out[i]
 		if g.Err != nil || reqs[i].Limit.Fixed() {
@@ -158,16 +199,27 @@ func (k *ShareKeeper) Grant(ctx context.Context, reqs []lease.GrantRequest, out 
 		}
 		cost := float64(reqs[i].Limit.Cost)
 		short := g.Granted < reqs[i].Want || g.Tokens < g.Capacity-cost || g.Tokens < cost
-		k.sawGrant(reqs[i].Key, short, now)
+		share := int64(-1)
+		if clean {
+			share = g.SharePPM
+		}
+		k.sawGrant(reqs[i].Key, short, share, now)
 	}
 	return nil
 }
 
-// sawGrant notes a grant of key at now (k.mu held).
-func (k *ShareKeeper) sawGrant(key string, short bool, now int64) {
+// sawGrant notes a grant of key at now that found share in force (-1: not
+// to be noted) (k.mu held).
+func (k *ShareKeeper) sawGrant(key string, short bool, share, now int64) {
 	g, ok := k.seen[key]
 	if !ok && len(k.seen) >= k.cfg.MaxKeys {
 		k.sweep(now)
+	}
+	if !ok {
+		g.share = -1
+	}
+	if share >= 0 {
+		g.share = share
 	}
 	if short {
 		g.shortAt = now
@@ -211,6 +263,9 @@ func (k *ShareKeeper) sweep(now int64) {
 
 // Return passes returns through to the store.
 func (k *ShareKeeper) Return(ctx context.Context, reqs []lease.ReturnRequest) error {
+	if err := k.settle(ctx, len(reqs), func(i int) string { return reqs[i].Key }); err != nil {
+		return err
+	}
 	return k.cfg.Store.Return(ctx, reqs)
 }
 
@@ -223,19 +278,31 @@ func (k *ShareKeeper) Ping(ctx context.Context) error { return k.cfg.Store.Ping(
 // by the keeper within MaxKeep), at most the update's, and the key is a
 // token bucket that the latest grant seen did not find short, nor any within
 // ShortFor: its result is zero (nothing released: the store's bucket is no
-// larger than the update's). After an error the store's share of every key
-// sent is unknown.
+// larger than the update's). So is an update that sets the initial share,
+// with no tokens, of a key a grant found at it (sameInitial), which is
+// dropped. After an error the store's share of every key sent is unknown.
 func (k *ShareKeeper) SetShares(ctx context.Context, write ShareWrite, ups []lease.ShareUpdate, out []lease.ShareResult) error {
+	if err := k.lockSettled(ctx, ups); err != nil {
+		return err
+	}
 	now := k.cfg.Clock().UnixNano()
 	send := make([]lease.ShareUpdate, 0, len(ups))
 	idx := make([]int, 0, len(ups))
-	k.mu.Lock()
 	for i, u := range ups {
 		out[i] = lease.ShareResult{}
 		why := k.cause(u, now)
 		k.counts.add(why)
-		if why == shareKept {
+		delete(k.deferred, u.Key)
+		switch why {
+		case shareKept:
 			k.pending[u.Key] = u
+			continue
+		case shareSame, shareDeferred:
+			delete(k.pending, u.Key)
+			delete(k.due, u.Key)
+			if why == shareDeferred {
+				k.deferred[u.Key] = u
+			}
 			continue
 		}
 		delete(k.pending, u.Key)
@@ -252,6 +319,10 @@ func (k *ShareKeeper) SetShares(ctx context.Context, write ShareWrite, ups []lea
 func (k *ShareKeeper) cause(u lease.ShareUpdate, now int64) shareCause {
 	w, known := k.written[u.Key]
 	switch {
+	case (!known || now-w.at >= int64(k.cfg.MaxKeep)) && k.sameInitial(u):
+		return shareSame
+	case (!known || now-w.at >= int64(k.cfg.MaxKeep)) && k.deferrable(u):
+		return shareDeferred
 	case !known || now-w.at >= int64(k.cfg.MaxKeep):
 		return shareUnknown
 	case u.SharePPM < w.ppm:
@@ -275,6 +346,25 @@ func (k *ShareKeeper) cause(u lease.ShareUpdate, now int64) shareCause {
 	return shareShort
 }
 
+// sameInitial reports whether u sets the initial share, with no tokens, on
+// a token bucket a grant lately found at that share (k.mu held).
+func (k *ShareKeeper) sameInitial(u lease.ShareUpdate) bool {
+	if u.SharePPM != u.Limit.InitialShare || u.Received != 0 || u.Limit.Fixed() {
+		return false
+	}
+	g, ok := k.seen[u.Key]
+	return ok && g.share == u.SharePPM
+}
+
+// unsee drops what grants told of key's share: a write of it begins, or it
+// was deleted (k.mu held).
+func (k *ShareKeeper) unsee(key string) {
+	if g, ok := k.seen[key]; ok && g.share >= 0 {
+		g.share = -1
+		k.seen[key] = g
+	}
+}
+
 // Flush writes, through write, the kept raises that became due (of keys a
 // grant found short, or all of them once raises are no longer kept). The
 // exchange calls it before each epoch, so that a key that ran short has its
@@ -284,7 +374,8 @@ func (k *ShareKeeper) Flush(ctx context.Context, write ShareWrite) error {
 	k.mu.Lock()
 	send, idx := k.takeDue(nil, nil)
 	k.mu.Unlock()
-	return k.send(ctx, write, send, idx, nil, now)
+	err := k.send(ctx, write, send, idx, nil, now)
+	return errors.Join(err, k.flushDeferred(ctx))
 }
 
 // takeDue appends the due kept raises to send, with index -1 (k.mu held).
@@ -313,12 +404,22 @@ func (k *ShareKeeper) send(ctx context.Context, write ShareWrite, send []lease.S
 	if len(send) == 0 {
 		return nil
 	}
+	k.mu.Lock()
+	k.wseq++
+	k.writing++
+	for _, u := range send {
+		k.unsee(u.Key)
+	}
+	k.mu.Unlock()
 	res := make([]lease.ShareResult, len(send))
 	err := write(ctx, send, res)
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	k.wseq++
+	k.writing--
 	for j, u := range send {
 		if err != nil {
+			k.doubt[u.Key] = max(k.doubt[u.Key], u.SharePPM)
 			delete(k.written, u.Key)
 			if _, newer := k.pending[u.Key]; !newer && idx[j] < 0 {
 				k.pending[u.Key] = u // a kept raise: try again when due
@@ -326,6 +427,7 @@ func (k *ShareKeeper) send(ctx context.Context, write ShareWrite, send []lease.S
 			continue
 		}
 		k.written[u.Key] = wrote{ppm: u.SharePPM, at: now}
+		delete(k.doubt, u.Key)
 		if i := idx[j]; i >= 0 {
 			out[i] = res[j]
 		}
@@ -361,6 +463,9 @@ func (k *ShareKeeper) Reset() {
 	clear(k.pending)
 	clear(k.due)
 	k.forgetGrants()
+	k.wseq++
+	// The deferred updates stay: what the store holds of their keys is as
+	// unknown as before, and they are written before any grant of them.
 }
 
 // forgetGrants forgets the grants seen (k.mu held).
@@ -386,10 +491,14 @@ func (k *ShareKeeper) SawIncarnation(inc string) {
 func (k *ShareKeeper) Forget(keys ...string) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	k.wseq++
 	for _, key := range keys {
 		delete(k.written, key)
 		delete(k.pending, key)
 		delete(k.due, key)
+		delete(k.deferred, key)
+		delete(k.doubt, key)
+		k.unsee(key)
 	}
 }
 
@@ -397,18 +506,28 @@ func (k *ShareKeeper) Forget(keys ...string) {
 type shareCause int
 
 const (
-	shareUnknown shareCause = iota // the store's share of the key is not known
-	shareLowered                   // below the store's share
-	shareShort                     // a key short lately, a fixed window, or raises not kept
-	shareKept                      // kept, not written
+	shareUnknown  shareCause = iota // the store's share of the key is not known
+	shareLowered                    // below the store's share
+	shareShort                      // a key short lately, a fixed window, or raises not kept
+	shareKept                       // kept, not written
+	shareSame                       // the initial share a grant found in force: not written
+	shareDeferred                   // not known, and written before the key's next grant or return
 )
 
 // ShareCounts counts the share updates the keeper handled by what became of
 // them: written (one store operation each) because the store's share of the
 // key was not known, because they lowered it, because the key was short (or
-// raises were not kept), or later once the key ran short (Flushed); or kept.
+// raises were not kept), or later once the key ran short (Flushed); or kept;
+// or dropped as the initial share already in force (Same).
 type ShareCounts struct {
 	Unknown, Lowered, Short, Flushed, Kept int64
+	// Same counts the updates not written because they set the initial
+	// share that a grant found in force.
+	Same int64
+	// Deferred counts the updates deferred until their key's next grant or
+	// return (deferred.go); Settled those of them written then (store
+	// operations).
+	Deferred, Settled int64
 }
 
 func (c *ShareCounts) add(why shareCause) {
@@ -421,11 +540,15 @@ func (c *ShareCounts) add(why shareCause) {
 		c.Short++
 	case shareKept:
 		c.Kept++
+	case shareSame:
+		c.Same++
+	case shareDeferred:
+		c.Deferred++
 	}
 }
 
 // Written is the store operations of the counted updates.
-func (c ShareCounts) Written() int64 { return c.Unknown + c.Lowered + c.Short + c.Flushed }
+func (c ShareCounts) Written() int64 { return c.Unknown + c.Lowered + c.Short + c.Flushed + c.Settled }
 
 // Counts returns the share updates counted so far.
 func (k *ShareKeeper) Counts() ShareCounts {

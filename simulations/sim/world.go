@@ -222,7 +222,7 @@ func newWorld(sc *Scenario, alg Algorithm) (*world, error) {
 		if alg == Escrow {
 			cfg.Observer = observer{r}
 			cfg.ShareRetryAfter = sc.SyncPeriod
-			r.keeper, err = service.NewShareKeeper(service.ShareKeeperConfig{Store: r.store, Clock: clock})
+			r.keeper, err = service.NewShareKeeper(service.ShareKeeperConfig{Store: r.store, Clock: clock, Write: regionFx{w, r}.write()})
 			if err != nil {
 				return nil, fmt.Errorf("sim: region %s: %w", name, err)
 			}
