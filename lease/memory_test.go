@@ -34,7 +34,7 @@ func TestMemoryStoreSteps(t *testing.T) {
 		out := make([]Grant, 1)
 		m.GrantAt(at(s.at), []GrantRequest{{Key: "k", Want: s.want, Limit: l}}, out)
 		want := s.got
-		want.Rate, want.Capacity = 10, 20
+		want.Rate, want.Capacity, want.SharePPM = 10, 20, region.PPM
 		if diff := cmp.Diff(want, out[0], cmp.Comparer(func(a, b float64) bool { return abs(a-b) < 1e-9 })); diff != "" {
 			t.Errorf("step %d (at %v, want %d): (-want +got):\n%s", i, s.at, s.want, diff)
 		}
