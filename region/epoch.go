@@ -103,29 +103,62 @@ func (s *State) smoothDemand(ks *keyState, pol KeyPolicy) bool {
 
 // follow moves region k's smoothed demand one epoch toward its tally s.x[k].
 func (s *State) follow(ks *keyState, k int, pol KeyPolicy) {
-	bit := uint64(1) << k
-	cost := pol.Cost
 	m := max(s.x[k], ks.ewma()[k])
-	a := s.cfg.Alpha * gain(m, cost, s.horizon(ks, k, pol, m)) * ks.turning(bit, s.x[k] > ks.ewma()[k])
+	s.followGain(ks, k, pol.Cost, gain(m, pol.Cost, s.horizon(ks, k, pol, m)))
+}
+
+// followGain is follow with its gain g already worked out.
+func (s *State) followGain(ks *keyState, k int, cost, g float64) {
+	bit := uint64(1) << k
+	a := s.cfg.Alpha * g * ks.turning(bit, s.x[k] > ks.ewma()[k])
 	if ks.left(k, s.x[k], cost) {
 		a = 1
 	}
 	ks.ewma()[k] = a*s.x[k] + (1-a)*ks.ewma()[k]
 }
 
-// smoothOnce is smoothDemand's epoch for a key every region of which is
-// heard, for a key waking from rest (rest.go); false when it changed
-// nothing, and so never will again with the same tallies.
-func (s *State) smoothOnce(ks *keyState, pol KeyPolicy) bool {
-	e, m, r := s.restE[:0], s.restM[:0], s.restR[:0]
-	e, m, r = append(e, ks.ewma()...), append(m, ks.missed()...), append(r, ks.runBase()...)
-	s.restE, s.restM, s.restR = e, m, r
-	bits := [3]uint64{ks.moved, ks.rose, ks.flipped}
-	for k := 0; k < s.n; k++ {
-		s.follow(ks, k, pol)
+// catchUp runs region k's follow for a key waking from rest (rest.go), one
+// epoch after another up to epochs of them, and stops at the first that
+// changes nothing of the region: with the same tally the next would not
+// either. The regions are independent (k's follow reads k's state and what
+// rest holds still: its tally, the shares, the policy), so stopping each on
+// its own leaves the state in which replaying whole epochs until none
+// changes anything does, without stepping the regions that settled early.
+// The gain depends on the state only through m, the larger of the tally
+// and the smoothed demand, so it is kept while m is the same number; and
+// while the smoothed demand rises to a tally, as it rose the epoch before,
+// m is the tally and followGain's epoch is the EWMA's step alone
+// (rising).
+func (s *State) catchUp(ks *keyState, k int, pol KeyPolicy, epochs uint64) {
+	bit := uint64(1) << k
+	x := s.x[k]
+	var g float64
+	var gm uint64
+	for i := uint64(0); i < epochs; i++ {
+		e, ms, rb := ks.ewma()[k], ks.missed()[k], ks.runBase()[k]
+		bits := ks.moved&bit<<2 | ks.rose&bit<<1 | ks.flipped&bit
+		m := max(x, e)
+		mb := math.Float64bits(m)
+		if i > 0 && mb == gm && x > 0 && x > e && ms == 0 && rb == 0 && bits == 0b110*bit {
+			// followGain: up, not turning (a factor of 1), and left
+			// keeps nothing missed.
+			a := s.cfg.Alpha * g
+			ne := a*x + (1-a)*e
+			if ne == e {
+				return
+			}
+			ks.ewma()[k] = ne
+			continue
+		}
+		if i == 0 || mb != gm {
+			g, gm = gain(m, pol.Cost, s.horizon(ks, k, pol, m)), mb
+		}
+		s.followGain(ks, k, pol.Cost, g)
+		if ks.ewma()[k] == e && ks.missed()[k] == ms && ks.runBase()[k] == rb &&
+			ks.moved&bit<<2|ks.rose&bit<<1|ks.flipped&bit == bits {
+			return
+		}
 	}
-	return !slices.Equal(e, ks.ewma()) || !slices.Equal(m, ks.missed()) || !slices.Equal(r, ks.runBase()) ||
-		bits != [3]uint64{ks.moved, ks.rose, ks.flipped}
 }
 
 // dropDoneExits drops the key's exit records that need announcing no longer (exitDone).
