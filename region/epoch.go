@@ -126,22 +126,29 @@ func (s *State) followGain(ks *keyState, k int, cost, g float64) {
 // changes anything does, without stepping the regions that settled early.
 // The gain depends on the state only through m, the larger of the tally
 // and the smoothed demand, so it is kept while m is the same number; and
-// while the smoothed demand rises to a tally, as it rose the epoch before,
-// m is the tally and followGain's epoch is the EWMA's step alone
-// (rising).
+// while the smoothed demand moves toward a tally it has, the way it moved
+// the epoch before, followGain's epoch is the EWMA's step alone.
+// TestWakeAsReplay compares it with the replay.
 func (s *State) catchUp(ks *keyState, k int, pol KeyPolicy, epochs uint64) {
 	bit := uint64(1) << k
 	x := s.x[k]
 	var g float64
 	var gm uint64
+	hz := s.horizonOf(ks, k, pol)
 	for i := uint64(0); i < epochs; i++ {
 		e, ms, rb := ks.ewma()[k], ks.missed()[k], ks.runBase()[k]
 		bits := ks.moved&bit<<2 | ks.rose&bit<<1 | ks.flipped&bit
 		m := max(x, e)
-		mb := math.Float64bits(m)
-		if i > 0 && mb == gm && x > 0 && x > e && ms == 0 && rb == 0 && bits == 0b110*bit {
-			// followGain: up, not turning (a factor of 1), and left
-			// keeps nothing missed.
+		if mb := math.Float64bits(m); i == 0 || mb != gm {
+			g, gm = gain(m, pol.Cost, hz.at(m)), mb
+		}
+		same := 0b100 * bit // moved, not up, not turned
+		if x > e {
+			same = 0b110 * bit
+		}
+		if x > 0 && math.Float64bits(ms)|math.Float64bits(rb) == 0 && bits == same {
+			// followGain: no turn (a factor of 1), and left keeps
+			// nothing missed.
 			a := s.cfg.Alpha * g
 			ne := a*x + (1-a)*e
 			if ne == e {
@@ -149,9 +156,6 @@ func (s *State) catchUp(ks *keyState, k int, pol KeyPolicy, epochs uint64) {
 			}
 			ks.ewma()[k] = ne
 			continue
-		}
-		if i == 0 || mb != gm {
-			g, gm = gain(m, pol.Cost, s.horizon(ks, k, pol, m)), mb
 		}
 		s.followGain(ks, k, pol.Cost, g)
 		if ks.ewma()[k] == e && ks.missed()[k] == ms && ks.runBase()[k] == rb &&
@@ -272,16 +276,41 @@ func gain(m, cost, horizon float64) float64 {
 // tokens before the smoothed demand catches up, which must fit in the part
 // (Burst / regions); a demand the share serves drains nothing.
 func (s *State) horizon(ks *keyState, k int, pol KeyPolicy, m float64) float64 {
+	r := s.horizonOf(ks, k, pol)
+	return r.at(m)
+}
+
+// regionHorizon is what horizon reads beside m, for a key's region k, kept
+// by catchUp, which asks it at many m: the region's share, worked out at
+// the first m that needs it.
+type regionHorizon struct {
+	s     *State
+	ks    *keyState
+	k     int
+	pol   KeyPolicy
+	share int64
+	known bool // share is
+}
+
+func (s *State) horizonOf(ks *keyState, k int, pol KeyPolicy) regionHorizon {
+	return regionHorizon{s: s, ks: ks, k: k, pol: pol}
+}
+
+// at is horizon at m.
+func (r *regionHorizon) at(m float64) float64 {
+	s, pol := r.s, r.pol
 	h := s.bucketHorizon(pol, m)
 	if h == 1 {
 		return 1
 	}
 	per := pol.Rate * s.cfg.Period.Seconds()
-	share := ks.shares()[k]
-	if k == s.self {
-		share = s.own(ks)
+	if !r.known {
+		r.share, r.known = r.ks.shares()[r.k], true
+		if r.k == s.self {
+			r.share = s.own(r.ks)
+		}
 	}
-	if over := m - float64(max(share, 0))/PPM*per; over > 0 {
+	if over := m - float64(max(r.share, 0))/PPM*per; over > 0 {
 		// (m − sh)(n + noiseRequests·h)/(Alpha·n) ≤ part, n = m/cost requests.
 		n := m / perRequest(pol.Cost)
 		part := pol.Burst / float64(s.n)
