@@ -135,7 +135,7 @@ func (s *State) catchUp(ks *keyState, k int, pol KeyPolicy, epochs uint64) {
 	var g float64
 	var gm uint64
 	hz := s.horizonOf(ks, k, pol)
-	for i := uint64(0); i < epochs; i++ {
+	for i := uint64(0); i < epochs; {
 		e, ms, rb := ks.ewma()[k], ks.missed()[k], ks.runBase()[k]
 		bits := ks.moved&bit<<2 | ks.rose&bit<<1 | ks.flipped&bit
 		m := max(x, e)
@@ -148,16 +148,26 @@ func (s *State) catchUp(ks *keyState, k int, pol KeyPolicy, epochs uint64) {
 		}
 		if x > 0 && math.Float64bits(ms)|math.Float64bits(rb) == 0 && bits == same {
 			// followGain: no turn (a factor of 1), and left keeps
-			// nothing missed.
+			// nothing missed. While the EWMA rises, m stays the tally,
+			// and so does the gain.
 			a := s.cfg.Alpha * g
-			ne := a*x + (1-a)*e
-			if ne == e {
-				return
+			for {
+				ne := a*x + (1-a)*e
+				i++
+				if ne == e {
+					ks.ewma()[k] = e
+					return
+				}
+				e = ne
+				if i == epochs || same != 0b110*bit || !(x > e) {
+					break
+				}
 			}
-			ks.ewma()[k] = ne
+			ks.ewma()[k] = e
 			continue
 		}
 		s.followGain(ks, k, pol.Cost, g)
+		i++
 		if ks.ewma()[k] == e && ks.missed()[k] == ms && ks.runBase()[k] == rb &&
 			ks.moved&bit<<2|ks.rose&bit<<1|ks.flipped&bit == bits {
 			return
