@@ -103,29 +103,76 @@ func (s *State) smoothDemand(ks *keyState, pol KeyPolicy) bool {
 
 // follow moves region k's smoothed demand one epoch toward its tally s.x[k].
 func (s *State) follow(ks *keyState, k int, pol KeyPolicy) {
-	bit := uint64(1) << k
-	cost := pol.Cost
 	m := max(s.x[k], ks.ewma()[k])
-	a := s.cfg.Alpha * gain(m, cost, s.horizon(ks, k, pol, m)) * ks.turning(bit, s.x[k] > ks.ewma()[k])
+	s.followGain(ks, k, pol.Cost, gain(m, pol.Cost, s.horizon(ks, k, pol, m)))
+}
+
+// followGain is follow with its gain g already worked out.
+func (s *State) followGain(ks *keyState, k int, cost, g float64) {
+	bit := uint64(1) << k
+	a := s.cfg.Alpha * g * ks.turning(bit, s.x[k] > ks.ewma()[k])
 	if ks.left(k, s.x[k], cost) {
 		a = 1
 	}
 	ks.ewma()[k] = a*s.x[k] + (1-a)*ks.ewma()[k]
 }
 
-// smoothOnce is smoothDemand's epoch for a key every region of which is
-// heard, for a key waking from rest (rest.go); false when it changed
-// nothing, and so never will again with the same tallies.
-func (s *State) smoothOnce(ks *keyState, pol KeyPolicy) bool {
-	e, m, r := s.restE[:0], s.restM[:0], s.restR[:0]
-	e, m, r = append(e, ks.ewma()...), append(m, ks.missed()...), append(r, ks.runBase()...)
-	s.restE, s.restM, s.restR = e, m, r
-	bits := [3]uint64{ks.moved, ks.rose, ks.flipped}
-	for k := 0; k < s.n; k++ {
-		s.follow(ks, k, pol)
+// catchUp runs region k's follow for a key waking from rest (rest.go), one
+// epoch after another up to epochs of them, and stops at the first that
+// changes nothing of the region: with the same tally the next would not
+// either. The regions are independent (k's follow reads k's state and what
+// rest holds still: its tally, the shares, the policy), so stopping each on
+// its own leaves the state in which replaying whole epochs until none
+// changes anything does, without stepping the regions that settled early.
+// The gain depends on the state only through m, the larger of the tally
+// and the smoothed demand, so it is kept while m is the same number; and
+// while the smoothed demand moves toward a tally it has, the way it moved
+// the epoch before, followGain's epoch is the EWMA's step alone.
+// TestWakeAsReplay compares it with the replay.
+func (s *State) catchUp(ks *keyState, k int, pol KeyPolicy, epochs uint64) {
+	bit := uint64(1) << k
+	x := s.x[k]
+	var g float64
+	var gm uint64
+	hz := s.horizonOf(ks, k, pol)
+	for i := uint64(0); i < epochs; {
+		e, ms, rb := ks.ewma()[k], ks.missed()[k], ks.runBase()[k]
+		bits := ks.moved&bit<<2 | ks.rose&bit<<1 | ks.flipped&bit
+		m := max(x, e)
+		if mb := math.Float64bits(m); i == 0 || mb != gm {
+			g, gm = gain(m, pol.Cost, hz.at(m)), mb
+		}
+		same := 0b100 * bit // moved, not up, not turned
+		if x > e {
+			same = 0b110 * bit
+		}
+		if x > 0 && math.Float64bits(ms)|math.Float64bits(rb) == 0 && bits == same {
+			// followGain: no turn (a factor of 1), and left keeps
+			// nothing missed. While the EWMA rises, m stays the tally,
+			// and so does the gain.
+			a := s.cfg.Alpha * g
+			for {
+				ne := a*x + (1-a)*e
+				i++
+				if ne == e {
+					ks.ewma()[k] = e
+					return
+				}
+				e = ne
+				if i == epochs || same != 0b110*bit || !(x > e) {
+					break
+				}
+			}
+			ks.ewma()[k] = e
+			continue
+		}
+		s.followGain(ks, k, pol.Cost, g)
+		i++
+		if ks.ewma()[k] == e && ks.missed()[k] == ms && ks.runBase()[k] == rb &&
+			ks.moved&bit<<2|ks.rose&bit<<1|ks.flipped&bit == bits {
+			return
+		}
 	}
-	return !slices.Equal(e, ks.ewma()) || !slices.Equal(m, ks.missed()) || !slices.Equal(r, ks.runBase()) ||
-		bits != [3]uint64{ks.moved, ks.rose, ks.flipped}
 }
 
 // dropDoneExits drops the key's exit records that need announcing no longer (exitDone).
@@ -239,16 +286,41 @@ func gain(m, cost, horizon float64) float64 {
 // tokens before the smoothed demand catches up, which must fit in the part
 // (Burst / regions); a demand the share serves drains nothing.
 func (s *State) horizon(ks *keyState, k int, pol KeyPolicy, m float64) float64 {
+	r := s.horizonOf(ks, k, pol)
+	return r.at(m)
+}
+
+// regionHorizon is what horizon reads beside m, for a key's region k, kept
+// by catchUp, which asks it at many m: the region's share, worked out at
+// the first m that needs it.
+type regionHorizon struct {
+	s     *State
+	ks    *keyState
+	k     int
+	pol   KeyPolicy
+	share int64
+	known bool // share is
+}
+
+func (s *State) horizonOf(ks *keyState, k int, pol KeyPolicy) regionHorizon {
+	return regionHorizon{s: s, ks: ks, k: k, pol: pol}
+}
+
+// at is horizon at m.
+func (r *regionHorizon) at(m float64) float64 {
+	s, pol := r.s, r.pol
 	h := s.bucketHorizon(pol, m)
 	if h == 1 {
 		return 1
 	}
 	per := pol.Rate * s.cfg.Period.Seconds()
-	share := ks.shares()[k]
-	if k == s.self {
-		share = s.own(ks)
+	if !r.known {
+		r.share, r.known = r.ks.shares()[r.k], true
+		if r.k == s.self {
+			r.share = s.own(r.ks)
+		}
 	}
-	if over := m - float64(max(share, 0))/PPM*per; over > 0 {
+	if over := m - float64(max(r.share, 0))/PPM*per; over > 0 {
 		// (m − sh)(n + noiseRequests·h)/(Alpha·n) ≤ part, n = m/cost requests.
 		n := m / perRequest(pol.Cost)
 		part := pol.Burst / float64(s.n)

@@ -148,11 +148,9 @@ func (s *State) wake(ks *keyState) {
 	for k := range s.fresh {
 		s.fresh[k] = true // a key rests only while every region is heard
 	}
-	for i := uint64(0); i < skipped; i++ {
-		copy(s.x, ks.restX())
-		if !s.smoothOnce(ks, pol) {
-			break
-		}
+	copy(s.x, ks.restX())
+	for k := 0; k < s.n; k++ {
+		s.catchUp(ks, k, pol, skipped)
 	}
 }
 

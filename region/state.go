@@ -98,7 +98,6 @@ type State struct {
 	pol      KeyPolicy // the policy of the key epochKey ran last
 	restE    []float64 // scratch of rest.go
 	restM    []float64
-	restR    []float64
 	restIn   []int64 // scratch of restSig
 	// sizes are the latest Plan's and tally report's lengths, to size the
 	// next ones' slices at once.

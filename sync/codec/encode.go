@@ -26,11 +26,15 @@ func EncodeReport(r *region.Report, id uint64, maxBytes int) ([][]byte, error) {
 
 // EncodeReportUpTo is EncodeReport in the smallest version up to v.
 func EncodeReportUpTo(r *region.Report, id uint64, maxBytes int, v Version) ([][]byte, error) {
-	v, err := Smallest(r, id, maxBytes, v)
+	var bufs [2][16]span
+	v, spans, err := smallest(r, id, maxBytes, v, &bufs)
 	if err != nil {
 		return nil, err
 	}
-	return EncodeReportVersion(r, id, maxBytes, v)
+	if v == V1 { // its encoding needs the keys' sizes: split again
+		return EncodeReportVersion(r, id, maxBytes, V1)
+	}
+	return encodeSpans(r, id, v, spans, nil)
 }
 
 // Smallest is the version up to v whose messages for r are fewest bytes
@@ -39,21 +43,39 @@ func EncodeReportUpTo(r *region.Report, id uint64, maxBytes int, v Version) ([][
 // messages, and V3's flags cost a byte more than V2's for a key whose base
 // differs from the previous key's or that has exit records.
 func Smallest(r *region.Report, id uint64, maxBytes int, v Version) (Version, error) {
+	var bufs [2][16]span
+	v, _, err := smallest(r, id, maxBytes, v, &bufs)
+	return v, err
+}
+
+// smallest is Smallest, with the split of the version it picks when that
+// is V2 or later (EncodeReportUpTo encodes it rather than splitting again),
+// in bufs unless it has more than 16 parts. The report's strings are
+// checked once, not once a version.
+func smallest(r *region.Report, id uint64, maxBytes int, v Version, bufs *[2][16]span) (Version, []span, error) {
 	if v < V2 {
-		return V1, nil
+		return V1, nil, nil
 	}
 	v = min(v, Latest)
-	bytes, _, err := SizeVersion(r, id, maxBytes, v)
-	if err != nil {
-		return 0, err
+	if err := checkUTF8(r); err != nil {
+		return 0, nil, err
 	}
-	best := v
+	best, err := splitChecked(r, id, maxBytes, v, nil, bufs[0][:0])
+	if err != nil {
+		return 0, nil, err
+	}
+	bv, bytes, free := v, spansSize(r, id, best), 1
 	for older := v - 1; older >= V1; older-- {
-		if b, _, err := SizeVersion(r, id, maxBytes, older); err == nil && b < bytes {
-			best, bytes = older, b
+		if spans, err := splitChecked(r, id, maxBytes, older, nil, bufs[free][:0]); err == nil {
+			if b := spansSize(r, id, spans); b < bytes {
+				bv, bytes, best, free = older, b, spans, 1-free
+			}
 		}
 	}
-	return best, nil
+	if bv == V1 {
+		best = nil
+	}
+	return bv, best, nil
 }
 
 // EncodeReportVersion is EncodeReport in version v (V1, V2 or V3).
@@ -74,6 +96,11 @@ func EncodeReportVersion(r *region.Report, id uint64, maxBytes int, v Version) (
 	if err != nil {
 		return nil, err
 	}
+	return encodeSpans(r, id, v, spans, sizes)
+}
+
+// encodeSpans encodes the messages of r as split cut it in version v.
+func encodeSpans(r *region.Report, id uint64, v Version, spans []span, sizes []int) ([][]byte, error) {
 	out := make([][]byte, 0, len(spans))
 	for p := range spans {
 		msg, err := encodePart(r, id, v, spans, p, sizes)
@@ -90,11 +117,15 @@ func EncodeReportVersion(r *region.Report, id uint64, maxBytes int, v Version) (
 // them: what a report costs on NATS. It splits r with EncodeReport's code,
 // and allocates nothing for a report of up to 16 parts.
 func Size(r *region.Report, id uint64, maxBytes int) (bytes, msgs int, err error) {
-	v, err := Smallest(r, id, maxBytes, Latest)
+	var bufs [2][16]span
+	v, spans, err := smallest(r, id, maxBytes, Latest, &bufs)
 	if err != nil {
 		return 0, 0, err
 	}
-	return SizeVersion(r, id, maxBytes, v)
+	if v == V1 {
+		return SizeVersion(r, id, maxBytes, V1)
+	}
+	return spansSize(r, id, spans), len(spans), nil
 }
 
 // SizeVersion is Size for EncodeReportVersion(r, id, maxBytes, v).
@@ -107,10 +138,16 @@ func SizeVersion(r *region.Report, id uint64, maxBytes int, v Version) (bytes, m
 	if err != nil {
 		return 0, 0, err
 	}
+	return spansSize(r, id, spans), len(spans), nil
+}
+
+// spansSize is the total length of the messages of a split.
+func spansSize(r *region.Report, id uint64, spans []span) int {
+	bytes := 0
 	for p := range spans {
 		bytes += envelopeSize(bodySize(r, id, spans, p))
 	}
-	return bytes, len(spans), nil
+	return bytes
 }
 
 // span is one part of a report as split cuts it: the keys from the end of
@@ -130,6 +167,11 @@ func split(r *region.Report, id uint64, maxBytes int, v Version, sizes []int, sp
 	if err := checkUTF8(r); err != nil {
 		return nil, err
 	}
+	return splitChecked(r, id, maxBytes, v, sizes, spans)
+}
+
+// splitChecked is split of a report whose strings checkUTF8 passed.
+func splitChecked(r *region.Report, id uint64, maxBytes int, v Version, sizes []int, spans []span) ([]span, error) {
 	// The header sized with the largest varints for part, parts and keys.
 	budget := maxBytes - envelopeOverhead - headerSize(r, id, ^uint32(0), ^uint32(0), ^uint32(0))
 	if budget <= 0 {
