@@ -45,24 +45,29 @@ func (s *slowStore) SetShares(ctx context.Context, ups []lease.ShareUpdate, out 
 	return s.MemoryStore.SetShares(ctx, ups, out)
 }
 
-// countingHandler counts the log records whose message contains sub.
+// countingHandler counts the log records whose message contains sub, and
+// keeps the last one's attributes.
 type countingHandler struct {
 	slog.Handler
-	sub string
-	n   *atomic.Int64
+	sub  string
+	n    *atomic.Int64
+	last *atomic.Value // string
 }
 
 func (h countingHandler) Handle(ctx context.Context, r slog.Record) error {
 	if strings.Contains(r.Message, h.sub) {
 		h.n.Add(1)
+		var b strings.Builder
+		r.Attrs(func(a slog.Attr) bool { fmt.Fprintf(&b, " %s", a); return true })
+		h.last.Store(b.String())
 	}
 	return nil
 }
 
 // TestOverloadedStoreRecovers: eu's store takes far longer to write every
 // key's share than an epoch, let alone the hold, has (1,000 new keys in
-// batches of 20 at 20ms a batch: a second against a hold of 600ms); then
-// it restarts empty and fails every write for a while. The exchange writes what fits in each
+// batches of 20 at a tenth of a period a batch: five periods against a hold
+// of three); then it restarts empty and fails every write for a while. The exchange writes what fits in each
 // epoch and the rest at the next ones: it keeps its hold, saves its state
 // at every epoch, and gets every key's share into the store. Before the
 // budget, each epoch wrote until its hold ran out, the save failed on the
@@ -70,13 +75,14 @@ func (h countingHandler) Handle(ctx context.Context, r slog.Record) error {
 // an older state and wrote every share again: no epoch ever completed
 // (issue 12).
 func TestOverloadedStoreRecovers(t *testing.T) {
-	const period = 200 * time.Millisecond
+	const period = overloadPeriod
 	const keys = 1000
 	c := newCluster(t, period, "eu", "us")
 	slow := &slowStore{MemoryStore: c.byName["eu"].store}
 	empty := slow.Clone()
-	slow.delay.Store(int64(20 * time.Millisecond))
+	slow.delay.Store(int64(period / 10))
 	var stepDowns atomic.Int64
+	var lastStepDown atomic.Value
 	start := func(r string, store Store, log *slog.Logger) *replica {
 		reg := prometheus.NewRegistry()
 		x, err := New(Config{
@@ -97,7 +103,7 @@ func TestOverloadedStoreRecovers(t *testing.T) {
 		return &replica{x: x, reg: reg}
 	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	eu := start("eu", slow, slog.New(countingHandler{quiet.Handler(), "no longer running", &stepDowns}))
+	eu := start("eu", slow, slog.New(countingHandler{quiet.Handler(), "no longer running", &stepDowns, &lastStepDown}))
 	start("us", c.byName["us"].store, quiet)
 
 	names := make([]string, keys)
@@ -176,7 +182,7 @@ func TestOverloadedStoreRecovers(t *testing.T) {
 		})
 		t.Logf("%s after %v (%d step-downs in all, save errors %s)", what, time.Since(began), stepDowns.Load(), saveErrors())
 	}
-	settles("settled on the slow store", 60*time.Second)
+	settles("settled on the slow store", 150*overloadPeriod)
 
 	// Then the store restarts empty (a new incarnation: every share must be
 	// written again) and fails every write for 20 epochs; then it is back,
@@ -187,14 +193,17 @@ func TestOverloadedStoreRecovers(t *testing.T) {
 	from := eu.x.Epochs()
 	waitFor("20 epochs of failing writes", 30*time.Second, func() bool { return eu.x.Epochs() >= from+20 })
 	slow.failing.Store(false)
-	settles("settled after the outage", 60*time.Second)
+	settles("settled after the outage", 150*overloadPeriod)
 
+	if !overloadStrict {
+		return
+	}
 	// Throughout, the region kept its hold and saved its state at every
 	// epoch (before the budget: 20 and more step-downs, 45 and more
 	// failed saves). One or two allow for a test machine that starves the
-	// loop for a hold's 600ms.
+	// loop for a hold's three periods.
 	if n := stepDowns.Load(); n > 2 {
-		t.Errorf("%d step-downs: the hold lapsed while the store was slow", n)
+		t.Errorf("%d step-downs while the store was slow, the last:%v", n, lastStepDown.Load())
 	}
 	if e := saveErrors(); e != "none" && !strings.HasSuffix(e, " 0") && !strings.HasSuffix(e, " 1") && !strings.HasSuffix(e, " 2") {
 		t.Errorf("failed saves: %s", e)
