@@ -192,6 +192,7 @@ func (p printer) start(o options, d *deployment) {
 	fmt.Fprintf(p.w, "load = the machine's one-minute load average; columns: rss, cpu/s and heap (go_memstats_heap_inuse_bytes) of regiond; epoch = mean exchange epoch;\n"+
 		"  items/s = keys leased (one store operation each); l-err, x-err = failed store calls of the lease service and of the exchange in the interval,\n"+
 		"  x-save = of them the persisted state's saves; share/s = shares the exchange wrote (or tried to);\n"+
+		"  defer/s = share writes it left for a later epoch (past the epoch's budget, or after a failed call);\n"+
 		"  state-w/s = persisted state written; redis = INFO used_memory;\n"+
 		"  entries = the keys' entries in Redis (a Redis key each, or a field of a group hash: SCAN and HLEN, expired fields until swept),\n"+
 		"  B/entry = their bytes each (used_memory − before the load − the state's); xrecs = the exchange's persisted records (its head's count),\n"+

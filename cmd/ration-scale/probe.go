@@ -93,6 +93,7 @@ type daemonMetrics struct {
 	saveErrors     float64 // of them, {op="save"}: its persisted state's saves
 	stateWritten   float64 // ration_exchange_state_written_bytes_total
 	shareWrites    float64 // ration_exchange_share_writes_total: shares written (or deleted) by the exchange
+	shareDeferred  float64 // ration_exchange_share_writes_deferred_total: share writes left for a later epoch
 }
 
 // scrapeMetrics reads regiond's /metrics in the Prometheus text format
@@ -146,6 +147,8 @@ func parseMetrics(r io.Reader, m *daemonMetrics) error {
 			m.stateWritten += value
 		case "ration_exchange_share_writes_total":
 			m.shareWrites += value
+		case "ration_exchange_share_writes_deferred_total":
+			m.shareDeferred += value
 		}
 	}
 	return sc.Err()

@@ -35,6 +35,7 @@ type regionLine struct {
 	SaveErrors   float64 `json:"exchange_save_errors"`
 	StateWritten float64 `json:"exchange_state_written_bytes_per_s"`
 	ShareWrites  float64 `json:"exchange_share_writes_per_s"`
+	ShareDefer   float64 `json:"exchange_share_writes_deferred_per_s"`
 	RedisUsed    int64   `json:"redis_used_memory_bytes"`
 	RedisDBSize  int64   `json:"redis_dbsize"`
 	RedisPerKey  float64 `json:"redis_bytes_per_key"`
@@ -232,6 +233,7 @@ func (t *target) sampleDaemon(ctx context.Context, hc *http.Client) error {
 	l.SaveErrors = t.count.delta("save errors", m.saveErrors)
 	l.StateWritten = t.count.rate("state written", m.stateWritten)
 	l.ShareWrites = t.count.rate("share writes", m.shareWrites)
+	l.ShareDefer = t.count.rate("share writes deferred", m.shareDeferred)
 	return nil
 }
 
@@ -347,12 +349,12 @@ func (p printer) interval(s *sampler) {
 	a := s.all
 	fmt.Fprintf(p.w, "t=%v active keys %d (sweep lag %d; %d entries in the Redises, %.0f B/active key in all), driven %.0f/s, harness cpu %.2f s/s, load %.1f, nats in %s/s out %s/s\n",
 		time.Duration(a.T*float64(time.Second)).Round(time.Second), a.ActiveKeys, a.SweepLag, a.RedisEntries, a.RedisPerActive, a.Driven, a.HarnessCPU, a.LoadAvg, mb(a.NATSIn), mb(a.NATSOut))
-	fmt.Fprintf(p.w, "  %-4s %8s %6s %8s %8s %8s %6s %6s %6s %7s %9s %9s %8s %7s %8s %6s %7s %6s %6s %9s %9s %9s %8s %8s %6s\n",
-		"reg", "rss", "cpu/s", "heap", "epoch", "items/s", "l-err", "x-err", "x-save", "share/s", "state-w/s", "redis", "entries", "B/entry", "xrecs", "B/xrec", "ht", "B/key", "rcpu/s", "nats-in/s", "nats-out/s", "agentkeys", "adm/s", "den/s", "fail/s")
+	fmt.Fprintf(p.w, "  %-4s %8s %6s %8s %8s %8s %6s %6s %6s %7s %7s %9s %9s %8s %7s %8s %6s %7s %6s %6s %9s %9s %9s %8s %8s %6s\n",
+		"reg", "rss", "cpu/s", "heap", "epoch", "items/s", "l-err", "x-err", "x-save", "share/s", "defer/s", "state-w/s", "redis", "entries", "B/entry", "xrecs", "B/xrec", "ht", "B/key", "rcpu/s", "nats-in/s", "nats-out/s", "agentkeys", "adm/s", "den/s", "fail/s")
 	for _, t := range s.regions {
 		l := t.line
-		fmt.Fprintf(p.w, "  %-4s %8s %6.2f %8s %6.0fms %8.0f %6.0f %6.0f %6.0f %7.0f %9s %9s %8d %7.0f %8d %6.0f %7s %6.0f %6.2f %9s %9s %9d %8.0f %8.0f %6.0f\n",
-			l.Region, mb(float64(l.RSS)), l.CPU, mb(float64(l.HeapInuse)), l.EpochMS, l.LeaseItems, l.LeaseErrors, l.XchgErrors, l.SaveErrors, l.ShareWrites, mb(l.StateWritten), mb(float64(l.RedisUsed)),
+		fmt.Fprintf(p.w, "  %-4s %8s %6.2f %8s %6.0fms %8.0f %6.0f %6.0f %6.0f %7.0f %7.0f %9s %9s %8d %7.0f %8d %6.0f %7s %6.0f %6.2f %9s %9s %9d %8.0f %8.0f %6.0f\n",
+			l.Region, mb(float64(l.RSS)), l.CPU, mb(float64(l.HeapInuse)), l.EpochMS, l.LeaseItems, l.LeaseErrors, l.XchgErrors, l.SaveErrors, l.ShareWrites, l.ShareDefer, mb(l.StateWritten), mb(float64(l.RedisUsed)),
 			l.Entries, l.PerEntry, l.XchgRecords, l.PerXchgRec, fmt.Sprintf("%d/%d", l.GroupsHT, l.XchgGroupsHT), l.RedisPerKey, l.RedisCPU, mb(l.NATSIn), mb(l.NATSOut), l.AgentKeys, l.Admitted, l.Denied, l.FailureMode)
 	}
 	fmt.Fprintf(p.w, "  agents: %d keys held, live heap %s above the start, %.0f B/key\n", a.AgentKeys, mb(float64(a.AgentHeap)), a.AgentPerKey)

@@ -14,6 +14,10 @@ import (
 // epoch, and then decidePhase follows after Config.DecideAfter.
 func (x *Exchanger) tallyPhase(ctx context.Context) bool {
 	start := time.Now()
+	x.epochAt = start
+	x.writeBy = start.Add(x.cfg.Period)
+	x.spent = spent{receive: x.spent.receive} // the epoch's, and the reports merged since the last
+	b := x.spent
 	now := x.cfg.Clock()
 	if pol := x.cfg.Policy(); pol != x.pol {
 		x.pol = pol
@@ -22,7 +26,7 @@ func (x *Exchanger) tallyPhase(ctx context.Context) bool {
 	if n := x.asm.Expire(now); n > 0 {
 		x.met.dropped.WithLabelValues(string(codec.ReasonIncomplete)).Add(float64(n))
 	}
-	x.noteHold(x.node.Hold(ctx, x.acquire(ctx)))
+	x.noteHold(x.node.Hold(ctx, x.renew(ctx)))
 	x.drainTallies()
 	x.node.Tally(ctx, now)
 	holding := x.node.Holding()
@@ -33,6 +37,8 @@ func (x *Exchanger) tallyPhase(ctx context.Context) bool {
 		x.met.leader.Set(0)
 	}
 	x.busy = time.Since(start)
+	x.spent.tally = x.busy
+	x.spent.node += x.busy - (x.spent.effects() - b.effects())
 	if !holding {
 		x.endEpoch(now, "follower")
 	}
@@ -43,6 +49,8 @@ func (x *Exchanger) tallyPhase(ctx context.Context) bool {
 // every region published at the start of the epoch.
 func (x *Exchanger) decidePhase(ctx context.Context) {
 	start := time.Now()
+	x.writeBy = time.Time{} // set by the first write (effects.WriteShares)
+	b := x.spent
 	now := x.cfg.Clock()
 	d := x.node.Decide(ctx, now)
 	if d.Resynced {
@@ -56,7 +64,9 @@ func (x *Exchanger) decidePhase(ctx context.Context) {
 	if d.SteppedDown {
 		x.steppedDown("another replica holds the hold")
 	}
-	x.busy += time.Since(start)
+	x.spent.decide = time.Since(start)
+	x.spent.node += x.spent.decide - (x.spent.effects() - b.effects())
+	x.busy += x.spent.decide
 	x.endEpoch(now, "holder")
 }
 
@@ -74,6 +84,7 @@ func (x *Exchanger) endEpoch(now time.Time, role string) {
 	}
 	x.updateTopKeys()
 	x.noteDisagreements()
+	x.noteSpent(role != "follower")
 	x.epochs.Add(1)
 }
 

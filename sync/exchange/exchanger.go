@@ -41,9 +41,20 @@ type Exchanger struct {
 	pol       *policy.Set
 	holdUntil time.Time     // our hold is safe to write under until then
 	busy      time.Duration // time spent in the phases of the current epoch
-	written   map[string]int64
-	top       topKeys
-	heard     map[string]time.Time // per region: last complete report
+	// epochAt is when the current epoch's tally phase began; writeBy is
+	// when the current phase's share writes stop starting batches
+	// (effects.WriteShares): the holder's Lower writes have until half the
+	// period, leaving the rest for the save, or a quarter of a period when
+	// the epoch started late; the raises have until the next epoch.
+	epochAt, writeBy time.Time
+	// lapsed: a renewal within an epoch (keepHold) found the hold had
+	// lapsed; the Node learns it at the next Hold.
+	lapsed  bool
+	spent   spent // where the current epoch's time went (spent.go)
+	written map[string]int64
+	saved   savedRecords
+	top     topKeys
+	heard   map[string]time.Time // per region: last complete report
 	// Per peer region: the policy name of its latest report (status.go).
 	peerPolicy map[string]string
 	// Rules held for a disagreement (agree.go).
@@ -100,6 +111,7 @@ func New(cfg Config) (*Exchanger, error) {
 		done:       make(chan struct{}),
 		wire:       codec.V1,
 	}
+	x.saved.seed = x.seed
 	for _, r := range cfg.Regions {
 		if r != cfg.Region {
 			x.peers = append(x.peers, r)
@@ -245,7 +257,10 @@ func (x *Exchanger) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case m := <-x.inbox:
+			start := time.Now()
+			x.renewIfHalf(ctx)
 			x.receive(ctx, m)
+			since(&x.spent.receive, start)
 		case q := <-x.requests:
 			q.answer()
 			close(q.done)
@@ -254,7 +269,9 @@ func (x *Exchanger) run(ctx context.Context) {
 			case deciding:
 				x.decidePhase(ctx)
 				deciding = false
-				t.Reset(x.untilEpoch())
+				wait := x.untilEpoch()
+				x.renewIfLate(ctx, wait)
+				t.Reset(wait)
 			case x.tallyPhase(ctx):
 				deciding = true
 				t.Reset(x.cfg.DecideAfter)
@@ -263,6 +280,78 @@ func (x *Exchanger) run(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// renewIfLate renews the hold now when the next epoch, wait away, would
+// renew it too late: an epoch that ran long (a slow store, a starved CPU)
+// must not let the hold lapse, since a lapse drops the state and the
+// take-over writes every share again, which makes the next epoch longer
+// still (issue 12).
+func (x *Exchanger) renewIfLate(ctx context.Context, wait time.Duration) {
+	if x.node.Holding() && !time.Now().Add(wait).Before(x.holdUntil.Add(-x.cfg.Period/2)) {
+		x.rehold(ctx)
+	}
+}
+
+// renewIfHalf renews the hold between the loop's messages when half of it
+// is gone: merging the reports of 100,000 keys on a starved machine took
+// seconds.
+func (x *Exchanger) renewIfHalf(ctx context.Context) {
+	if x.node.Holding() && time.Until(x.holdUntil) < x.cfg.HoldTTL/2 {
+		x.rehold(ctx)
+	}
+}
+
+// rehold renews the hold outside the epoch's phases, and tells the Node.
+func (x *Exchanger) rehold(ctx context.Context) {
+	x.noteHold(x.node.Hold(ctx, x.renew(ctx)))
+	holding := x.node.Holding()
+	x.leader.Store(holding)
+	if !holding {
+		x.met.leader.Set(0)
+	}
+}
+
+// renew takes or renews the hold for Node.Hold, reporting a lapse that
+// keepHold found as one.
+func (x *Exchanger) renew(ctx context.Context) region.Hold {
+	defer since(&x.spent.hold, time.Now())
+	h := x.acquire(ctx)
+	if x.lapsed && h == region.HoldRenewed {
+		h = region.HoldTaken
+	}
+	x.lapsed = false
+	return h
+}
+
+var errHoldLapsed = errors.New("exchange: the hold lapsed during the epoch")
+
+// keepHold renews the holder's hold in the middle of its epoch, from
+// within the Node's Decide, when less than half of it is left: a long
+// epoch must not let it lapse. A lapse found, or another holder, ends the
+// hold's writes at once; the Node learns of it at the next Hold, or from
+// the error.
+func (x *Exchanger) keepHold(ctx context.Context) error {
+	if x.lapsed {
+		return errHoldLapsed
+	}
+	if time.Until(x.holdUntil) > x.cfg.HoldTTL/2 {
+		return nil
+	}
+	switch x.acquire(ctx) { // its time counts in the effect's
+	case region.HoldRenewed:
+		return nil
+	case region.HoldTaken:
+		// Another replica may have run the exchange since it lapsed: the
+		// take-over at the next Hold reads its state first.
+		x.lapsed = true
+		x.holdUntil = time.Time{}
+		return errHoldLapsed
+	case region.HoldNone:
+		x.holdUntil = time.Time{}
+		return fmt.Errorf("%w: another replica holds region %q", region.ErrNotHolder, x.cfg.Region)
+	}
+	return nil // unknown: writes go on while the hold is safe (holdCtx)
 }
 
 // untilEpoch is the time to the start of the next epoch: the next multiple

@@ -25,6 +25,7 @@ type metrics struct {
 	publishErrors  prometheus.Counter
 	storeErrors    *prometheus.CounterVec
 	shareWrites    *prometheus.CounterVec // keys written to the store, by op
+	deferred       prometheus.Counter
 	stateBytes     prometheus.Gauge
 	stateWritten   prometheus.Counter
 	resyncs        prometheus.Counter
@@ -89,6 +90,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "ration_exchange_share_writes_total",
 			Help: "Keys whose share the exchange wrote to the store (set) or removed when they retired (delete): store operations, one per key.",
 		}, []string{"op"}),
+		deferred: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ration_exchange_share_writes_deferred_total",
+			Help: "Share writes left for a later epoch: past the epoch's budget for writes, or after a failed store call. Their keys give nothing until written.",
+		}),
 		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ration_exchange_store_errors_total",
 			Help: "Failed store calls of the exchange, by operation.",
@@ -125,7 +130,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.share, m.moved, m.reportAge, m.dropped, m.epochs, m.leader,
-		m.epochSeconds, m.received, m.published, m.publishedBytes, m.wireVersion, m.publishErrors, m.storeErrors, m.shareWrites, m.stateBytes, m.stateWritten, m.resyncs, m.tokensReleased, m.keys, m.disagree, m.disagreements} {
+		m.epochSeconds, m.received, m.published, m.publishedBytes, m.wireVersion, m.publishErrors, m.storeErrors, m.shareWrites, m.deferred, m.stateBytes, m.stateWritten, m.resyncs, m.tokensReleased, m.keys, m.disagree, m.disagreements} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
