@@ -318,12 +318,13 @@ func (k *ShareKeeper) SetShares(ctx context.Context, write ShareWrite, ups []lea
 // cause says why u is written, or that it is kept (k.mu held).
 func (k *ShareKeeper) cause(u lease.ShareUpdate, now int64) shareCause {
 	w, known := k.written[u.Key]
+	unknown := !known || now-w.at >= int64(k.cfg.MaxKeep)
 	switch {
-	case (!known || now-w.at >= int64(k.cfg.MaxKeep)) && k.sameInitial(u):
+	case unknown && k.sameInitial(u):
 		return shareSame
-	case (!known || now-w.at >= int64(k.cfg.MaxKeep)) && k.deferrable(u):
+	case unknown && k.deferrable(u):
 		return shareDeferred
-	case !known || now-w.at >= int64(k.cfg.MaxKeep):
+	case unknown:
 		return shareUnknown
 	case u.SharePPM < w.ppm:
 		return shareLowered
