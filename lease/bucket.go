@@ -316,6 +316,10 @@ func validateGrant(r GrantRequest) error {
 		return fmt.Errorf("key %q: %w: want %d is not positive", r.Key, ErrInvalid, r.Want)
 	case r.Want < r.Limit.Cost:
 		return fmt.Errorf("key %q: %w: want %d is below cost %d", r.Key, ErrInvalid, r.Want, r.Limit.Cost)
+	case r.MaxShare < 0 || r.MaxShare > region.PPM:
+		return fmt.Errorf("key %q: %w: max share %d ppm is outside [0, %d]", r.Key, ErrInvalid, r.MaxShare, region.PPM)
+	case r.MaxShare > 0 && r.Limit.Fixed():
+		return fmt.Errorf("key %q: %w: a max share for a fixed window", r.Key, ErrInvalid)
 	}
 	return nil
 }

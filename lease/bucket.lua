@@ -56,6 +56,8 @@
 -- ARGV[15] ShareTTL in ms
 -- ARGV[16] the layout: "k" own keys, "g" groups
 -- ARGV[17] the key's field in its group
+-- ARGV[18] g: the most share in ppm to grant at (GrantRequest.MaxShare);
+--          0 or absent: no cap. A share above it is set to it first.
 --
 -- Returns {granted (s: tokens released, thousandths), tokens left as a
 -- %.17g string, share in ppm in force, µs to a fixed window's end (0 for a
@@ -458,6 +460,20 @@ if tokens > capacity then
 end
 last = now
 
+-- GrantRequest.MaxShare: brought forward at the old share (above), the
+-- share is lowered to the cap as a share update without tokens would,
+-- dropping what is above the new capacity.
+local capped = false
+local maxShare = tonumber(ARGV[18] or '0') or 0
+if op == 'g' and maxShare > 0 and share > maxShare and not fixed then
+  capped = true
+  share = maxShare
+  rate, capacity = regional(share)
+  if tokens > capacity then
+    tokens = capacity
+  end
+end
+
 local granted = 0
 if op == 'g' then
   local k = math.floor(tokens / cost)
@@ -517,11 +533,11 @@ end
 -- latest share write, never less than its bucket, and never expires while
 -- a bucket that never expires, or its state, says so. Layout "g" moves a
 -- share of before issue 12 into the state with the expiry it had.
-local keep = folded or op == 's' or (grouped and oldShare)
+local keep = folded or op == 's' or capped or (grouped and oldShare)
 local keyexp = bexp
 if not keep or bexp == 0 then
   -- the bucket's expiry, or never
-elseif op == 's' then
+elseif op == 's' or capped then
   keyexp = math.max(bexp, math.ceil(now / 1000) + shareTTL)
 else
   local cur = sexp
@@ -535,7 +551,7 @@ else
   end
 end
 write(keep, keyexp)
-if op == 's' and oldShare and not grouped then
+if (op == 's' or capped) and oldShare and not grouped then
   redis.call('DEL', KEYS[4])
 end
 

@@ -1,6 +1,8 @@
 package lease
 
 import (
+	"errors"
+	"math"
 	"testing"
 	"time"
 
@@ -146,4 +148,56 @@ func confShareNeverExpires(t *testing.T, h *harness) {
 		t.Fatal(err)
 	}
 	wantKeyTTL(t, h, "k", 0, 21*time.Millisecond)
+}
+
+// confMaxShare: a grant with MaxShare lowers a share in force above the cap
+// to it first, as a share update without tokens would (the tokens above the
+// new capacity dropped, the share written with its ShareTTL), and leaves a
+// share at or under the cap as it is; a cap outside [0, PPM] or on a fixed
+// window is invalid and debits nothing.
+func confMaxShare(t *testing.T, h *harness) {
+	l := slow(10, 1)
+	grantCapped := func(key string, maxShare int64) Grant {
+		t.Helper()
+		out := make([]Grant, 1)
+		if err := h.store.Grant(t.Context(), []GrantRequest{{Key: key, Want: 1, Limit: l, MaxShare: maxShare}}, out); err != nil {
+			t.Fatal(err)
+		}
+		return out[0]
+	}
+	setShare(t, h, "above", 800_000, l) // 8 tokens
+	g := grantCapped("above", 500_000)
+	if g.Err != nil || g.Granted != 1 || g.SharePPM != 500_000 || g.Capacity != 5 || math.Abs(g.Tokens-4) > 1e-9 {
+		t.Errorf("capped grant: got %+v, want 1 granted at share 500000, capacity 5, 4 left", g)
+	}
+	wantShare(t, h, "above", 500_000)
+	wantKeyTTL(t, h, "above", confShareTTL/2, 2001*time.Second)
+
+	setShare(t, h, "under", 300_000, l) // 3 tokens
+	if g := grantCapped("under", 500_000); g.Err != nil || g.Granted != 1 || g.SharePPM != 300_000 {
+		t.Errorf("grant under its cap: got %+v, want 1 granted at share 300000", g)
+	}
+	wantShare(t, h, "under", 300_000)
+
+	// No share: the initial share (all of it for slow) is above the cap.
+	if g := grantCapped("none", 400_000); g.Err != nil || g.Granted != 1 || g.SharePPM != 400_000 || math.Abs(g.Tokens-3) > 1e-9 {
+		t.Errorf("capped grant of a key without a share: got %+v, want 1 granted at share 400000, 3 left", g)
+	}
+	wantShare(t, h, "none", 400_000)
+
+	fixed := fixedLimit(10, windowAround(h, time.Second, time.Hour))
+	for _, r := range []GrantRequest{
+		{Key: "bad", Want: 1, Limit: l, MaxShare: region.PPM + 1},
+		{Key: "bad", Want: 1, Limit: l, MaxShare: -1},
+		{Key: "bad", Want: 1, Limit: fixed, MaxShare: 500_000},
+	} {
+		out := make([]Grant, 1)
+		if err := h.store.Grant(t.Context(), []GrantRequest{r}, out); err != nil {
+			t.Fatal(err)
+		}
+		if !errors.Is(out[0].Err, ErrInvalid) {
+			t.Errorf("max share %d (fixed %v): got %+v, want ErrInvalid", r.MaxShare, r.Limit.Fixed(), out[0])
+		}
+	}
+	wantShare(t, h, "bad", -1)
 }

@@ -85,6 +85,7 @@ func runConformance(t *testing.T, newStore func(t *testing.T) *harness) {
 		{"ShareKeepsAnExpiredBucketMissing", confShareExpiredBucket},
 		{"DeleteSharesFallsBackToTheBucket", confDeleteShares},
 		{"ShareOfABucketThatNeverExpires", confShareNeverExpires},
+		{"MaxShareCapsTheGrant", confMaxShare},
 		{"BackwardClockClamp", confBackwardClock},
 		{"EscrowLowerReleases", confEscrowRelease},
 		{"EscrowMissingBucketReleasesWhatItHeld", confEscrowMissing},

@@ -76,6 +76,14 @@ type GrantRequest struct {
 	Key   string
 	Want  int64
 	Limit Limit
+	// MaxShare, when positive, caps the share the grant is made at: a key
+	// whose share in force is above it has its share set to MaxShare first,
+	// as a ShareUpdate without tokens would (the tokens above the new
+	// capacity are dropped, not released), in the same store operation.
+	// The share keeper uses it to write a share only where the store holds
+	// a larger one (lease/service/deferred.go). Token buckets only; at most
+	// region.PPM.
+	MaxShare int64
 }
 
 // Grant is the allocator's answer to one GrantRequest.

@@ -156,8 +156,16 @@ func (m *MemoryStore) GrantAt(now time.Time, reqs []GrantRequest, out []Grant) {
 			out[i] = Grant{Err: fmt.Errorf("key %q: %w", r.Key, errClockOutsideWindow)}
 			continue
 		}
+		capped := r.MaxShare > 0 && share > r.MaxShare
+		if capped {
+			// Brought forward at the old share, as a share update is.
+			share = r.MaxShare
+			e.share, e.hasShare = int32(share), true
+			rate, capacity = r.Limit.Regional(share)
+			e.reshare(0, capacity)
+		}
 		granted := e.take(r.Want, r.Limit.Cost)
-		e.setExpiry(rate, capacity, end, m.shareTTLMS, false)
+		e.setExpiry(rate, capacity, end, m.shareTTLMS, capped)
 		tokens, last := e.tokens, e.last
 		s.mu.Unlock()
 		out[i] = grantResult(r.Limit, share, granted, tokens, end-last)

@@ -222,7 +222,7 @@ func (s *RedisStore) Grant(ctx context.Context, reqs []GrantRequest, out []Grant
 	defer cancel()
 	replies, err := s.run(ctx, len(idx), func(i int) scriptItem {
 		r := reqs[idx[i]]
-		return scriptItem{key: r.Key, limit: r.Limit, op: opGrant, n: r.Want}
+		return scriptItem{key: r.Key, limit: r.Limit, op: opGrant, n: r.Want, maxShare: r.MaxShare}
 	})
 	if err != nil {
 		return err

@@ -45,6 +45,7 @@ type scriptItem struct {
 	window   int64         // the window of received
 	shareTTL time.Duration // RedisConfig.ShareTTL
 	layout   RedisLayout   // RedisConfig.Layout
+	maxShare int64         // GrantRequest.MaxShare
 }
 
 // layoutArg is ARGV[16] for each layout.
@@ -77,6 +78,7 @@ func scriptArgs(it scriptItem) []any {
 		strconv.FormatInt(shareTTLMillis(it.shareTTL), 10),
 		layoutArg[it.layout],
 		groupField(it.key),
+		strconv.FormatInt(it.maxShare, 10),
 	}
 }
 

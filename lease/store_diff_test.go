@@ -118,6 +118,9 @@ func matchMemory(t *testing.T, rng *rand.Rand, client redis.UniversalClient, rs 
 				}
 			default:
 				r := []GrantRequest{{Key: key, Want: cost + rng.Int64N(100), Limit: l}}
+				if !l.Fixed() && rng.IntN(3) == 0 { // a share capped by the grant (GrantRequest.MaxShare)
+					r[0].MaxShare = 1 + rng.Int64N(region.PPM)
+				}
 				got, want := make([]Grant, 1), make([]Grant, 1)
 				if err := rs.Grant(ctx, r, got); err != nil {
 					t.Fatal(err)

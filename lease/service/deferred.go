@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"slices"
 
 	"github.com/ration-dev/ration/lease"
 )
@@ -64,12 +65,16 @@ func (k *ShareKeeper) flushDeferred(ctx context.Context) error {
 
 // settle writes the deferred updates of the n keys key(i) gives, and waits
 // for those another call is writing, so that a grant or a return sees the
-// exchange's share.
-func (k *ShareKeeper) settle(ctx context.Context, n int, key func(int) string) error {
+// exchange's share. With canCap (a grant), an update without tokens is
+// returned in caps instead, for the grant to apply (capShares, landCaps):
+// the store needs no write where it holds that share or less, as it
+// mostly does (per-user: 97% of the deferred updates written at a grant
+// set the initial share with no tokens).
+func (k *ShareKeeper) settle(ctx context.Context, n int, key func(int) string, canCap bool) (caps map[string]lease.ShareUpdate, err error) {
 	k.mu.Lock()
 	if len(k.deferred) == 0 && len(k.settling) == 0 {
 		k.mu.Unlock()
-		return nil
+		return nil, nil
 	}
 	var send []lease.ShareUpdate
 	var wait []chan struct{}
@@ -78,24 +83,91 @@ func (k *ShareKeeper) settle(ctx context.Context, n int, key func(int) string) e
 		if u, ok := k.deferred[kk]; ok {
 			delete(k.deferred, kk)
 			k.settling[kk] = make(chan struct{})
+			if canCap && u.Received == 0 && u.SharePPM > 0 {
+				if caps == nil {
+					caps = map[string]lease.ShareUpdate{}
+				}
+				caps[kk] = u
+				continue
+			}
 			send = append(send, u)
 		} else if ch, ok := k.settling[kk]; ok {
 			wait = append(wait, ch)
 		}
 	}
 	k.mu.Unlock()
-	var err error
 	if len(send) > 0 {
 		err = k.settleWrite(ctx, send)
 	}
 	for _, ch := range wait {
+		if err != nil {
+			break
+		}
 		select {
 		case <-ch:
 		case <-ctx.Done():
-			return ctx.Err()
+			err = ctx.Err()
 		}
 	}
-	return err
+	if err != nil && caps != nil {
+		k.landCaps(caps, nil, nil, err)
+		caps = nil
+	}
+	return caps, err
+}
+
+// capShares returns reqs with each item of a key in caps capped at its
+// update's share (lease.GrantRequest.MaxShare), copied when it changes.
+func capShares(reqs []lease.GrantRequest, caps map[string]lease.ShareUpdate) []lease.GrantRequest {
+	if len(caps) == 0 {
+		return reqs
+	}
+	reqs = slices.Clone(reqs)
+	for i := range reqs {
+		if u, ok := caps[reqs[i].Key]; ok {
+			reqs[i].MaxShare = u.SharePPM
+		}
+	}
+	return reqs
+}
+
+// landCaps notes what the capped grants (reqs, answered in out, or err) did
+// of the updates in caps: the store holds the update's share, or a smaller
+// one (the update is then kept as a raise, k.pending); an update whose
+// grant failed is deferred again unless the exchange updated its key since.
+func (k *ShareKeeper) landCaps(caps map[string]lease.ShareUpdate, reqs []lease.GrantRequest, out []lease.Grant, err error) {
+	if len(caps) == 0 {
+		return
+	}
+	now := k.cfg.Clock().UnixNano()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for key, u := range caps {
+		close(k.settling[key])
+		delete(k.settling, key)
+		g := lease.Grant{Err: err}
+		if err == nil {
+			for i := range reqs {
+				if reqs[i].Key == key {
+					g = out[i]
+					break
+				}
+			}
+		}
+		if _, newer := k.deferred[key]; newer {
+			continue
+		}
+		if g.Err != nil {
+			k.deferred[key] = u
+			continue
+		}
+		k.counts.Capped++
+		k.written[key] = wrote{ppm: g.SharePPM, at: now}
+		delete(k.doubt, key)
+		if g.SharePPM < u.SharePPM {
+			k.pending[key] = u // the store holds less: a kept raise
+		}
+	}
 }
 
 // settleWrite writes send, deferred updates taken out of k.deferred, and

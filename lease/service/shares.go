@@ -178,13 +178,16 @@ func NewShareKeeper(cfg ShareKeeperConfig) (*ShareKeeper, error) {
 
 // Grant grants from the store and notes the keys found short.
 func (k *ShareKeeper) Grant(ctx context.Context, reqs []lease.GrantRequest, out []lease.Grant) error {
-	if err := k.settle(ctx, len(reqs), func(i int) string { return reqs[i].Key }); err != nil {
+	caps, err := k.settle(ctx, len(reqs), func(i int) string { return reqs[i].Key }, true)
+	if err != nil {
 		return err
 	}
+	reqs = capShares(reqs, caps)
 	k.mu.Lock()
 	seq, clean := k.wseq, k.writing == 0
 	k.mu.Unlock()
-	err := k.cfg.Store.Grant(ctx, reqs, out)
+	err = k.cfg.Store.Grant(ctx, reqs, out)
+	k.landCaps(caps, reqs, out, err)
 	if err != nil {
 		return err
 	}
@@ -263,7 +266,7 @@ func (k *ShareKeeper) sweep(now int64) {
 
 // Return passes returns through to the store.
 func (k *ShareKeeper) Return(ctx context.Context, reqs []lease.ReturnRequest) error {
-	if err := k.settle(ctx, len(reqs), func(i int) string { return reqs[i].Key }); err != nil {
+	if _, err := k.settle(ctx, len(reqs), func(i int) string { return reqs[i].Key }, false); err != nil {
 		return err
 	}
 	return k.cfg.Store.Return(ctx, reqs)
@@ -527,8 +530,8 @@ type ShareCounts struct {
 	Same int64
 	// Deferred counts the updates deferred until their key's next grant or
 	// return (deferred.go); Settled those of them written then (store
-	// operations).
-	Deferred, Settled int64
+	// operations), Capped those the grant itself applied (none).
+	Deferred, Settled, Capped int64
 }
 
 func (c *ShareCounts) add(why shareCause) {

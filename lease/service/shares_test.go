@@ -296,7 +296,7 @@ func TestShareKeeperNeverAboveExchange(t *testing.T) {
 	}
 	c := r.k.Counts()
 	t.Logf("counts %+v", c)
-	if c.Kept == 0 || c.Flushed == 0 || c.Same == 0 || c.Settled == 0 {
+	if c.Kept == 0 || c.Flushed == 0 || c.Same == 0 || c.Capped == 0 {
 		t.Fatalf("nothing kept or flushed (%+v): the test checks nothing", c)
 	}
 }
@@ -483,14 +483,17 @@ func TestShareKeeperDefers(t *testing.T) {
 	r.wantStored("up", -1)
 	r.wantStored("same", -1)
 	r.wantStored("down", 200_000) // below the initial share: written at once
-	r.grant("up", 1)
-	r.wantStored("up", 600_000)
+	r.grant("up", 1) // no tokens: capped at the grant, the store holding less (a kept raise)
+	r.wantStored("up", -1)
+	if _, ok := r.k.pending["up"]; !ok {
+		t.Fatal("up's raise is not kept")
+	}
 	if err := r.k.Return(context.Background(), []lease.ReturnRequest{{Key: "same", Tokens: 1, Limit: userLimit}}); err != nil {
 		t.Fatal(err)
 	}
 	r.wantStored("same", userLimit.InitialShare)
-	if c := r.k.Counts(); c.Deferred != 2 || c.Settled != 2 || c.Unknown != 1 {
-		t.Fatalf("counts %+v, want 2 deferred and settled, 1 unknown", c)
+	if c := r.k.Counts(); c.Deferred != 2 || c.Settled != 1 || c.Capped != 1 || c.Unknown != 1 {
+		t.Fatalf("counts %+v, want 2 deferred, 1 settled, 1 capped, 1 unknown", c)
 	}
 
 	r.set("x", 700_000)
@@ -499,7 +502,10 @@ func TestShareKeeperDefers(t *testing.T) {
 	r.grant("x", 1)
 	r.wantStored("x", 300_000) // the deferred 700,000 is gone
 
-	r.set("y", 800_000)
+	// With tokens: written at the grant.
+	if err := r.k.SetShares(context.Background(), r.mem.SetShares, []lease.ShareUpdate{{Key: "y", SharePPM: 800_000, Limit: userLimit, Gen: 1, Received: 1000}}, make([]lease.ShareResult, 1)); err != nil {
+		t.Fatal(err)
+	}
 	fail = true
 	if err := r.k.Grant(context.Background(), []lease.GrantRequest{{Key: "y", Want: 1, Limit: userLimit}}, make([]lease.Grant, 1)); err == nil {
 		t.Fatal("a grant whose deferred write failed succeeded")
@@ -540,7 +546,10 @@ func TestShareKeeperSettleOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.k = k
-	r.set("k", 900_000) // deferred
+	// Deferred, and written at the grant: it carries tokens.
+	if err := k.SetShares(context.Background(), r.mem.SetShares, []lease.ShareUpdate{{Key: "k", SharePPM: 900_000, Limit: userLimit, Gen: 1, Received: 2000}}, make([]lease.ShareResult, 1)); err != nil {
+		t.Fatal(err)
+	}
 	granted := make(chan error, 1)
 	go func() {
 		granted <- k.Grant(context.Background(), []lease.GrantRequest{{Key: "k", Want: 1, Limit: userLimit}}, make([]lease.Grant, 1))
@@ -558,4 +567,45 @@ func TestShareKeeperSettleOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.wantStored("k", 100_000)
+}
+
+// TestShareKeeperCapsAtGrant: a deferred update without tokens is not
+// written; the key's next grant caps the share at it (MaxShare), which
+// lowers a larger stored share and leaves a smaller one or none, a kept
+// raise when smaller.
+func TestShareKeeperCapsAtGrant(t *testing.T) {
+	r := newKeeperRig(t)
+	writes := 0
+	k, err := NewShareKeeper(ShareKeeperConfig{Store: r.mem, Clock: func() time.Time { return r.now },
+		Write: func(ctx context.Context, ups []lease.ShareUpdate, out []lease.ShareResult) error {
+			writes += len(ups)
+			return r.mem.SetShares(ctx, ups, out)
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.k = k
+	// A share of an earlier process, unknown to the keeper.
+	if err := r.mem.SetShares(context.Background(), []lease.ShareUpdate{{Key: "stale", SharePPM: 950_000, Limit: userLimit}, {Key: "low", SharePPM: 400_000, Limit: userLimit}}, make([]lease.ShareResult, 2)); err != nil {
+		t.Fatal(err)
+	}
+	r.set("stale", 900_000)
+	r.set("low", 700_000)
+	r.set("none", userLimit.InitialShare)
+	if g := r.grant("stale", 1); g.SharePPM != 900_000 {
+		t.Fatalf("grant of stale at share %d, want 900000", g.SharePPM)
+	}
+	r.wantStored("stale", 900_000)
+	if g := r.grant("low", 1); g.SharePPM != 400_000 {
+		t.Fatalf("grant of low at share %d, want 400000", g.SharePPM)
+	}
+	r.wantStored("low", 400_000)
+	r.grant("none", 1)
+	r.wantStored("none", -1)
+	if c := r.k.Counts(); writes != 0 || c.Capped != 3 || c.Deferred != 3 {
+		t.Fatalf("%d writes, counts %+v: want none written, 3 deferred and capped", writes, c)
+	}
+	if _, ok := r.k.pending["low"]; !ok {
+		t.Fatal("low's raise is not kept")
+	}
 }
