@@ -483,7 +483,7 @@ func TestShareKeeperDefers(t *testing.T) {
 	r.wantStored("up", -1)
 	r.wantStored("same", -1)
 	r.wantStored("down", 200_000) // below the initial share: written at once
-	r.grant("up", 1) // no tokens: capped at the grant, the store holding less (a kept raise)
+	r.grant("up", 1)              // no tokens: capped at the grant, the store holding less (a kept raise)
 	r.wantStored("up", -1)
 	if _, ok := r.k.pending["up"]; !ok {
 		t.Fatal("up's raise is not kept")
