@@ -320,6 +320,44 @@ func validateGrant(r GrantRequest) error {
 		return fmt.Errorf("key %q: %w: max share %d ppm is outside [0, %d]", r.Key, ErrInvalid, r.MaxShare, region.PPM)
 	case r.MaxShare > 0 && r.Limit.Fixed():
 		return fmt.Errorf("key %q: %w: a max share for a fixed window", r.Key, ErrInvalid)
+	case r.Raise != nil:
+		return validateRaise(r)
+	}
+	return nil
+}
+
+// validateRaise checks a grant's Raise.
+func validateRaise(r GrantRequest) error {
+	u := r.Raise
+	switch {
+	case r.Limit.Fixed():
+		return fmt.Errorf("key %q: %w: a raise carried by the grant of a fixed window", r.Key, ErrInvalid)
+	case r.MaxShare > 0:
+		return fmt.Errorf("key %q: %w: a raise and a max share in one grant", r.Key, ErrInvalid)
+	case len(u.Steps) == 0:
+		return fmt.Errorf("key %q: %w: a raise without steps", r.Key, ErrInvalid)
+	case u.Gen > maxEscrow:
+		return fmt.Errorf("key %q: %w: generation %d is above 2^53", r.Key, ErrInvalid, u.Gen)
+	case u.Received < 0 || u.Received > maxEscrow:
+		return fmt.Errorf("key %q: %w: received tokens %d are outside [0, 2^53]", r.Key, ErrInvalid, u.Received)
+	}
+	return validateSteps(r.Key, u.Steps)
+}
+
+// validateSteps checks a raise's or a share update's steps.
+func validateSteps(key string, steps []ShareStep) error {
+	if len(steps) > MaxRaiseSteps {
+		return fmt.Errorf("key %q: %w: %d share steps, above %d", key, ErrInvalid, len(steps), MaxRaiseSteps)
+	}
+	for i, st := range steps {
+		switch {
+		case st.SharePPM <= 0 || st.SharePPM > region.PPM:
+			return fmt.Errorf("key %q: %w: stepped share %d ppm is outside (0, %d]", key, ErrInvalid, st.SharePPM, region.PPM)
+		case st.Age < 0 || st.Age > MaxRaiseAge:
+			return fmt.Errorf("key %q: %w: share step age %v is outside [0, %v]", key, ErrInvalid, st.Age, MaxRaiseAge)
+		case i > 0 && st.Age > steps[i-1].Age:
+			return fmt.Errorf("key %q: %w: share steps not oldest first (%v after %v)", key, ErrInvalid, st.Age, steps[i-1].Age)
+		}
 	}
 	return nil
 }
@@ -353,8 +391,10 @@ func validateShare(u ShareUpdate) error {
 		return fmt.Errorf("key %q: %w: received tokens %d are outside [0, 2^53]", u.Key, ErrInvalid, u.Received)
 	case u.Window < 0 || u.Window > maxEscrow || (u.Window != 0 && !u.Limit.Fixed()):
 		return fmt.Errorf("key %q: %w: received tokens of window %d, for a limit that has none", u.Key, ErrInvalid, u.Window)
+	case len(u.Steps) > 0 && u.Limit.Fixed():
+		return fmt.Errorf("key %q: %w: share steps for a fixed window", u.Key, ErrInvalid)
 	}
-	return nil
+	return validateSteps(u.Key, u.Steps)
 }
 
 func validateKey(key string) error {

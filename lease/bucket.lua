@@ -58,6 +58,12 @@
 -- ARGV[17] the key's field in its group
 -- ARGV[18] g: the most share in ppm to grant at (GrantRequest.MaxShare);
 --          0 or absent: no cap. A share above it is set to it first.
+-- ARGV[19] g, s: the steps of a raise (GrantRequest.Raise) or before a
+--          share (ShareUpdate.Steps), 0 or absent: none; then for each,
+--          oldest first, the share in ppm and its age in µs. Each is set as
+--          a share write that long before now would have (never before the
+--          bucket's last update), what it releases dropped; a raise's last
+--          as "s" would with ARGV[8..10].
 --
 -- Returns {granted (s: tokens released, thousandths), tokens left as a
 -- %.17g string, share in ppm in force, µs to a fixed window's end (0 for a
@@ -418,6 +424,12 @@ end
 
 local rate, capacity = regional(share)
 
+-- The steps of a raise or before a share (ARGV[19]).
+local steps = 0
+if (op == 'g' or op == 's') and not fixed then
+  steps = tonumber(ARGV[19] or '0') or 0
+end
+
 if not have then
   -- No bucket: start the one it stands for (a share change too, so that
   -- the tokens it held at the old share are counted, not its new capacity).
@@ -434,6 +446,15 @@ if not have then
     tokens = capacity
   end
   last = now
+  -- A bucket past its expiry (bexp, kept with a share) was full from
+  -- then on: steps set since count from the later of then and the oldest
+  -- step (they only raise it above the share in force).
+  if steps > 0 and folded and bexp > 0 and ARGV[6] ~= '1' then
+    local from = math.max(bexp * 1000, now - tonumber(ARGV[20]))
+    if from < now then
+      last = from
+    end
+  end
 end
 
 -- Clamp a backward clock jump (a failover to a server whose clock is
@@ -441,6 +462,58 @@ end
 if now < last then
   now = last
 end
+-- reshareTo is a share write (escrow.credit, then bucket.go's reshare):
+-- credit what was given to us in generation gen (window rwin), cumulative
+-- recv, and not credited yet, switch to share s, then release what is
+-- above the new capacity, returned in thousandths.
+local function reshareTo(s, gen, recv, rwin)
+  local credit = 0
+  if gen > 0 and rwin == win and (gen > sgen or (gen == sgen and rwin >= swin)) then
+    if gen > sgen or rwin > swin then
+      sgen, swin, scred = gen, rwin, 0
+    end
+    if recv > scred then
+      credit = recv - scred
+      scred = recv
+    end
+  end
+  share = s
+  rate, capacity = regional(share)
+  tokens = tokens + credit / 1000
+  local released = 0
+  if tokens > capacity then
+    released = math.floor((tokens - capacity) * 1000)
+    tokens = capacity
+  end
+  return released
+end
+
+-- GrantRequest.Raise: each step's share as if a share write had landed
+-- when it was set (not before the bucket's last update, which saw the
+-- share in force); what a step releases is dropped.
+local raised = false
+for i = 1, steps do
+  raised = true
+  local at = now - tonumber(ARGV[19 + 2 * i])
+  if at > last then
+    tokens = tokens + (at - last) / 1e6 * rate
+    last = at
+  end
+  if tokens > capacity then
+    tokens = capacity
+  end
+  local s = tonumber(ARGV[18 + 2 * i])
+  if i == steps and op == 'g' then
+    reshareTo(s, tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10]))
+  else
+    share = s
+    rate, capacity = regional(share)
+    if tokens > capacity then
+      tokens = capacity
+    end
+  end
+end
+
 local wend = 0
 if fixed then
   -- bucket.advance: no refill within a window; full again in a newer one.
@@ -493,26 +566,8 @@ elseif op == 'r' then
     tokens = capacity
   end
 elseif op == 's' then
-  -- Brought forward at the old share (above): credit what was given to us
-  -- and not credited yet (escrow.credit), switch, then release what is
-  -- above the new capacity (bucket.go's reshare).
-  local gen, recv, rwin, credit = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10]), 0
-  if gen > 0 and rwin == win and (gen > sgen or (gen == sgen and rwin >= swin)) then
-    if gen > sgen or rwin > swin then
-      sgen, swin, scred = gen, rwin, 0
-    end
-    if recv > scred then
-      credit = recv - scred
-      scred = recv
-    end
-  end
-  share = n
-  rate, capacity = regional(share)
-  tokens = tokens + credit / 1000
-  if tokens > capacity then
-    granted = math.floor((tokens - capacity) * 1000)
-    tokens = capacity
-  end
+  -- Brought forward at the old share (above).
+  granted = reshareTo(n, tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10]))
 end
 
 -- expireAtMillis: a fixed window's bucket vanishes when the window ends
@@ -533,11 +588,11 @@ end
 -- latest share write, never less than its bucket, and never expires while
 -- a bucket that never expires, or its state, says so. Layout "g" moves a
 -- share of before issue 12 into the state with the expiry it had.
-local keep = folded or op == 's' or capped or (grouped and oldShare)
+local keep = folded or op == 's' or capped or raised or (grouped and oldShare)
 local keyexp = bexp
 if not keep or bexp == 0 then
   -- the bucket's expiry, or never
-elseif op == 's' or capped then
+elseif op == 's' or capped or raised then
   keyexp = math.max(bexp, math.ceil(now / 1000) + shareTTL)
 else
   local cur = sexp
@@ -551,7 +606,7 @@ else
   end
 end
 write(keep, keyexp)
-if (op == 's' or capped) and oldShare and not grouped then
+if (op == 's' or capped or raised) and oldShare and not grouped then
   redis.call('DEL', KEYS[4])
 end
 

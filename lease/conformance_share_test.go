@@ -201,3 +201,101 @@ func confMaxShare(t *testing.T, h *harness) {
 	}
 	wantShare(t, h, "bad", -1)
 }
+
+// confRaiseAtGrant: a grant that carries a raise (GrantRequest.Raise)
+// applies it as a share write Age before the store's now would have: the
+// bucket refills at the share in force until then (never before its last
+// update) and at the raised share since; the raise's tokens are credited
+// once by generation, and its share kept with its ShareTTL. An invalid
+// raise debits nothing.
+func confRaiseAtGrant(t *testing.T, h *harness) {
+	l := Limit{Rate: 0.1, Burst: 100, Cost: 1, InitialShare: 200_000}
+	grantRaised := func(key string, want int64, r ShareRaise) Grant {
+		t.Helper()
+		out := make([]Grant, 1)
+		if err := h.store.Grant(t.Context(), []GrantRequest{{Key: key, Want: want, Limit: l, Raise: &r}}, out); err != nil {
+			t.Fatal(err)
+		}
+		return out[0]
+	}
+	// Empty 100 s ago; raised 50.5 s ago: 49.5 s at 0.02/s, 50.5 s at 0.06/s.
+	h.setBucket(t, "aged", 0, h.now().Add(-100*time.Second))
+	g := grantRaised("aged", 10, ShareRaise{Steps: []ShareStep{{SharePPM: 600_000, Age: 50500 * time.Millisecond}}})
+	if g.Err != nil || g.Granted != 4 || g.SharePPM != 600_000 || g.Capacity != 60 || math.Abs(g.Tokens-0.02) > 0.005 {
+		t.Errorf("raise 50.5 s old: got %+v, want 4 granted at share 600000, capacity 60, 0.02 left", g)
+	}
+	wantShare(t, h, "aged", 600_000)
+	wantKeyTTL(t, h, "aged", confShareTTL/2, 2001*time.Second)
+
+	// Older than the bucket's last update: the new share counts from then.
+	h.setBucket(t, "older", 0, h.now().Add(-10*time.Second))
+	if g := grantRaised("older", 10, ShareRaise{Steps: []ShareStep{{SharePPM: 600_000, Age: 50 * time.Second}}}); g.Err != nil || g.Granted != 0 || math.Abs(g.Tokens-0.6) > 0.005 {
+		t.Errorf("raise older than the bucket's last update: got %+v, want nothing granted, 0.6 left", g)
+	}
+
+	// Tokens received with the raise, credited once.
+	h.setBucket(t, "tokens", 0, h.now())
+	raise := ShareRaise{Steps: []ShareStep{{SharePPM: 600_000}}, Gen: 3, Received: 2000}
+	if g := grantRaised("tokens", 10, raise); g.Err != nil || g.Granted != 2 {
+		t.Errorf("raise with 2 tokens: got %+v, want 2 granted", g)
+	}
+	if g := grantRaised("tokens", 10, raise); g.Err != nil || g.Granted != 0 {
+		t.Errorf("the same raise again: got %+v, want nothing granted", g)
+	}
+
+	// Steps: the initial 0.2 until 40 s ago, 0.8 until 20 s ago, then 0.4:
+	// 20 s × (0.02 + 0.08 + 0.04)/s = 2.8 tokens.
+	h.setBucket(t, "steps", 0, h.now().Add(-60*time.Second))
+	g = grantRaised("steps", 10, ShareRaise{Steps: []ShareStep{{SharePPM: 800_000, Age: 40 * time.Second}, {SharePPM: 400_000, Age: 20 * time.Second}}})
+	if g.Err != nil || g.Granted != 2 || g.SharePPM != 400_000 || math.Abs(g.Tokens-0.8) > 0.005 {
+		t.Errorf("raise in two steps: got %+v, want 2 granted at share 400000, 0.8 left", g)
+	}
+
+	// A share write after steps it carries (ShareUpdate.Steps): 20 s at
+	// 0.2, 40 s at 0.8 (3.6 tokens), then lowered to 0.03: capacity 3, 0.6
+	// released.
+	h.setBucket(t, "written", 0, h.now().Add(-60*time.Second))
+	res := make([]ShareResult, 1)
+	if err := h.store.SetShares(t.Context(), []ShareUpdate{{Key: "written", SharePPM: 30_000, Limit: l, Steps: []ShareStep{{SharePPM: 800_000, Age: 40 * time.Second}}}}, res); err != nil {
+		t.Fatal(err)
+	}
+	if math.Abs(float64(res[0].Released)-600) > 5 || res[0].Tokens != 3 {
+		t.Errorf("share write after a step: got %+v, want 600 released, 3 left", res[0])
+	}
+	wantShare(t, h, "written", 30_000)
+	for _, u := range []ShareUpdate{
+		{Key: "bad", SharePPM: 30_000, Limit: l, Steps: []ShareStep{{SharePPM: 0}}},
+		{Key: "bad", SharePPM: 30_000, Limit: l, Steps: make([]ShareStep, MaxRaiseSteps+1)},
+		{Key: "bad", SharePPM: 30_000, Limit: fixedLimit(10, windowAround(h, time.Second, time.Hour)), Steps: []ShareStep{{SharePPM: 500_000}}},
+	} {
+		if err := h.store.SetShares(t.Context(), []ShareUpdate{u}, res); !errors.Is(err, ErrInvalid) {
+			t.Errorf("share write with steps %+v (fixed %v): got %v, want ErrInvalid", u.Steps, u.Limit.Fixed(), err)
+		}
+	}
+
+	fixed := fixedLimit(10, windowAround(h, time.Second, time.Hour))
+	step := func(ppm int64, age time.Duration) *ShareRaise {
+		return &ShareRaise{Steps: []ShareStep{{SharePPM: ppm, Age: age}}}
+	}
+	for _, r := range []GrantRequest{
+		{Key: "bad", Want: 1, Limit: l, Raise: step(0, 0)},
+		{Key: "bad", Want: 1, Limit: l, Raise: step(region.PPM+1, 0)},
+		{Key: "bad", Want: 1, Limit: l, Raise: step(500_000, -time.Second)},
+		{Key: "bad", Want: 1, Limit: l, Raise: step(500_000, MaxRaiseAge+time.Second)},
+		{Key: "bad", Want: 1, Limit: l, Raise: &ShareRaise{Steps: step(500_000, 0).Steps, Received: -1}},
+		{Key: "bad", Want: 1, Limit: l, Raise: &ShareRaise{}},
+		{Key: "bad", Want: 1, Limit: l, Raise: &ShareRaise{Steps: make([]ShareStep, MaxRaiseSteps+1)}},
+		{Key: "bad", Want: 1, Limit: l, Raise: &ShareRaise{Steps: []ShareStep{{SharePPM: 500_000, Age: time.Second}, {SharePPM: 600_000, Age: 2 * time.Second}}}},
+		{Key: "bad", Want: 1, Limit: l, MaxShare: 400_000, Raise: step(500_000, 0)},
+		{Key: "bad", Want: 1, Limit: fixed, Raise: step(500_000, 0)},
+	} {
+		out := make([]Grant, 1)
+		if err := h.store.Grant(t.Context(), []GrantRequest{r}, out); err != nil {
+			t.Fatal(err)
+		}
+		if !errors.Is(out[0].Err, ErrInvalid) {
+			t.Errorf("raise %+v, max share %d (fixed %v): got %+v, want ErrInvalid", *r.Raise, r.MaxShare, r.Limit.Fixed(), out[0])
+		}
+	}
+	wantShare(t, h, "bad", -1)
+}

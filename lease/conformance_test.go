@@ -86,6 +86,7 @@ func runConformance(t *testing.T, newStore func(t *testing.T) *harness) {
 		{"DeleteSharesFallsBackToTheBucket", confDeleteShares},
 		{"ShareOfABucketThatNeverExpires", confShareNeverExpires},
 		{"MaxShareCapsTheGrant", confMaxShare},
+		{"RaiseCarriedByTheGrant", confRaiseAtGrant},
 		{"BackwardClockClamp", confBackwardClock},
 		{"EscrowLowerReleases", confEscrowRelease},
 		{"EscrowMissingBucketReleasesWhatItHeld", confEscrowMissing},

@@ -84,7 +84,41 @@ type GrantRequest struct {
 	// a larger one (lease/service/deferred.go). Token buckets only; at most
 	// region.PPM.
 	MaxShare int64
+	// Raise, when not nil, is a share update the grant carries, with the
+	// shares the exchange set before it that the store has not applied: the
+	// store applies each first, as SetShares would have when it was set
+	// (never before the bucket's last update; the last step's tokens
+	// credited once by generation; what a step releases dropped), so that
+	// the bucket refills at each share over the time it was in force. The
+	// share keeper carries the raises it keeps this way (lease/service,
+	// carry.go) instead of writing them. Token buckets only; not with
+	// MaxShare.
+	Raise *ShareRaise
 }
+
+// ShareRaise is a share update carried by a grant (GrantRequest.Raise):
+// Steps are the shares set, oldest first, each with how long before the
+// store's now it was set (at most MaxRaiseAge, not increasing), the last
+// the share to apply; Gen and Received are the last step's, as in
+// ShareUpdate. At most MaxRaiseSteps steps.
+type ShareRaise struct {
+	Steps    []ShareStep
+	Gen      uint64
+	Received int64
+}
+
+// ShareStep is a share in ppm set Age ago.
+type ShareStep struct {
+	SharePPM int64
+	Age      time.Duration
+}
+
+// MaxRaiseAge bounds ShareStep.Age: a day. MaxRaiseSteps bounds a raise's
+// steps.
+const (
+	MaxRaiseAge   = 24 * time.Hour
+	MaxRaiseSteps = 8
+)
 
 // Grant is the allocator's answer to one GrantRequest.
 type Grant struct {
@@ -135,6 +169,12 @@ type ShareUpdate struct {
 	// whose tokens Received counts: a window is a generation of its own,
 	// and tokens of a window that has ended are never credited.
 	Window int64
+	// Steps are shares the exchange set before this one, oldest first,
+	// that the store has not applied (raises the share keeper kept): the
+	// store applies each as a write when it was set would have (never
+	// before the bucket's last update; what a step releases dropped), then
+	// the update itself. Token buckets only; as in ShareRaise.
+	Steps []ShareStep
 }
 
 // ShareResult is the outcome of one ShareUpdate.

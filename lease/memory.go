@@ -148,6 +148,10 @@ func (m *MemoryStore) GrantAt(now time.Time, reqs []GrantRequest, out []Grant) {
 		s := m.shard(r.Key)
 		s.mu.Lock()
 		e := s.entry(r.Key, nowUS)
+		raised := r.Raise != nil
+		if raised {
+			e.raise(nowUS, r.Key, r.Limit, r.Raise, m.shareTTLMS)
+		}
 		share := e.shareOr(r.Limit)
 		rate, capacity := r.Limit.Regional(share)
 		end, ok := e.bringForward(nowUS, r.Limit, rate, capacity)
@@ -165,7 +169,7 @@ func (m *MemoryStore) GrantAt(now time.Time, reqs []GrantRequest, out []Grant) {
 			e.reshare(0, capacity)
 		}
 		granted := e.take(r.Want, r.Limit.Cost)
-		e.setExpiry(rate, capacity, end, m.shareTTLMS, capped)
+		e.setExpiry(rate, capacity, end, m.shareTTLMS, capped || raised)
 		tokens, last := e.tokens, e.last
 		s.mu.Unlock()
 		out[i] = grantResult(r.Limit, share, granted, tokens, end-last)
@@ -242,8 +246,57 @@ func (m *MemoryStore) SetSharesAt(now time.Time, ups []ShareUpdate, out []ShareR
 	return nil
 }
 
+// raise applies a grant's raise (GrantRequest.Raise): its steps as share
+// writes when each was set would have (step), the last with its tokens.
+func (e *memEntry) raise(nowUS int64, key string, l Limit, r *ShareRaise, holdMS int64) {
+	e.restart(nowUS, l, r.Steps)
+	live, last := e.live(nowUS), len(r.Steps)-1
+	e.step(nowUS, l, r.Steps[:last])
+	at := nowUS
+	if live {
+		at = max(e.last, nowUS-r.Steps[last].Age.Microseconds())
+	}
+	e.setShare(at, ShareUpdate{Key: key, SharePPM: r.Steps[last].SharePPM, Limit: l, Gen: r.Gen, Received: r.Received}, holdMS)
+}
+
+// step sets each share of steps as a share write at its time would have
+// (bucket.lua), dropping what it releases: at max(last, now − Age), or at
+// now for a bucket missing now, which starts at the share in force.
+func (e *memEntry) step(nowUS int64, l Limit, steps []ShareStep) {
+	e.restart(nowUS, l, steps)
+	live := e.live(nowUS)
+	for _, st := range steps {
+		at := nowUS
+		if live {
+			at = max(e.last, nowUS-st.Age.Microseconds())
+		}
+		rate, capacity := l.Regional(e.shareOr(l))
+		e.bringForward(at, l, rate, capacity)
+		e.share, e.hasShare = int32(st.SharePPM), true
+		_, capacity = l.Regional(st.SharePPM)
+		e.reshare(0, capacity)
+	}
+}
+
+// restart starts, for steps, the bucket of a key that keeps a share past
+// its bucket's expiry, which was full from then on: at the later of then
+// and the oldest step, at the share in force (bucket.lua).
+func (e *memEntry) restart(nowUS int64, l Limit, steps []ShareStep) {
+	if len(steps) == 0 || e.live(nowUS) || !e.hasShare || e.expireAt <= 0 || l.StartEmpty {
+		return
+	}
+	if from := max(e.expireAt*1000, nowUS-steps[0].Age.Microseconds()); from < nowUS {
+		_, capacity := l.Regional(e.shareOr(l))
+		// Live until the operation sets its expiry (setExpiry).
+		e.bucket, e.hasBucket, e.expireAt = newBucket(from, capacity, false, 0), true, 0
+	}
+}
+
 // setShare is SetSharesAt for one valid update; the caller holds the lock.
 func (e *memEntry) setShare(nowUS int64, u ShareUpdate, holdMS int64) ShareResult {
+	if len(u.Steps) > 0 {
+		e.step(nowUS, u.Limit, u.Steps)
+	}
 	oldRate, oldCapacity := u.Limit.Regional(e.shareOr(u.Limit))
 	end, _ := e.bringForward(nowUS, u.Limit, oldRate, oldCapacity)
 	credit := e.escrow.credit(u, e.bucket.win)

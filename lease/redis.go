@@ -222,7 +222,11 @@ func (s *RedisStore) Grant(ctx context.Context, reqs []GrantRequest, out []Grant
 	defer cancel()
 	replies, err := s.run(ctx, len(idx), func(i int) scriptItem {
 		r := reqs[idx[i]]
-		return scriptItem{key: r.Key, limit: r.Limit, op: opGrant, n: r.Want, maxShare: r.MaxShare}
+		it := scriptItem{key: r.Key, limit: r.Limit, op: opGrant, n: r.Want, maxShare: r.MaxShare}
+		if u := r.Raise; u != nil {
+			it.raise, it.gen, it.received = u.Steps, u.Gen, u.Received
+		}
+		return it
 	})
 	if err != nil {
 		return err
@@ -286,7 +290,7 @@ func (s *RedisStore) SetShares(ctx context.Context, ups []ShareUpdate, out []Sha
 	defer cancel()
 	replies, err := s.run(ctx, len(ups), func(i int) scriptItem {
 		u := ups[i]
-		return scriptItem{key: u.Key, limit: u.Limit, op: opShare, n: u.SharePPM, gen: u.Gen, received: u.Received, window: u.Window}
+		return scriptItem{key: u.Key, limit: u.Limit, op: opShare, n: u.SharePPM, gen: u.Gen, received: u.Received, window: u.Window, raise: u.Steps}
 	})
 	if err == nil {
 		err = itemError(replies)

@@ -46,6 +46,7 @@ type scriptItem struct {
 	shareTTL time.Duration // RedisConfig.ShareTTL
 	layout   RedisLayout   // RedisConfig.Layout
 	maxShare int64         // GrantRequest.MaxShare
+	raise    []ShareStep   // GrantRequest.Raise's or ShareUpdate.Steps's steps
 }
 
 // layoutArg is ARGV[16] for each layout.
@@ -58,7 +59,7 @@ func scriptArgs(it scriptItem) []any {
 	if l.StartEmpty {
 		empty = "1"
 	}
-	return []any{
+	args := []any{
 		it.op,
 		// 'g' with precision -1 is the shortest string that parses back to
 		// the same float64, which Lua's tonumber then reads exactly.
@@ -80,6 +81,13 @@ func scriptArgs(it scriptItem) []any {
 		groupField(it.key),
 		strconv.FormatInt(it.maxShare, 10),
 	}
+	if len(it.raise) > 0 {
+		args = append(args, strconv.Itoa(len(it.raise)))
+		for _, st := range it.raise {
+			args = append(args, strconv.FormatInt(st.SharePPM, 10), strconv.FormatInt(st.Age.Microseconds(), 10))
+		}
+	}
+	return args
 }
 
 // scriptReply is the script's answer: {granted, tokens, share, µs to a

@@ -96,6 +96,9 @@ func matchMemory(t *testing.T, rng *rand.Rand, client redis.UniversalClient, rs 
 			case 1:
 				what = "share"
 				u := []ShareUpdate{{Key: key, SharePPM: rng.Int64N(region.PPM + 1), Limit: l}}
+				if !l.Fixed() && rng.IntN(3) == 0 { // shares set before it that the store has not applied
+					u[0].Steps = randomSteps(rng)
+				}
 				if rng.IntN(2) == 0 { // tokens given with the share, sometimes again or of an older generation
 					u[0].Gen, u[0].Received = uint64(1+rng.IntN(3)), rng.Int64N(400_000)
 					if l.Fixed() && rng.IntN(4) > 0 {
@@ -118,8 +121,15 @@ func matchMemory(t *testing.T, rng *rand.Rand, client redis.UniversalClient, rs 
 				}
 			default:
 				r := []GrantRequest{{Key: key, Want: cost + rng.Int64N(100), Limit: l}}
-				if !l.Fixed() && rng.IntN(3) == 0 { // a share capped by the grant (GrantRequest.MaxShare)
+				switch {
+				case l.Fixed():
+				case rng.IntN(3) == 0: // a share capped by the grant (GrantRequest.MaxShare)
 					r[0].MaxShare = 1 + rng.Int64N(region.PPM)
+				case rng.IntN(2) == 0: // a raise carried by the grant, with tokens now and then (both clocks are clamped: no refill)
+					r[0].Raise = &ShareRaise{Steps: randomSteps(rng)}
+					if rng.IntN(2) == 0 {
+						r[0].Raise.Gen, r[0].Raise.Received = uint64(1+rng.IntN(3)), rng.Int64N(400_000)
+					}
 				}
 				got, want := make([]Grant, 1), make([]Grant, 1)
 				if err := rs.Grant(ctx, r, got); err != nil {
@@ -151,4 +161,15 @@ func matchMemory(t *testing.T, rng *rand.Rand, client redis.UniversalClient, rs 
 // sameFloat is bitwise equality, with NaN equal to NaN.
 func sameFloat(a, b float64) bool {
 	return math.Float64bits(a) == math.Float64bits(b) || (a != a && b != b)
+}
+
+// randomSteps is 1 to 3 share steps, oldest first, within the last minute.
+func randomSteps(rng *rand.Rand) []ShareStep {
+	var steps []ShareStep
+	age := time.Duration(rng.Int64N(int64(time.Minute)))
+	for range 1 + rng.IntN(3) {
+		age -= time.Duration(rng.Int64N(int64(age) + 1))
+		steps = append(steps, ShareStep{SharePPM: 1 + rng.Int64N(region.PPM), Age: age})
+	}
+	return steps
 }

@@ -54,6 +54,9 @@ func (f forgetting) SetShares(ctx context.Context, ups []lease.ShareUpdate, out 
 }
 
 func (f forgetting) DeleteShares(ctx context.Context, keys []string) error {
+	if err := f.keeper.Retiring(ctx, keys); err != nil {
+		return err
+	}
 	err := f.shareStore.DeleteShares(ctx, keys)
 	f.svc.Forget(keys...)
 	f.keeper.Forget(keys...)

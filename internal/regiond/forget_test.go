@@ -61,9 +61,9 @@ func TestShareWritesForgetDryKeys(t *testing.T) {
 // lease only through the one that does not hold the exchange, so the
 // holder's lease service sees none of their grants. Raises of eu's share
 // must reach the store all the same: demand moving to eu moves eu's share
-// in its store. (A lease service that keeps raises until it sees its key
-// short would keep them for good here, unless it writes them all while the
-// exchange hears a sibling replica.)
+// in its store. (A share keeper that keeps raises until its own grants of
+// the key carry them would keep them for good here, unless it writes them
+// all while the exchange hears a sibling replica.)
 func TestRaisesForAnotherReplicasAgents(t *testing.T) {
 	regions := []string{"eu", "us"}
 	dep := newDeployment(t, regions...)
@@ -97,10 +97,10 @@ func TestRaisesForAnotherReplicasAgents(t *testing.T) {
 }
 
 // TestKeptRaisesAndTheHold: through the daemon's wiring, a raise of a key
-// whose bucket has plenty stays out of the store until the exchange reads
-// the store's incarnation after a grant found the key short; every kept
-// raise is written once a sibling replica is heard; and once this replica
-// takes the exchange's hold afresh, every write reaches the store.
+// stays out of the store until a grant of the key carries it, short or
+// not; every kept raise is written once a sibling replica is heard; and
+// once this replica takes the exchange's hold afresh, every write reaches
+// the store.
 func TestKeptRaisesAndTheHold(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
 	clock := func() time.Time { return now }
@@ -144,26 +144,29 @@ func TestKeptRaisesAndTheHold(t *testing.T) {
 	if g := ask("k=1", 1); g != 1 {
 		t.Fatalf("granted %d, want 1 from a full bucket", g)
 	}
-	now = now.Add(11 * time.Second) // plenty for ShortFor
+	now = now.Add(11 * time.Second)
 	write(key, 800_000)
 	if got := stored(key); got != 200_000 {
 		t.Fatalf("the store holds %d ppm, want the 200,000 written before the kept raise", got)
 	}
 	epoch()
 	if got := stored(key); got != 200_000 {
-		t.Fatalf("after an epoch without a short grant the store holds %d ppm, want 200,000", got)
+		t.Fatalf("after an epoch without a grant the store holds %d ppm, want 200,000", got)
 	}
-	// Two tokens at 20%: an ask for 10 finds the key short.
+	// Two tokens at 20%, raised as the ask comes: it carries the raise.
 	if g := ask("k=1", 10); g != 2 {
 		t.Fatalf("granted %d, want the 2 tokens of a 20%% bucket", g)
 	}
-	epoch()
 	if got := stored(key); got != 800_000 {
-		t.Fatalf("after the key ran short the store holds %d ppm, want the kept 800,000", got)
+		t.Fatalf("after a grant the store holds %d ppm, want the kept 800,000 it carried", got)
 	}
-	write(key, 900_000) // short lately: written at once
+	write(key, 900_000) // kept again, though the key ran short
+	if got := stored(key); got != 800_000 {
+		t.Fatalf("the store holds %d ppm, want the 800,000 before the kept raise", got)
+	}
+	ask("k=1", 1)
 	if got := stored(key); got != 900_000 {
-		t.Fatalf("the store holds %d ppm, want 900,000", got)
+		t.Fatalf("after a grant the store holds %d ppm, want the kept 900,000 it carried", got)
 	}
 
 	// k=2 has plenty: its raise is kept until a sibling is heard.
@@ -187,8 +190,8 @@ func TestKeptRaisesAndTheHold(t *testing.T) {
 		t.Fatalf("with a sibling heard the store holds %d ppm of k=2, want 700,000", got)
 	}
 
-	// Without siblings again, a raise is kept only after ShortFor; a hold
-	// taken afresh forgets everything.
+	// Without siblings again, raises are kept; a hold taken afresh forgets
+	// everything.
 	siblings = false
 	acquire := func(want region.Hold) {
 		t.Helper()

@@ -16,7 +16,7 @@ type shareUpdates struct {
 
 func newShareUpdates(k *service.ShareKeeper) *shareUpdates {
 	return &shareUpdates{keeper: k, desc: prometheus.NewDesc("ration_share_updates_total",
-		"The exchange's share updates by outcome: written because the store's share of the key was not known (unknown), because they lowered it (lowered), because the key was short lately or raises may not be kept (short); kept while the key's bucket has plenty (kept); kept raises written once their key ran short (flushed); not written because they set the initial share, with no tokens, that a grant found in force (same); deferred until their key's next grant or return (deferred), and written then (settled) or applied by that grant as a cap on its share (capped). All but kept, same, deferred and capped are store operations.",
+		"The exchange's share updates by outcome: written because the store's share of the key was not known (unknown), because they lowered it (lowered), because raises may not be kept or the key is a fixed window (short); kept for the key's next grant to carry (kept), and carried (carried); kept raises written because raises may no longer be kept (flushed); not written because they set the initial share, with no tokens, that a grant found in force (same); deferred until their key's next grant or return (deferred), and written then (settled) or applied by that grant as a cap on its share (capped). All but kept, carried, same, deferred and capped are store operations.",
 		[]string{"outcome"}, nil)}
 }
 
@@ -27,7 +27,7 @@ func (s *shareUpdates) Collect(ch chan<- prometheus.Metric) {
 	for _, o := range []struct {
 		name string
 		n    int64
-	}{{"unknown", c.Unknown}, {"lowered", c.Lowered}, {"short", c.Short}, {"kept", c.Kept}, {"flushed", c.Flushed}, {"same", c.Same}, {"deferred", c.Deferred}, {"settled", c.Settled}, {"capped", c.Capped}} {
+	}{{"unknown", c.Unknown}, {"lowered", c.Lowered}, {"short", c.Short}, {"kept", c.Kept}, {"flushed", c.Flushed}, {"same", c.Same}, {"deferred", c.Deferred}, {"settled", c.Settled}, {"capped", c.Capped}, {"carried", c.Carried}} {
 		ch <- prometheus.MustNewConstMetric(s.desc, prometheus.CounterValue, float64(o.n), o.name)
 	}
 }

@@ -2,7 +2,6 @@ package service
 
 import (
 	"context"
-	"slices"
 
 	"github.com/ration-dev/ration/lease"
 )
@@ -65,11 +64,12 @@ func (k *ShareKeeper) flushDeferred(ctx context.Context) error {
 
 // settle writes the deferred updates of the n keys key(i) gives, and waits
 // for those another call is writing, so that a grant or a return sees the
-// exchange's share. With canCap (a grant), an update without tokens is
-// returned in caps instead, for the grant to apply (capShares, landCaps):
-// the store needs no write where it holds that share or less, as it
-// mostly does (per-user: 97% of the deferred updates written at a grant
-// set the initial share with no tokens).
+// exchange's share. With canCap (a grant), an update of a token bucket is
+// returned in caps instead, for the grant to apply (carry, landCaps): one
+// without tokens as a cap, since the store needs no write where it holds
+// that share or less, as it mostly does (per-user: 97% of the deferred
+// updates written at a grant set the initial share with no tokens); one
+// with tokens as a raise, which credits them.
 func (k *ShareKeeper) settle(ctx context.Context, n int, key func(int) string, canCap bool) (caps map[string]lease.ShareUpdate, err error) {
 	k.mu.Lock()
 	if len(k.deferred) == 0 && len(k.settling) == 0 {
@@ -83,7 +83,7 @@ func (k *ShareKeeper) settle(ctx context.Context, n int, key func(int) string, c
 		if u, ok := k.deferred[kk]; ok {
 			delete(k.deferred, kk)
 			k.settling[kk] = make(chan struct{})
-			if canCap && u.Received == 0 && u.SharePPM > 0 {
+			if canCap && u.SharePPM > 0 {
 				if caps == nil {
 					caps = map[string]lease.ShareUpdate{}
 				}
@@ -116,21 +116,6 @@ func (k *ShareKeeper) settle(ctx context.Context, n int, key func(int) string, c
 	return caps, err
 }
 
-// capShares returns reqs with each item of a key in caps capped at its
-// update's share (lease.GrantRequest.MaxShare), copied when it changes.
-func capShares(reqs []lease.GrantRequest, caps map[string]lease.ShareUpdate) []lease.GrantRequest {
-	if len(caps) == 0 {
-		return reqs
-	}
-	reqs = slices.Clone(reqs)
-	for i := range reqs {
-		if u, ok := caps[reqs[i].Key]; ok {
-			reqs[i].MaxShare = u.SharePPM
-		}
-	}
-	return reqs
-}
-
 // landCaps notes what the capped grants (reqs, answered in out, or err) did
 // of the updates in caps: the store holds the update's share, or a smaller
 // one (the update is then kept as a raise, k.pending); an update whose
@@ -161,11 +146,15 @@ func (k *ShareKeeper) landCaps(caps map[string]lease.ShareUpdate, reqs []lease.G
 			k.deferred[key] = u
 			continue
 		}
-		k.counts.Capped++
+		if u.Received == 0 {
+			k.counts.Capped++
+		} else {
+			k.counts.Carried++
+		}
 		k.written[key] = wrote{ppm: g.SharePPM, at: now}
 		delete(k.doubt, key)
 		if g.SharePPM < u.SharePPM {
-			k.pending[key] = u // the store holds less: a kept raise
+			k.pending[key] = kept{}.then(u, now) // the store holds less: a kept raise
 		}
 	}
 }
@@ -194,16 +183,20 @@ func (k *ShareKeeper) settleWrite(ctx context.Context, send []lease.ShareUpdate)
 	return err
 }
 
-// lockSettled locks k.mu once no deferred update of a key in ups is being
-// written, so that the exchange's write of it lands after; on an error it
-// returns without the lock.
+// lockSettled locks k.mu once no deferred update or kept raise of a key in
+// ups is being written or carried by a grant, so that the exchange's write
+// of it lands after; on an error it returns without the lock.
 func (k *ShareKeeper) lockSettled(ctx context.Context, ups []lease.ShareUpdate) error {
 	for {
 		k.mu.Lock()
 		var ch chan struct{}
-		if len(k.settling) > 0 {
+		if len(k.settling) > 0 || len(k.carrying) > 0 {
 			for _, u := range ups {
 				if c, ok := k.settling[u.Key]; ok {
+					ch = c
+					break
+				}
+				if c, ok := k.carrying[u.Key]; ok {
 					ch = c
 					break
 				}

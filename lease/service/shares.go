@@ -11,23 +11,18 @@ import (
 
 // Kept raises (issue 13). The exchange writes a key's applied share whenever
 // its target moves: for a long tail of keys asked a few times a minute, each
-// ask moves the key's share towards the region that asked and back, and most
-// of those writes raise a share that the region's bucket, full, does not
-// need (per-user: 1.17 store operations per admitted request were share
-// writes). A raise only lets the bucket grant more, so the store may hold a
-// lower share than the exchange counts as applied, never a higher one: a
-// ShareKeeper keeps the raise of a key whose bucket has plenty, and writes
-// it once a grant finds the key short.
-//
-// Plenty: every grant the keeper saw of the key for the last ShortFor found
-// plenty, the latest within Quiet; or no grant touched the key since the
-// keeper began to watch, long enough ago for its bucket to have refilled
-// (and it refills within Quiet). Short: a denial or a partial grant, a
-// bucket left more than one cost below its capacity (a key being spent
-// from) or unable to serve one more request (a bucket of a request or two,
-// whose every token counts). The keeper begins to watch afresh at each
-// Reset, so a run's first ShortFor keeps nothing: every bucket is full at
-// the start, however soon it is drained.
+// ask moves the key's share towards the region that asked and back (per-user:
+// 1.17 store operations per admitted request were share writes). A raise
+// only lets the bucket grant more, so the store may hold a lower share than
+// the exchange counts as applied, never a higher one: a ShareKeeper keeps
+// every raise of a token bucket whose store share it knows, and the key's
+// next grant carries it (lease.GrantRequest.Raise) with its age, so that the
+// store applies it as a write would have when the exchange made it: the
+// bucket refills at the raised share since then. No grant sees less than a
+// write at once would have given, and a raise costs no store operation.
+// (Until 3 December 2026 the keeper wrote the raises of keys that grants
+// found short, 37,800 writes in per-user, and kept only those of keys with
+// plenty, written unaged once the key ran short.)
 //
 // What the keeper knows of the store's share of a key comes only from its
 // own writes since Reset: the caller resets it when another replica may have
@@ -59,16 +54,13 @@ type ShareWrite func(ctx context.Context, ups []lease.ShareUpdate, out []lease.S
 // ShareKeeperConfig configures a ShareKeeper.
 type ShareKeeperConfig struct {
 	// Store is the region's allocator; the keeper passes grants and returns
-	// through to it and notes which keys grants found short. Required.
+	// through to it, with the raises it kept. Required.
 	Store Store
 	// Clock is the keeper's time. Default time.Now.
 	Clock func() time.Time
-	// ShortFor is how long after a grant found a key short its raises are
-	// written at once. Default 10s.
-	ShortFor time.Duration
-	// Quiet is how long after a grant found a key with plenty its raises
-	// may be kept: a key not granted since may have demand denied elsewhere
-	// (agents' deny caches). Default 60s.
+	// Quiet is how long the keeper remembers the share a key's latest grant
+	// found in force, once the table of keys granted is full (MaxKeys).
+	// Default 60s.
 	Quiet time.Duration
 	// MaxKeep is how old the keeper's latest write of a key's share may be
 	// for a raise of it to be kept. Default 1h.
@@ -81,7 +73,7 @@ type ShareKeeperConfig struct {
 	// to a SetShares); the rest wait for the next. Default 500.
 	FlushBatch int
 	// MaxKeys bounds the keys whose grants are remembered; beyond it the
-	// keeper keeps no raise for a while. Default 1<<20.
+	// keeper forgets those older than Quiet, or all. Default 1<<20.
 	MaxKeys int
 }
 
@@ -91,9 +83,6 @@ var ErrShareKeeperConfig = errors.New("service: invalid share keeper config")
 func (c ShareKeeperConfig) withDefaults() ShareKeeperConfig {
 	if c.Clock == nil {
 		c.Clock = time.Now
-	}
-	if c.ShortFor == 0 {
-		c.ShortFor = 10 * time.Second
 	}
 	if c.Quiet == 0 {
 		c.Quiet = time.Minute
@@ -118,31 +107,27 @@ type ShareKeeper struct {
 
 	mu sync.Mutex
 	// written is the share of each key the store holds, as the keeper last
-	// wrote it; pending the raises kept; due those of keys a grant found
-	// short since, to write at the next call.
+	// wrote it; pending the raises kept, for the key's next grant to carry;
+	// due those to write at the next call, as raises may not be kept.
 	written map[string]wrote
-	pending map[string]lease.ShareUpdate
+	pending map[string]kept
 	due     map[string]struct{}
 	// deferred are the updates of keys whose store share is not known,
 	// written before the key's next grant or return; settling those being
 	// written, closed when done.
 	deferred map[string]lease.ShareUpdate
 	settling map[string]chan struct{}
+	// carrying are the keys whose kept raise a grant carries (carry.go),
+	// closed when it lands.
+	carrying map[string]chan struct{}
 	// doubt is, per key whose latest write failed, the largest share
 	// written since its latest success: the store may hold it.
 	doubt map[string]int64
 	// seen is, per key granted lately, what its grants told.
-	seen map[string]granted
-	// noKeepUntil: the shortness table overflowed, or no raise is kept
-	// (keep false).
-	noKeepUntil int64
-	// started is when the keeper began to watch grants (Clock ns): since
-	// its creation, the latest Reset or the latest KeepRaises(true) after
-	// false. A key not granted since is untouched.
-	started int64
-	keep    bool
-	inc     string
-	counts  ShareCounts
+	seen   map[string]granted
+	keep   bool
+	inc    string
+	counts ShareCounts
 	// wseq counts the starts and ends of writes, Forgets and Resets, and
 	// writing the writes under way: a grant's share is noted only when
 	// neither changed while it ran and no write was under way.
@@ -152,13 +137,51 @@ type ShareKeeper struct {
 
 type wrote struct{ ppm, at int64 }
 
-// granted is what grants told of a key since the keeper began to watch:
-// when the latest found it short and with plenty (Clock ns, 0: none), and
-// the share in force of the latest grant no write overlapped (-1: none
+// kept is a raise kept, and the shares the exchange set since the store's
+// (steps: the last is u's), with when (Clock ns).
+type kept struct {
+	u     lease.ShareUpdate
+	steps []keptStep
+}
+
+type keptStep struct{ ppm, at int64 }
+
+// then returns p with u, set at now, as its newest step. Beyond
+// lease.MaxRaiseSteps the two oldest steps merge into the smaller share
+// from the older's time: the store then refills less than the exchange
+// allowed, never more.
+func (p kept) then(u lease.ShareUpdate, now int64) kept {
+	steps := append(p.steps, keptStep{ppm: u.SharePPM, at: now})
+	if len(steps) > lease.MaxRaiseSteps {
+		steps[1] = keptStep{ppm: min(steps[0].ppm, steps[1].ppm), at: steps[0].at}
+		steps = steps[1:]
+	}
+	return kept{u: u, steps: steps}
+}
+
+// stepsAt is p's steps as the store takes them at now (Clock ns).
+func (p kept) stepsAt(now int64) []lease.ShareStep {
+	steps := make([]lease.ShareStep, len(p.steps))
+	for j, st := range p.steps {
+		steps[j] = lease.ShareStep{SharePPM: st.ppm, Age: min(max(time.Duration(now-st.at), 0), lease.MaxRaiseAge)}
+	}
+	return steps
+}
+
+// carrySteps sets on u, about to be written, the steps of its key's kept
+// raise: the store then refills at them over the time each was in force
+// (k.mu held).
+func (k *ShareKeeper) carrySteps(u *lease.ShareUpdate, now int64) {
+	if p, ok := k.pending[u.Key]; ok && !u.Limit.Fixed() && len(u.Steps) == 0 {
+		u.Steps = p.stepsAt(now)
+	}
+}
+
+// granted is what grants told of a key: when the latest was (Clock ns),
+// and the share in force of the latest grant no write overlapped (-1: none
 // since the key's latest write).
 type granted struct {
-	shortAt, plentyAt int64
-	share             int64
+	at, share int64
 }
 
 // NewShareKeeper returns a ShareKeeper for cfg, filling its defaults on a
@@ -168,30 +191,34 @@ func NewShareKeeper(cfg ShareKeeperConfig) (*ShareKeeper, error) {
 	switch {
 	case cfg.Store == nil:
 		return nil, errors.Join(ErrShareKeeperConfig, errors.New("Store is required"))
-	case cfg.ShortFor < 0 || cfg.Quiet < 0 || cfg.MaxKeep < 0 || cfg.MaxKeys < 0 || cfg.FlushBatch < 0:
-		return nil, errors.Join(ErrShareKeeperConfig, errors.New("ShortFor, Quiet, MaxKeep, MaxKeys and FlushBatch must not be negative"))
+	case cfg.Quiet < 0 || cfg.MaxKeep < 0 || cfg.MaxKeys < 0 || cfg.FlushBatch < 0:
+		return nil, errors.Join(ErrShareKeeperConfig, errors.New("Quiet, MaxKeep, MaxKeys and FlushBatch must not be negative"))
 	}
-	return &ShareKeeper{cfg: cfg, written: map[string]wrote{}, pending: map[string]lease.ShareUpdate{},
-		due: map[string]struct{}{}, seen: map[string]granted{}, keep: true, started: cfg.Clock().UnixNano(),
-		deferred: map[string]lease.ShareUpdate{}, settling: map[string]chan struct{}{}, doubt: map[string]int64{}}, nil
+	return &ShareKeeper{cfg: cfg, written: map[string]wrote{}, pending: map[string]kept{},
+		due: map[string]struct{}{}, seen: map[string]granted{}, keep: true,
+		deferred: map[string]lease.ShareUpdate{}, settling: map[string]chan struct{}{}, carrying: map[string]chan struct{}{}, doubt: map[string]int64{}}, nil
 }
 
-// Grant grants from the store and notes the keys found short.
+// Grant grants from the store, each item carrying what the keeper kept or
+// deferred of its key (carry.go), and notes the shares the grants found.
 func (k *ShareKeeper) Grant(ctx context.Context, reqs []lease.GrantRequest, out []lease.Grant) error {
 	caps, err := k.settle(ctx, len(reqs), func(i int) string { return reqs[i].Key }, true)
 	if err != nil {
 		return err
 	}
-	reqs = capShares(reqs, caps)
+	now := k.cfg.Clock().UnixNano()
 	k.mu.Lock()
+	raises := k.takeRaises(reqs, caps)
 	seq, clean := k.wseq, k.writing == 0
 	k.mu.Unlock()
+	reqs = carry(reqs, caps, raises, now)
 	err = k.cfg.Store.Grant(ctx, reqs, out)
 	k.landCaps(caps, reqs, out, err)
+	k.landRaises(raises, reqs, out, err)
 	if err != nil {
 		return err
 	}
-	now := k.cfg.Clock().UnixNano()
+	now = k.cfg.Clock().UnixNano()
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	clean = clean && k.writing == 0 && k.wseq == seq
@@ -200,20 +227,18 @@ func (k *ShareKeeper) Grant(ctx context.Context, reqs []lease.GrantRequest, out 
 		if g.Err != nil || reqs[i].Limit.Fixed() {
 			continue
 		}
-		cost := float64(reqs[i].Limit.Cost)
-		short := g.Granted < reqs[i].Want || g.Tokens < g.Capacity-cost || g.Tokens < cost
 		share := int64(-1)
 		if clean {
 			share = g.SharePPM
 		}
-		k.sawGrant(reqs[i].Key, short, share, now)
+		k.sawGrant(reqs[i].Key, share, now)
 	}
 	return nil
 }
 
 // sawGrant notes a grant of key at now that found share in force (-1: not
 // to be noted) (k.mu held).
-func (k *ShareKeeper) sawGrant(key string, short bool, share, now int64) {
+func (k *ShareKeeper) sawGrant(key string, share, now int64) {
 	g, ok := k.seen[key]
 	if !ok && len(k.seen) >= k.cfg.MaxKeys {
 		k.sweep(now)
@@ -224,43 +249,20 @@ func (k *ShareKeeper) sawGrant(key string, short bool, share, now int64) {
 	if share >= 0 {
 		g.share = share
 	}
-	if short {
-		g.shortAt = now
-		if _, ok := k.pending[key]; ok {
-			k.due[key] = struct{}{}
-		}
-	} else {
-		g.plentyAt = now
-	}
+	g.at = now
 	k.seen[key] = g
 }
 
-// refill is how long the bucket of l takes to fill at share ppm, in ns (at
-// most a day; a day for a share of 0).
-func refill(l lease.Limit, ppm int64) int64 {
-	const day = int64(24 * time.Hour)
-	rate, capacity := l.Regional(ppm)
-	if !(rate > 0) {
-		return day
-	}
-	return int64(min(capacity/rate*1e9, float64(day)))
-}
-
-// sweep drops the keys whose grants are too old to count; if the table is
-// still full, it forgets them all and keeps no raise for Quiet (k.mu held).
+// sweep drops the keys granted longer than Quiet ago; if the table is
+// still full, it forgets them all (k.mu held).
 func (k *ShareKeeper) sweep(now int64) {
-	old := int64(max(k.cfg.ShortFor, k.cfg.Quiet))
 	for key, g := range k.seen {
-		if now-max(g.plentyAt, g.shortAt) >= old {
+		if now-g.at >= int64(k.cfg.Quiet) {
 			delete(k.seen, key)
 		}
 	}
 	if len(k.seen) >= k.cfg.MaxKeys {
 		clear(k.seen)
-		k.noKeepUntil = max(k.noKeepUntil, now+old)
-		for key := range k.pending {
-			k.due[key] = struct{}{}
-		}
 	}
 }
 
@@ -277,11 +279,11 @@ func (k *ShareKeeper) Ping(ctx context.Context) error { return k.cfg.Store.Ping(
 
 // SetShares writes the exchange's share updates ups through write, with the
 // kept raises that became due, and fills out with each update's result. An
-// update is kept instead when the store's share of its key is known (written
-// by the keeper within MaxKeep), at most the update's, and the key is a
-// token bucket that the latest grant seen did not find short, nor any within
-// ShortFor: its result is zero (nothing released: the store's bucket is no
-// larger than the update's). So is an update that sets the initial share,
+// update is kept instead, for its key's next grant to carry, when the store's
+// share of its key is known (written by the keeper within MaxKeep) and at
+// most the update's, and the key is a token bucket: its result is zero
+// (nothing released: the store's bucket is no larger than the update's). So
+// is an update that sets the initial share,
 // with no tokens, of a key a grant found at it (sameInitial), which is
 // dropped. After an error the store's share of every key sent is unknown.
 func (k *ShareKeeper) SetShares(ctx context.Context, write ShareWrite, ups []lease.ShareUpdate, out []lease.ShareResult) error {
@@ -298,7 +300,7 @@ func (k *ShareKeeper) SetShares(ctx context.Context, write ShareWrite, ups []lea
 		delete(k.deferred, u.Key)
 		switch why {
 		case shareKept:
-			k.pending[u.Key] = u
+			k.pending[u.Key] = k.pending[u.Key].then(u, now)
 			continue
 		case shareSame, shareDeferred:
 			delete(k.pending, u.Key)
@@ -308,12 +310,13 @@ func (k *ShareKeeper) SetShares(ctx context.Context, write ShareWrite, ups []lea
 			}
 			continue
 		}
+		k.carrySteps(&u, now)
 		delete(k.pending, u.Key)
 		delete(k.due, u.Key)
 		send = append(send, u)
 		idx = append(idx, i)
 	}
-	send, idx = k.takeDue(send, idx)
+	send, idx = k.takeDue(send, idx, now)
 	k.mu.Unlock()
 	return k.send(ctx, write, send, idx, out, now)
 }
@@ -329,25 +332,15 @@ func (k *ShareKeeper) cause(u lease.ShareUpdate, now int64) shareCause {
 		return shareDeferred
 	case unknown:
 		return shareUnknown
-	case u.SharePPM < w.ppm:
+	case u.SharePPM < w.ppm || u.SharePPM < k.pending[u.Key].u.SharePPM:
+		// Below the store's share, or a kept raise's: written at once
+		// (after the kept raise's steps), so that the tokens it releases
+		// go with the share given away, as when the raise was written.
 		return shareLowered
-	case !k.keep || now < k.noKeepUntil || u.Limit.Fixed():
+	case !k.keep || u.Limit.Fixed():
 		return shareShort
 	}
-	g, ok := k.seen[u.Key]
-	switch {
-	case ok && g.plentyAt > g.shortAt && now-max(k.started, g.shortAt) >= int64(k.cfg.ShortFor) && now-g.plentyAt < int64(k.cfg.Quiet):
-		// Every grant found plenty for ShortFor (since the keeper began
-		// to watch, or since the latest short one), the latest within
-		// Quiet.
-		return shareKept
-	case !ok && refill(u.Limit, w.ppm) <= int64(k.cfg.Quiet) && now-k.started >= max(int64(k.cfg.ShortFor), refill(u.Limit, w.ppm)):
-		// Not granted since the keeper began to watch (or not within
-		// Quiet, whose entry a sweep dropped), long enough ago for the
-		// bucket to have refilled: it is full.
-		return shareKept
-	}
-	return shareShort
+	return shareKept
 }
 
 // sameInitial reports whether u sets the initial share, with no tokens, on
@@ -376,7 +369,7 @@ func (k *ShareKeeper) unsee(key string) {
 func (k *ShareKeeper) Flush(ctx context.Context, write ShareWrite) error {
 	now := k.cfg.Clock().UnixNano()
 	k.mu.Lock()
-	send, idx := k.takeDue(nil, nil)
+	send, idx := k.takeDue(nil, nil, now)
 	k.mu.Unlock()
 	err := k.send(ctx, write, send, idx, nil, now)
 	return errors.Join(err, k.flushDeferred(ctx))
@@ -384,14 +377,16 @@ func (k *ShareKeeper) Flush(ctx context.Context, write ShareWrite) error {
 
 // takeDue appends the due kept raises to send, with index -1 (k.mu held).
 // At most FlushBatch are taken; the rest stay due for the next call.
-func (k *ShareKeeper) takeDue(send []lease.ShareUpdate, idx []int) ([]lease.ShareUpdate, []int) {
+func (k *ShareKeeper) takeDue(send []lease.ShareUpdate, idx []int, now int64) ([]lease.ShareUpdate, []int) {
 	n := 0
 	for key := range k.due {
 		if n == k.cfg.FlushBatch {
 			break
 		}
 		delete(k.due, key)
-		if u, ok := k.pending[key]; ok {
+		if p, ok := k.pending[key]; ok {
+			u := p.u
+			k.carrySteps(&u, now)
 			send = append(send, u)
 			idx = append(idx, -1)
 			delete(k.pending, key)
@@ -426,7 +421,7 @@ func (k *ShareKeeper) send(ctx context.Context, write ShareWrite, send []lease.S
 			k.doubt[u.Key] = max(k.doubt[u.Key], u.SharePPM)
 			delete(k.written, u.Key)
 			if _, newer := k.pending[u.Key]; !newer && idx[j] < 0 {
-				k.pending[u.Key] = u // a kept raise: try again when due
+				k.pending[u.Key] = kept{}.then(u, now) // a kept raise: try again when due
 			}
 			continue
 		}
@@ -451,31 +446,24 @@ func (k *ShareKeeper) KeepRaises(keep bool) {
 			k.due[key] = struct{}{}
 		}
 	case !k.keep:
-		k.forgetGrants() // another replica's agents may have spent since
+		clear(k.seen) // another replica's grants were not seen
 	}
 	k.keep = keep
 }
 
 // Reset forgets what the keeper knows of the shares in its store, of the
 // grants seen and the raises it kept: call it when another replica may have
-// written shares or granted (this one takes the exchange over). Every
-// update after it is written until ShortFor has passed.
+// written shares or granted (this one takes the exchange over).
 func (k *ShareKeeper) Reset() {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	clear(k.written)
 	clear(k.pending)
 	clear(k.due)
-	k.forgetGrants()
+	clear(k.seen)
 	k.wseq++
 	// The deferred updates stay: what the store holds of their keys is as
 	// unknown as before, and they are written before any grant of them.
-}
-
-// forgetGrants forgets the grants seen (k.mu held).
-func (k *ShareKeeper) forgetGrants() {
-	clear(k.seen)
-	k.started = k.cfg.Clock().UnixNano()
 }
 
 // SawIncarnation notes the store's incarnation (lease's Incarnation): when
@@ -530,8 +518,12 @@ type ShareCounts struct {
 	Same int64
 	// Deferred counts the updates deferred until their key's next grant or
 	// return (deferred.go); Settled those of them written then (store
-	// operations), Capped those the grant itself applied (none).
+	// operations), Capped those without tokens the grant itself applied as
+	// a cap on the share (none).
 	Deferred, Settled, Capped int64
+	// Carried counts the raises grants carried (carry.go): kept raises, and
+	// deferred updates with tokens (none).
+	Carried int64
 }
 
 func (c *ShareCounts) add(why shareCause) {

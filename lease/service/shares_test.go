@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"errors"
+	"math"
 	"math/rand/v2"
 	"os"
 	"strconv"
@@ -76,34 +77,77 @@ func (r *keeperRig) wantStored(key string, want int64) {
 	}
 }
 
-// TestShareKeeperKeepsRaisesOfFullBuckets: a raise of a key whose grants
-// found plenty is kept, written at the next flush once a grant finds the key
-// short, and a lowering below the store's share is written at once.
-func TestShareKeeperKeepsRaisesOfFullBuckets(t *testing.T) {
-	r := newKeeperRig(t)
-	r.set("k", 300_000) // the store's share is not known yet: written
-	r.wantStored("k", 300_000)
-	r.grant("k", 1) // a full bucket: plenty
-	r.now = r.now.Add(11 * time.Second)
-	if res := r.set("k", 400_000); res != (lease.ShareResult{}) {
-		t.Fatalf("a kept raise's result: got %+v, want zero", res)
-	}
-	r.wantStored("k", 300_000)
-	r.flush()
-	r.wantStored("k", 300_000) // not short: still kept
-	if g := r.grant("k", 100); g.Granted == 100 {
-		t.Fatalf("granted %d of 100 from a bucket of 6", g.Granted)
-	}
-	r.flush()
-	r.wantStored("k", 400_000)
-	res := r.set("k", 350_000) // below the store's share: written
-	r.wantStored("k", 350_000)
-	if res.Tokens < 0 {
-		t.Fatalf("a lowering's result: %+v", res)
-	}
-	want := ShareCounts{Unknown: 1, Lowered: 1, Flushed: 1, Kept: 1}
-	if got := r.k.Counts(); got != want {
-		t.Fatalf("counts: got %+v, want %+v", got, want)
+// TestShareKeeperCarriesRaises: a raise of a key whose store share the
+// keeper knows is kept, whether the key runs short or not, and the key's
+// next grant carries it: the grant gets what it would have got had the raise
+// been written when it was made (a reference store where it was), for a
+// key of a few tokens a second and one of a few tokens in ten minutes, in
+// one step and in several; a lowering below the store's share or a kept
+// raise is written at once, after the kept steps.
+func TestShareKeeperCarriesRaises(t *testing.T) {
+	slow := lease.Limit{Rate: 0.01, Burst: 10, Cost: 1, InitialShare: 333_333}
+	for _, l := range []lease.Limit{userLimit, slow} {
+		r := newKeeperRig(t)
+		ref := lease.NewMemoryStore(lease.MemoryConfig{Clock: func() time.Time { return r.now }})
+		set := func(key string, ppm int64) {
+			t.Helper()
+			ups := []lease.ShareUpdate{{Key: key, SharePPM: ppm, Limit: l}}
+			out := make([]lease.ShareResult, 1)
+			if err := r.k.SetShares(context.Background(), r.mem.SetShares, ups, out); err != nil {
+				t.Fatal(err)
+			}
+			if r.stored(key) != ppm && out[0] != (lease.ShareResult{}) {
+				t.Fatalf("a kept raise's result: got %+v, want zero", out[0])
+			}
+			if err := ref.SetShares(context.Background(), ups, make([]lease.ShareResult, 1)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		grant := func(key string, want int64) {
+			t.Helper()
+			reqs := []lease.GrantRequest{{Key: key, Want: want, Limit: l}}
+			got, ref1 := make([]lease.Grant, 1), make([]lease.Grant, 1)
+			if err := r.k.Grant(context.Background(), reqs, got); err != nil {
+				t.Fatal(err)
+			}
+			if err := ref.Grant(context.Background(), reqs, ref1); err != nil {
+				t.Fatal(err)
+			}
+			if got[0].Granted != ref1[0].Granted || got[0].SharePPM != ref1[0].SharePPM || math.Abs(got[0].Tokens-ref1[0].Tokens) > 1e-9 {
+				t.Fatalf("rate %v: grant of %s: got %+v, written at once %+v", l.Rate, key, got[0], ref1[0])
+			}
+		}
+		set("k", 300_000) // the store's share is not known yet: written
+		r.wantStored("k", 300_000)
+		grant("k", 100)
+		r.now = r.now.Add(time.Second)
+		set("k", 400_000) // kept, though the key is short
+		r.wantStored("k", 300_000)
+		r.flush()
+		r.wantStored("k", 300_000)
+		r.now = r.now.Add(2 * time.Second)
+		grant("k", 100) // carries it
+		r.wantStored("k", 400_000)
+		for i, ppm := range []int64{500_000, 500_000, 700_000, 900_000} {
+			r.now = r.now.Add(time.Duration(i+1) * time.Second)
+			set("k", ppm)
+		}
+		r.wantStored("k", 400_000)
+		r.now = r.now.Add(time.Second)
+		grant("k", 100) // four steps
+		r.wantStored("k", 900_000)
+		set("k", 950_000)
+		r.now = r.now.Add(3 * time.Second)
+		set("k", 600_000) // below the kept raise: written after its step
+		r.wantStored("k", 600_000)
+		r.now = r.now.Add(time.Second)
+		grant("k", 100)
+		set("k", 350_000) // below the store's share: written
+		r.wantStored("k", 350_000)
+		want := ShareCounts{Unknown: 1, Lowered: 2, Kept: 6, Carried: 2}
+		if got := r.k.Counts(); got != want {
+			t.Fatalf("counts: got %+v, want %+v", got, want)
+		}
 	}
 }
 
@@ -114,11 +158,6 @@ func TestShareKeeperWritesWhatItMust(t *testing.T) {
 		// before runs after the first write, with the clock 11 s later.
 		before func(r *keeperRig)
 	}{
-		{"granted short lately", func(r *keeperRig) { r.grant("k", 100) }},
-		{"the latest grant short", func(r *keeperRig) {
-			r.grant("k", 100)
-			r.now = r.now.Add(20 * time.Second)
-		}},
 		{"another replica's agents", func(r *keeperRig) { r.k.KeepRaises(false) }},
 		{"reset (a take-over)", func(r *keeperRig) {
 			r.k.Reset()
@@ -147,11 +186,12 @@ func TestShareKeeperWritesWhatItMust(t *testing.T) {
 		r.set("k", 400_000)
 		r.wantStored("k", 300_000)
 	})
-	t.Run("fresh keeper", func(t *testing.T) {
+	t.Run("control: kept after a short grant", func(t *testing.T) {
 		r := newKeeperRig(t)
 		r.set("k", 300_000)
-		r.set("k", 400_000) // within ShortFor of the start: untouched is not known full
-		r.wantStored("k", 400_000)
+		r.grant("k", 100)
+		r.set("k", 400_000)
+		r.wantStored("k", 300_000)
 	})
 }
 
@@ -166,16 +206,19 @@ func TestShareKeeperKeepRaisesOff(t *testing.T) {
 	r.k.KeepRaises(false)
 	r.flush()
 	r.wantStored("k", 400_000)
-	r.k.KeepRaises(true) // the grants seen before count no longer
+	r.k.KeepRaises(true)
 	r.set("k", 500_000)
+	r.wantStored("k", 400_000) // kept again
+	r.grant("k", 1)
 	r.wantStored("k", 500_000)
 }
 
 // TestShareKeeperNeverAboveExchange: whatever the order of share updates,
 // grants, flushes, resets, failed writes and deletions, no grant sees a
 // larger share than the exchange's latest update of its key, nor does the
-// store hold one for a key without a deferred update, and a flush after a grant that found
-// a key short leaves the store at the exchange's share.
+// store hold one for a key without a deferred update, and a grant leaves the
+// store at the exchange's share unless a raise is still kept or a failed
+// write left the store's share in doubt.
 func TestShareKeeperNeverAboveExchange(t *testing.T) {
 	seed, err := strconv.ParseUint(os.Getenv("RATION_SEED"), 10, 64)
 	if err != nil || seed == 0 {
@@ -247,6 +290,9 @@ func TestShareKeeperNeverAboveExchange(t *testing.T) {
 		case op == 11:
 			// The key retires: its share is deleted, and the store applies
 			// the initial share.
+			if err := r.k.Retiring(context.Background(), []string{key}); err != nil {
+				t.Fatal(err)
+			}
 			if err := r.mem.DeleteShares(context.Background(), []string{key}); err != nil {
 				t.Fatal(err)
 			}
@@ -264,11 +310,12 @@ func TestShareKeeperNeverAboveExchange(t *testing.T) {
 			if want, ok := latest[key]; ok && g.SharePPM > want {
 				t.Fatalf("step %d: %s granted at share %d above the exchange's %d", step, key, g.SharePPM, want)
 			}
-			if g.Granted == 0 || g.Tokens < g.Capacity-1 || g.Tokens < 1 {
-				r.flush()
-				if got, ok := latest[key]; ok && inForce(key) != got {
-					t.Fatalf("step %d: %s found short, flushed: store %d, exchange %d", step, key, inForce(key), got)
-				}
+			// A grant carries what the keeper kept: the store is then at
+			// the exchange's share, unless the keeper keeps a raise (a
+			// capped grant found less) or a failed write left it unknown.
+			_, kept := r.k.pending[key]
+			if want, ok := latest[key]; ok && !kept && r.k.doubt[key] == 0 && g.SharePPM != want {
+				t.Fatalf("step %d: %s granted at share %d, not the exchange's %d", step, key, g.SharePPM, want)
 			}
 		case op < 9:
 			r.now = r.now.Add(time.Duration(rng.Int64N(int64(15 * time.Second))))
@@ -296,30 +343,9 @@ func TestShareKeeperNeverAboveExchange(t *testing.T) {
 	}
 	c := r.k.Counts()
 	t.Logf("counts %+v", c)
-	if c.Kept == 0 || c.Flushed == 0 || c.Same == 0 || c.Capped == 0 {
-		t.Fatalf("nothing kept or flushed (%+v): the test checks nothing", c)
+	if c.Kept == 0 || c.Carried == 0 || c.Same == 0 || c.Capped == 0 {
+		t.Fatalf("nothing kept, carried, dropped or capped (%+v): the test checks nothing", c)
 	}
-}
-
-// TestShareKeeperSlowBuckets: a key that no grant was seen for is kept as
-// full only when its bucket refills within Quiet; a slow one (a quota of a
-// few tokens in ten minutes) may be empty, and its raises are written.
-func TestShareKeeperSlowBuckets(t *testing.T) {
-	r := newKeeperRig(t)
-	slow := lease.Limit{Rate: 0.01, Burst: 10, Cost: 1, InitialShare: 333_333}
-	set := func(key string, l lease.Limit, ppm int64) {
-		t.Helper()
-		if err := r.k.SetShares(context.Background(), r.mem.SetShares, []lease.ShareUpdate{{Key: key, SharePPM: ppm, Limit: l}}, make([]lease.ShareResult, 1)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	set("slow", slow, 300_000)
-	set("fast", userLimit, 300_000)
-	r.now = r.now.Add(time.Hour - time.Second) // within MaxKeep
-	set("slow", slow, 400_000)
-	set("fast", userLimit, 400_000)
-	r.wantStored("slow", 400_000)
-	r.wantStored("fast", 300_000)
 }
 
 // TestShareKeeperFlushBatch: a flush writes at most FlushBatch kept raises;
@@ -461,12 +487,13 @@ func TestShareKeeperInitialSeenByGrant(t *testing.T) {
 // is not known and that lowers nothing below the initial share waits for the
 // key's next grant or return, which writes it first; one that lowers below
 // the initial share is written at once; an exchange write of the key
-// replaces a deferred one; a failed deferred write fails the grant and
-// stays deferred.
+// replaces a deferred one; one with tokens is carried by the grant as a
+// raise; a failed grant leaves it deferred.
 func TestShareKeeperDefers(t *testing.T) {
 	r := newKeeperRig(t)
 	fail := false
-	k, err := NewShareKeeper(ShareKeeperConfig{Store: r.mem, Clock: func() time.Time { return r.now },
+	store := &flakyStore{Store: r.mem, fail: &fail}
+	k, err := NewShareKeeper(ShareKeeperConfig{Store: store, Clock: func() time.Time { return r.now },
 		Write: func(ctx context.Context, ups []lease.ShareUpdate, out []lease.ShareResult) error {
 			if fail {
 				return errors.New("timed out")
@@ -502,17 +529,23 @@ func TestShareKeeperDefers(t *testing.T) {
 	r.grant("x", 1)
 	r.wantStored("x", 300_000) // the deferred 700,000 is gone
 
-	// With tokens: written at the grant.
+	// With tokens: carried by the grant, which credits them.
 	if err := r.k.SetShares(context.Background(), r.mem.SetShares, []lease.ShareUpdate{{Key: "y", SharePPM: 800_000, Limit: userLimit, Gen: 1, Received: 1000}}, make([]lease.ShareResult, 1)); err != nil {
 		t.Fatal(err)
 	}
 	fail = true
 	if err := r.k.Grant(context.Background(), []lease.GrantRequest{{Key: "y", Want: 1, Limit: userLimit}}, make([]lease.Grant, 1)); err == nil {
-		t.Fatal("a grant whose deferred write failed succeeded")
+		t.Fatal("a failing store's grant succeeded")
 	}
 	fail = false
 	r.wantStored("y", -1)
-	r.grant("y", 1)
+	if _, ok := r.k.deferred["y"]; !ok {
+		t.Fatal("y's update is no longer deferred after a failed grant")
+	}
+	// A new bucket at the initial share (6.67 tokens), raised, and 1 received.
+	if g := r.grant("y", 100); g.SharePPM != 800_000 || g.Granted != 7 || math.Abs(g.Tokens-2.0/3) > 1e-3 {
+		t.Fatalf("carried grant of y: %+v, want 7 granted at share 800000, 0.67 left", g)
+	}
 	r.wantStored("y", 800_000)
 
 	r.set("z", 900_000)
@@ -530,43 +563,90 @@ func TestShareKeeperDefers(t *testing.T) {
 	r.wantStored("v", 600_000)
 }
 
+// flakyStore is a Store whose grants fail while *fail, and block until
+// release is closed when it is not nil (after closing started).
+type flakyStore struct {
+	Store
+	fail             *bool
+	started, release chan struct{}
+}
+
+func (f *flakyStore) Grant(ctx context.Context, reqs []lease.GrantRequest, out []lease.Grant) error {
+	if f.release != nil {
+		close(f.started)
+		<-f.release
+	}
+	if f.fail != nil && *f.fail {
+		return errors.New("timed out")
+	}
+	return f.Store.Grant(ctx, reqs, out)
+}
+
 // TestShareKeeperSettleOrder: an exchange write of a key whose deferred
-// update a grant is writing waits for that write, so that the store ends
-// at the exchange's share.
+// update a return is writing, or whose kept raise a grant carries, waits
+// for it to land, so that the store ends at the exchange's share.
 func TestShareKeeperSettleOrder(t *testing.T) {
-	r := newKeeperRig(t)
-	started, release := make(chan struct{}), make(chan struct{})
-	k, err := NewShareKeeper(ShareKeeperConfig{Store: r.mem, Clock: func() time.Time { return r.now },
-		Write: func(ctx context.Context, ups []lease.ShareUpdate, out []lease.ShareResult) error {
-			close(started)
-			<-release
-			return r.mem.SetShares(ctx, ups, out)
-		}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.k = k
-	// Deferred, and written at the grant: it carries tokens.
-	if err := k.SetShares(context.Background(), r.mem.SetShares, []lease.ShareUpdate{{Key: "k", SharePPM: 900_000, Limit: userLimit, Gen: 1, Received: 2000}}, make([]lease.ShareResult, 1)); err != nil {
-		t.Fatal(err)
-	}
-	granted := make(chan error, 1)
-	go func() {
-		granted <- k.Grant(context.Background(), []lease.GrantRequest{{Key: "k", Want: 1, Limit: userLimit}}, make([]lease.Grant, 1))
-	}()
-	<-started
-	exchanged := make(chan error, 1)
-	go func() {
-		exchanged <- k.SetShares(context.Background(), r.mem.SetShares, []lease.ShareUpdate{{Key: "k", SharePPM: 100_000, Limit: userLimit}}, make([]lease.ShareResult, 1))
-	}()
-	close(release)
-	if err := <-granted; err != nil {
-		t.Fatal(err)
-	}
-	if err := <-exchanged; err != nil {
-		t.Fatal(err)
-	}
-	r.wantStored("k", 100_000)
+	t.Run("settled by a return", func(t *testing.T) {
+		r := newKeeperRig(t)
+		started, release := make(chan struct{}), make(chan struct{})
+		k, err := NewShareKeeper(ShareKeeperConfig{Store: r.mem, Clock: func() time.Time { return r.now },
+			Write: func(ctx context.Context, ups []lease.ShareUpdate, out []lease.ShareResult) error {
+				close(started)
+				<-release
+				return r.mem.SetShares(ctx, ups, out)
+			}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.k = k
+		r.set("k", 900_000) // deferred
+		returned := make(chan error, 1)
+		go func() {
+			returned <- k.Return(context.Background(), []lease.ReturnRequest{{Key: "k", Tokens: 1, Limit: userLimit}})
+		}()
+		<-started
+		exchanged := make(chan error, 1)
+		go func() {
+			exchanged <- k.SetShares(context.Background(), r.mem.SetShares, []lease.ShareUpdate{{Key: "k", SharePPM: 100_000, Limit: userLimit}}, make([]lease.ShareResult, 1))
+		}()
+		close(release)
+		if err := <-returned; err != nil {
+			t.Fatal(err)
+		}
+		if err := <-exchanged; err != nil {
+			t.Fatal(err)
+		}
+		r.wantStored("k", 100_000)
+	})
+	t.Run("carried by a grant", func(t *testing.T) {
+		r := newKeeperRig(t)
+		store := &flakyStore{Store: r.mem}
+		k, err := NewShareKeeper(ShareKeeperConfig{Store: store, Clock: func() time.Time { return r.now }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.k = k
+		r.set("k", 300_000) // written
+		r.set("k", 900_000) // kept
+		store.started, store.release = make(chan struct{}), make(chan struct{})
+		granted := make(chan error, 1)
+		go func() {
+			granted <- k.Grant(context.Background(), []lease.GrantRequest{{Key: "k", Want: 1, Limit: userLimit}}, make([]lease.Grant, 1))
+		}()
+		<-store.started
+		exchanged := make(chan error, 1)
+		go func() {
+			exchanged <- k.SetShares(context.Background(), r.mem.SetShares, []lease.ShareUpdate{{Key: "k", SharePPM: 100_000, Limit: userLimit}}, make([]lease.ShareResult, 1))
+		}()
+		close(store.release)
+		if err := <-granted; err != nil {
+			t.Fatal(err)
+		}
+		if err := <-exchanged; err != nil {
+			t.Fatal(err)
+		}
+		r.wantStored("k", 100_000)
+	})
 }
 
 // TestShareKeeperCapsAtGrant: a deferred update without tokens is not

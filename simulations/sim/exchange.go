@@ -67,6 +67,9 @@ func (fx regionFx) WriteShares(_ context.Context, cs []region.ShareChange) []reg
 
 func (fx regionFx) DeleteShares(_ context.Context, keys []string) {
 	w, r := fx.w, fx.r
+	if err := r.keeper.Retiring(w.ctx, keys); err != nil {
+		w.fail(fmt.Errorf("sim: region %s: retiring shares: %w", r.name, err))
+	}
 	if err := r.store.DeleteShares(w.ctx, keys); err != nil {
 		w.fail(fmt.Errorf("sim: region %s: retiring shares: %w", r.name, err))
 	}
