@@ -17,7 +17,10 @@ import (
 // asks before then itself. The memory only ever denies: a bucket that
 // refills sooner than remembered (a share raised, tokens given with share
 // or returned) costs the wait, never an admission, and those events forget
-// the key where this service sees them (Forget, Return). It is bounded in
+// the key where this service sees them (Forget, Return). One wait is on
+// purpose: a hot key's asks are held to a grid of instants less than a
+// refill step beyond the store's (phaseDelay; Config.NoSpacing turns it
+// off), spending the same tokens later. It is bounded in
 // time (Config.DryFor, and the sync period for global keys) and in keys
 // (Config.DryKeys: the oldest half is dropped when full). Once it is no
 // longer trusted one ask probes the store while the others wait a refill's
@@ -48,6 +51,8 @@ type dryKey struct {
 	rate, capacity            float64
 	left                      float64
 	probing                   bool
+	// spaced: until was held to the key's grid (phaseDelay).
+	spaced bool
 }
 
 // keyFlight is a key's asks on their way to the store: how many, what they
@@ -78,16 +83,20 @@ type dryShard struct {
 // dryMemory is the service's memory of dry keys. The zero value is not
 // usable; see newDryMemory. A nil *dryMemory remembers nothing.
 type dryMemory struct {
-	seed   maphash.Seed
+	seed maphash.Seed
+	// phase is this region's seed of the grids that space its asks for
+	// hot keys (phaseDelay), when spaced.
+	phase  uint64
+	spaced bool
 	half   int // entries a shard's cur holds before it becomes old
 	shards [dryShards]dryShard
 }
 
-func newDryMemory(keys int) *dryMemory {
+func newDryMemory(keys int, region string, spaced bool) *dryMemory {
 	if keys <= 0 {
 		return nil
 	}
-	m := &dryMemory{seed: maphash.MakeSeed(), half: max(keys/dryShards/2, 1)}
+	m := &dryMemory{seed: maphash.MakeSeed(), phase: fnv1a(fnvOffset, region), spaced: spaced, half: max(keys/dryShards/2, 1)}
 	for i := range m.shards {
 		m.shards[i].cur = make(map[string]dryKey)
 		m.shards[i].flight = make(map[string]keyFlight)
@@ -309,6 +318,18 @@ func (m *dryMemory) note(key string, g *lease.Grant, l lease.Limit, sent, at int
 		prev, had = sh.old[key]
 	}
 	newer := had && prev.noted >= sent
+	spaced := false
+	if m.spaced && wait > 0 && had && prev.until != 0 && !newer {
+		// Asked for as soon as it could grant again: a hot key, which
+		// stays on its grid while it is asked for within every step
+		// (a key that keeps to it only now and then admits less evenly
+		// than one that never does).
+		if lag := sent - prev.until; lag < prev.step/8 || prev.spaced && lag < prev.step {
+			var delay time.Duration
+			delay, spaced = m.phaseDelay(key, at+int64(wait), g, l)
+			wait += delay
+		}
+	}
 	if wait <= 0 || limit <= 0 {
 		// A wet entry is land's to refresh.
 		if had && prev.until != 0 && !newer {
@@ -328,8 +349,68 @@ func (m *dryMemory) note(key string, g *lease.Grant, l lease.Limit, sent, at int
 	if g.Rate > 0 && !l.Fixed() {
 		step = min(time.Duration(float64(l.Cost)/g.Rate*1e9), limit)
 	}
-	sh.cur[key] = dryKey{until: at + int64(wait), trust: at + int64(min(wait, limit)), step: int64(step), noted: at, rate: g.Rate, capacity: g.Capacity}
+	sh.cur[key] = dryKey{until: at + int64(wait), trust: at + int64(min(wait, limit)), step: int64(step), noted: at, rate: g.Rate, capacity: g.Capacity, spaced: spaced}
 	return at + int64(wait), true
+}
+
+// phaseDelay is how long after until, when a dry bucket holds a whole cost
+// again, the memory keeps denying key so that the region's asks fall on
+// its grid for the key: the instants that are, modulo the time a cost
+// takes to refill at the rate g tells (step), a fraction of it hashed from
+// the region and the key. A hot key's bucket is emptied by the first ask
+// after each refill; regions whose buckets were emptied together (at a
+// start, or at the epoch that set their shares) then admit in step,
+// several regions' costs at the same instant and none between, so that
+// the key's one-second counts swing around its limit. On independent grids
+// the regions' admissions interleave instead. (Hashed, not spaced by an
+// agreed order: the regions' steps differ with their shares, so any
+// agreed spacing would drift apart anyway.)
+//
+// It is only taken where it can matter and costs nothing: the region holds
+// at most half the key's quota (others admit as much beside it) and takes
+// at least minSpacedStep to refill a cost; the delay is less than a step;
+// and the bucket can hold a further step's refill, and at least a
+// second's, after it (its capacity, at the rate it has): a token that
+// waits is spent by a hot key's next ask, and lost only if the key then
+// goes that long unasked. The memory only denies, so the bound is
+// untouched; the tokens are spent later, not fewer. (A scope: region key
+// holds its whole quota, so only global keys are spaced.)
+func (m *dryMemory) phaseDelay(key string, until int64, g *lease.Grant, l lease.Limit) (time.Duration, bool) {
+	if l.Fixed() || g.Err != nil || g.Rate <= 0 || g.Rate > l.Rate/2 {
+		return 0, false
+	}
+	step := float64(l.Cost) / g.Rate * 1e9
+	room := (g.Capacity - float64(l.Cost)) / g.Rate * 1e9
+	if step < float64(minSpacedStep) || room <= 0 || step > float64(lease.MaxRetryAfter) {
+		return 0, false
+	}
+	n := int64(step)
+	anchor := int64(float64(fnv1a(m.phase, key)>>11) / (1 << 53) * float64(n))
+	delay := ((anchor-until%n)%n + n) % n
+	if float64(delay) > room-max(step, float64(time.Second)) {
+		return 0, false
+	}
+	return time.Duration(delay), true
+}
+
+// minSpacedStep is the shortest step phaseDelay spaces: a region that
+// refills a cost faster admits so many a second that where in the step it
+// does is lost in the count.
+const minSpacedStep = 10 * time.Millisecond
+
+const (
+	fnvOffset = 14695981039346656037
+	fnvPrime  = 1099511628211
+)
+
+// fnv1a continues the FNV-1a hash h over s: a phase must be the same in
+// every run and replica, which maphash's random seeds are not.
+func fnv1a(h uint64, s string) uint64 {
+	for i := 0; i < len(s); i++ {
+		h ^= uint64(s[i])
+		h *= fnvPrime
+	}
+	return h
 }
 
 // forget drops what is remembered of key.

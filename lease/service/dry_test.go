@@ -119,7 +119,9 @@ func TestDryMemoryDeniesOnlyWhatTheStoreWould(t *testing.T) {
 	var stores [2]*lease.MemoryStore
 	for i, dryFor := range []time.Duration{0, -1} {
 		stores[i] = lease.NewMemoryStore(lease.MemoryConfig{Clock: clk.Now})
-		s, err := New(Config{Region: "eu", Store: stores[i], Policy: pol, Clock: clk.Now, DryFor: dryFor, ShareRetryAfter: 300 * time.Millisecond, InitialShare: 500_000, StoreTimeout: 10 * time.Second})
+		// NoSpacing: a hot key's asks held to its grid are denials the
+		// store would not make (TestHotKeyAsksFallOnItsGrid).
+		s, err := New(Config{Region: "eu", Store: stores[i], Policy: pol, Clock: clk.Now, DryFor: dryFor, NoSpacing: true, ShareRetryAfter: 300 * time.Millisecond, InitialShare: 500_000, StoreTimeout: 10 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -429,7 +431,7 @@ func (h *herdFixture) ask(id string, want int64, got chan<- int64) {
 // (two tokens left) lets two of them go and the third wait for theirs; the
 // answer that empties the bucket leaves the key dry.
 func TestClaimSendsWhatInFlightLeaves(t *testing.T) {
-	m := newDryMemory(1024)
+	m := newDryMemory(1024, "", false)
 	const key, limit = "per-tenant/tenant=acme", time.Second
 	at := int64(1_000_000_000)
 	if _, dry, wait, _ := m.claim(key, 198, 1, at); dry || wait != nil {
@@ -482,7 +484,7 @@ func TestClaimSendsWhatInFlightLeaves(t *testing.T) {
 // once that ask fails the next one probes rather than being denied as if
 // a probe were on its way.
 func TestProbeThatWaitsIsNotSpent(t *testing.T) {
-	m := newDryMemory(1024)
+	m := newDryMemory(1024, "", false)
 	const key, limit = "per-tenant/tenant=acme", time.Second
 	at := int64(1_000_000_000)
 	if _, dry, wait, _ := m.claim(key, 1, 1, at); dry || wait != nil {
@@ -511,7 +513,7 @@ func TestProbeThatWaitsIsNotSpent(t *testing.T) {
 // safe to keep on a stale answer, and forgetting it let an ask reach an
 // empty bucket.
 func TestStaleAnswerKeepsNewerDry(t *testing.T) {
-	m := newDryMemory(1024)
+	m := newDryMemory(1024, "", false)
 	const key, limit = "per-user/user=u1", time.Second
 	l := lease.Limit{Rate: 2, Burst: 2, Cost: 1}
 	sent := int64(1_000_000_000)
@@ -539,5 +541,83 @@ func TestStaleAnswerKeepsNewerDry(t *testing.T) {
 	}
 	if _, dry, _, _ := m.claim(key, 1, 1, at+6); dry {
 		t.Fatal("a fresh answer of plenty did not forget the key")
+	}
+}
+
+// TestHotKeyAsksFallOnItsGrid: an answer to an ask sent as soon as the key
+// could grant again (a hot key) leaves it dry until the next instant of
+// the region's grid for the key, less than a step after the store's time,
+// and the next answers keep to that grid while the key is asked for within
+// a step. An ask sent a step after, a bucket that cannot hold a second's
+// refill beyond the delay and a region that holds most of the quota keep
+// the store's time. Two regions' grids for one key differ.
+func TestHotKeyAsksFallOnItsGrid(t *testing.T) {
+	const key, limit = "per-user/user=u1", time.Second
+	const step = int64(500 * time.Millisecond) // a cost at 2 tokens/s
+	l := lease.Limit{Rate: 6, Burst: 24, Cost: 1}
+	denied := lease.Grant{RetryAfter: 500 * time.Millisecond, Rate: 2, Capacity: 8}
+	start := int64(1_000_000_000)
+	hot := func(m *dryMemory, g lease.Grant, prev int64) int64 {
+		t.Helper()
+		sent := prev + int64(time.Millisecond)
+		at := sent + int64(time.Millisecond)
+		until, dry := m.note(key, &g, l, sent, at, limit)
+		if d := until - (at + int64(g.RetryAfter)); !dry || d < 0 || d >= step {
+			t.Fatalf("hot answer: dry %v until %d, %dns after the store's time; want dry less than a step after it", dry, until, d)
+		}
+		return until
+	}
+	phase := map[string]int64{}
+	for _, region := range []string{"us", "eu"} {
+		m := newDryMemory(1024, region, true)
+		first, dry := m.note(key, &denied, l, start, start, limit)
+		if !dry || first != start+int64(denied.RetryAfter) {
+			t.Fatalf("%s: first answer dry %v until %d, want the store's time %d", region, dry, first, start+int64(denied.RetryAfter))
+		}
+		u1 := hot(m, denied, first)
+		// What the grant at u1 left refills a cost by first + two steps.
+		left := denied
+		left.RetryAfter = time.Duration(first + 2*step - (u1 + 2*int64(time.Millisecond)))
+		u2 := hot(m, left, u1)
+		if (u2-u1)%step != 0 {
+			t.Fatalf("%s: hot answers until %d and %d, not a whole number of steps (%d) apart", region, u1, u2, step)
+		}
+		phase[region] = u1 % step
+		// A key on its grid stays on it while asked for within a step.
+		sent := u2 + step/4
+		late := left
+		late.RetryAfter = time.Duration(step / 2)
+		u3, _ := m.note(key, &late, l, sent, sent+int64(time.Millisecond), limit)
+		if (u3-u1)%step != 0 || u3 < sent+int64(time.Millisecond)+step/2 {
+			t.Fatalf("%s: answer to an ask a quarter step late until %d, not on the grid after %d", region, u3, u2)
+		}
+		// Asked for a step after the bucket could grant again: as stored.
+		sent = u3 + step
+		if until, _ := m.note(key, &denied, l, sent, sent, limit); until != sent+int64(denied.RetryAfter) {
+			t.Fatalf("%s: cold answer until %d, want the store's time %d", region, until, sent+int64(denied.RetryAfter))
+		}
+		// Kept to the store's time: a bucket that cannot hold a second's
+		// refill beyond any delay, a region that holds more than half
+		// the quota (nobody else admits beside it), and one that refills a
+		// cost too fast for its place in the step to show in a second's
+		// count.
+		for _, c := range []struct {
+			g lease.Grant
+			l lease.Limit
+		}{
+			{lease.Grant{RetryAfter: denied.RetryAfter, Rate: 2, Capacity: 3}, l},
+			{lease.Grant{RetryAfter: 250 * time.Millisecond, Rate: 4, Capacity: 16}, l},
+			{lease.Grant{RetryAfter: 5 * time.Millisecond, Rate: 200, Capacity: 800}, lease.Limit{Rate: 600, Burst: 2400, Cost: 1}},
+		} {
+			m2 := newDryMemory(1024, region, true)
+			first, _ = m2.note(key, &c.g, c.l, start, start, limit)
+			sent = first + int64(time.Microsecond)
+			if until, _ := m2.note(key, &c.g, c.l, sent, sent, limit); until != sent+int64(c.g.RetryAfter) {
+				t.Fatalf("%s: hot answer of %+v until %d, want the store's time %d", region, c.g, until, sent+int64(c.g.RetryAfter))
+			}
+		}
+	}
+	if phase["us"] == phase["eu"] {
+		t.Fatalf("us and eu put the key on the same grid (phase %dns)", phase["us"])
 	}
 }

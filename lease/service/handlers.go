@@ -280,6 +280,11 @@ func (s *Service) sendGrants(ctx context.Context, b *batch) error {
 			b.out[i] = out[j]
 			if until, dry := s.dry.note(b.keys[i], &out[j], b.grants[i].Limit, sent, done, s.dryFor(b.rules[i])); dry {
 				s.announce(b.rules[i], b.keys[i], until)
+				if out[j].Granted == 0 {
+					// The memory denies until then, which may be after the
+					// store's hint (phaseDelay): asking sooner only meets it.
+					b.out[i].RetryAfter = max(b.out[i].RetryAfter, time.Duration(until-done))
+				}
 			}
 		}
 		known := err == nil && out[j].Err == nil

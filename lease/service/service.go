@@ -85,6 +85,12 @@ type Config struct {
 	// DryKeys bounds the dry keys remembered (default 1,048,576; negative
 	// remembers none): about 120 bytes each.
 	DryKeys int
+	// NoSpacing stops the memory of dry keys from holding a hot key's asks
+	// to the region's grid of instants for it (default false: it holds
+	// them, less than a refill step, so that regions emptied together do
+	// not keep admitting together; see dryMemory.phaseDelay). With it the
+	// memory denies only what the store would.
+	NoSpacing bool
 	// TopKeys is how many keys per rule the summary of what agents report
 	// keeps as candidates for the top keys, per shard and minute (default
 	// DefaultTopKeys; negative keeps no summary, and Top and Recent answer
@@ -225,7 +231,7 @@ func New(cfg Config) (*Service, error) {
 		recent:  newRecent(cfg.Clock(), cfg.TopKeys),
 	}
 	if cfg.DryFor > 0 {
-		s.dry = newDryMemory(cfg.DryKeys)
+		s.dry = newDryMemory(cfg.DryKeys, cfg.Region, !cfg.NoSpacing)
 	}
 	s.bufs.New = func() any { return new(batch) }
 	return s, nil
