@@ -500,7 +500,7 @@ type shareCause int
 const (
 	shareUnknown  shareCause = iota // the store's share of the key is not known
 	shareLowered                    // below the store's share
-	shareShort                      // a key short lately, a fixed window, or raises not kept
+	shareShort                      // a fixed window, or raises not kept
 	shareKept                       // kept, not written
 	shareSame                       // the initial share a grant found in force: not written
 	shareDeferred                   // not known, and written before the key's next grant or return
@@ -508,9 +508,10 @@ const (
 
 // ShareCounts counts the share updates the keeper handled by what became of
 // them: written (one store operation each) because the store's share of the
-// key was not known, because they lowered it, because the key was short (or
-// raises were not kept), or later once the key ran short (Flushed); or kept;
-// or dropped as the initial share already in force (Same).
+// key was not known, because they lowered it (or a kept raise), because
+// raises may not be kept or the key is a fixed window (Short), or later once
+// raises may no longer be kept (Flushed); or kept for a grant to carry; or
+// dropped as the initial share already in force (Same).
 type ShareCounts struct {
 	Unknown, Lowered, Short, Flushed, Kept int64
 	// Same counts the updates not written because they set the initial
