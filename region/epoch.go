@@ -243,7 +243,7 @@ func (s *State) planStep(ks *keyState, sh int64, gifts, takes []int64, p *Plan) 
 	c := ks.change(a)
 	c.step = int32(len(p.steps) + 1)
 	if p.steps == nil { // sized as the latest plan's, not grown a step at a time
-		p.steps = make([]step, 0, s.sizes.steps)
+		p.steps = make([]step, 0, roomFor(s.sizes.steps))
 	}
 	// A Lower when the share goes down or the stored share is unknown (it is
 	// written before Commit), a Raise when it goes up.
@@ -251,13 +251,13 @@ func (s *State) planStep(ks *keyState, sh int64, gifts, takes []int64, p *Plan) 
 	case ks.applied < 0 || a < ks.applied:
 		st.entry = 1
 		if p.Lower == nil {
-			p.Lower = make([]ShareChange, 0, s.sizes.lower)
+			p.Lower = make([]ShareChange, 0, roomFor(s.sizes.lower))
 		}
 		p.Lower = append(p.Lower, c)
 	case a > ks.applied || old:
 		st.entry = 2
 		if p.Raise == nil {
-			p.Raise = make([]ShareChange, 0, s.sizes.raise)
+			p.Raise = make([]ShareChange, 0, roomFor(s.sizes.raise))
 		}
 		p.Raise = append(p.Raise, c)
 	}

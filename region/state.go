@@ -118,12 +118,10 @@ type keyState struct {
 	applied int64
 
 	// Per-region arrays (keyarrays.go: rows, taken, bases, in, ... ewma),
-	// carved from three allocations free of pointers, so that the garbage
-	// collector follows three pointers of a key's state rather than one per
+	// carved from one allocation free of pointers, so that the garbage
+	// collector follows one pointer of a key's state rather than one per
 	// array.
 	ints    []int64
-	gens    []uint64
-	flts    []float64
 	unheard uint64 // regions not heard at the last epoch: their EWMA restarts
 	// Per region: its EWMA has moved, last moved up, and turned at the
 	// last move.
@@ -160,11 +158,17 @@ type keyState struct {
 	tallyAt  uint64
 	fp, fpAt uint64
 	tallies  []tallyEntry
+	// tallyRoom holds tallies while they fit (the peers' single replicas
+	// of three regions): not an object of its own for the garbage
+	// collector to mark, nor another place for an epoch to miss in cache.
+	// A keyState is never copied, so tallies never points into another's.
+	tallyRoom [2]tallyEntry
 
 	created, lastDemand, lastTransfer time.Time
 	written                           time.Time // the latest confirmed write of its share (Wrote)
 
-	toApply bool // in State.toApply
+	toApply bool  // in State.toApply
+	n       uint8 // regions: the arrays' (ints) shape
 
 	// At rest (rest.go): quiet epochs running (restQuiet: resting), and
 	// whether it had demand when it came to rest; its timers are in
@@ -395,9 +399,8 @@ func (s *State) addKey(key string) *keyState {
 		key:     key,
 		bucket:  RefreshBucket(key),
 		applied: -1,
-		ints:    make([]int64, intsLen(n)),
-		gens:    make([]uint64, gensLen(n)),
-		flts:    make([]float64, fltsLen(n)),
+		ints:    make([]int64, arraysLen(n)),
+		n:       uint8(n),
 	}
 	copy(ks.born(), s.exchEpoch)
 	if !s.now.IsZero() {
@@ -543,6 +546,9 @@ func (ks *keyState) setTally(slot int32, inc uint32, epoch uint64, demand, grant
 	}
 	if demand == 0 && granted == 0 {
 		return
+	}
+	if ks.tallies == nil {
+		ks.tallies = ks.tallyRoom[:0]
 	}
 	ks.tallies = append(ks.tallies, tallyEntry{slot, inc, epoch, demand, granted})
 }
