@@ -313,7 +313,7 @@ func (r *regionHorizon) at(m float64) float64 {
 	if h == 1 {
 		return 1
 	}
-	per := pol.Rate * s.cfg.Period.Seconds()
+	per := pol.Rate * s.periodSec
 	if !r.known {
 		r.share, r.known = r.ks.shares()[r.k], true
 		if r.k == s.self {
@@ -340,7 +340,7 @@ func (r *regionHorizon) at(m float64) float64 {
 // not refill within the window: with the horizon, window-boundary's
 // per-second utilization fell 35.38 → 35.05%) get 1.
 func (s *State) bucketHorizon(pol KeyPolicy, m float64) float64 {
-	per := pol.Rate * s.cfg.Period.Seconds()
+	per := pol.Rate * s.periodSec
 	if pol.FixedWindow || !(per > 0) || !(pol.Burst > per) || m > per || s.cfg.SettledPPM < 0 || noise(m, pol.Cost)/per*PPM <= float64(s.cfg.SettledPPM) {
 		return 1
 	}

@@ -12,11 +12,12 @@ import (
 // The zero value is not usable; call New. A State is not safe for concurrent
 // use: one goroutine (regiond's sync loop, or the simulator) owns it.
 type State struct {
-	cfg      Config
-	n, self  int
-	index    map[string]int
-	identity []int   // columns mapping for reports with our own region list
-	initial  []int64 // initial share per region
+	cfg       Config
+	periodSec float64 // cfg.Period.Seconds(), which divides, asked per key and region
+	n, self   int
+	index     map[string]int
+	identity  []int   // columns mapping for reports with our own region list
+	initial   []int64 // initial share per region
 
 	keys  []*keyState
 	meta  []keyMeta // beside keys (rest.go)
@@ -83,6 +84,7 @@ type State struct {
 	x        []float64
 	fresh    []bool // per region, for the key at hand: its demand is current
 	heardNow []bool // per region: some replica of it heard within StaleAfter
+	heardEp  []bool // per region: heard(now) at the Epoch running, for its keys (epochKeys)
 	v, t     []int64
 	live     []int
 	recv     []bool // per region: a live peer in our generation, which can receive gifts
@@ -243,6 +245,7 @@ func New(cfg Config) (*State, error) {
 	n := len(c.Regions)
 	s := &State{
 		cfg:         c,
+		periodSec:   c.Period.Seconds(),
 		n:           n,
 		index:       make(map[string]int, n),
 		identity:    make([]int, n),
@@ -259,6 +262,7 @@ func New(cfg Config) (*State, error) {
 		fresh:       make([]bool, n),
 		recv:        make([]bool, n),
 		heardNow:    make([]bool, n),
+		heardEp:     make([]bool, n),
 		v:           make([]int64, n),
 		t:           make([]int64, n),
 		need:        make([]float64, 0, n),
