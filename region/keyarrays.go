@@ -6,10 +6,10 @@ package region
 // latter two viewed in place as their own type. A million keys' states are
 // most of regiond's heap; as separate slices they were some twenty pointers
 // each for the garbage collector to follow, and as three they were three
-// objects to mark and three places in memory for an epoch to miss in cache
-// (one now: with BenchmarkEpochAtScale's three regions, 648 bytes in a 704-byte
-// size class, and keyState two slice headers smaller, 448 bytes rather
-// than 512).
+// objects to mark and three places for an epoch to miss in cache. With
+// three regions a key is now two objects, 512 + 704 bytes (keyState, its
+// peers' tallies inside; the arrays' 648 bytes), where it was five, 512 +
+// 448 + 128 + 96 + 64.
 
 import "unsafe"
 
@@ -58,15 +58,8 @@ func arraysLen(n int) int { return intsLen(n) + gensLen(n) + fltsLen(n) }
 // regions is n, the number of regions.
 func (ks *keyState) regions() int { return int(ks.n) }
 
-// gens is the uint64 part of ks.ints, in place.
-func (ks *keyState) gens() []uint64 {
-	n := ks.regions()
-	o, l := intsLen(n), gensLen(n)
-	v := ks.ints[o : o+l : o+l]
-	return unsafe.Slice((*uint64)(unsafe.Pointer(unsafe.SliceData(v))), l)
-}
-
-// flts is the float64 part of ks.ints, in place.
+// flts is the float64 part of ks.ints, in place (for tests that compare
+// all of it).
 func (ks *keyState) flts() []float64 {
 	n := ks.regions()
 	o, l := intsLen(n)+gensLen(n), fltsLen(n)
