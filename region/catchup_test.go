@@ -113,9 +113,9 @@ func replay(s *State, ks *keyState, pol KeyPolicy, skipped uint64) {
 }
 
 func sameFollow(a, b *keyState) string {
-	for i := range a.flts {
-		if math.Float64bits(a.flts[i]) != math.Float64bits(b.flts[i]) {
-			return fmt.Sprintf("flts %v, replayed %v", a.flts, b.flts)
+	for i := range a.flts() {
+		if math.Float64bits(a.flts()[i]) != math.Float64bits(b.flts()[i]) {
+			return fmt.Sprintf("flts %v, replayed %v", a.flts(), b.flts())
 		}
 	}
 	if a.moved != b.moved || a.rose != b.rose || a.flipped != b.flipped {

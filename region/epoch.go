@@ -243,7 +243,7 @@ func (s *State) planStep(ks *keyState, sh int64, gifts, takes []int64, p *Plan) 
 	c := ks.change(a)
 	c.step = int32(len(p.steps) + 1)
 	if p.steps == nil { // sized as the latest plan's, not grown a step at a time
-		p.steps = make([]step, 0, s.sizes.steps)
+		p.steps = make([]step, 0, roomFor(s.sizes.steps))
 	}
 	// A Lower when the share goes down or the stored share is unknown (it is
 	// written before Commit), a Raise when it goes up.
@@ -251,13 +251,13 @@ func (s *State) planStep(ks *keyState, sh int64, gifts, takes []int64, p *Plan) 
 	case ks.applied < 0 || a < ks.applied:
 		st.entry = 1
 		if p.Lower == nil {
-			p.Lower = make([]ShareChange, 0, s.sizes.lower)
+			p.Lower = make([]ShareChange, 0, roomFor(s.sizes.lower))
 		}
 		p.Lower = append(p.Lower, c)
 	case a > ks.applied || old:
 		st.entry = 2
 		if p.Raise == nil {
-			p.Raise = make([]ShareChange, 0, s.sizes.raise)
+			p.Raise = make([]ShareChange, 0, roomFor(s.sizes.raise))
 		}
 		p.Raise = append(p.Raise, c)
 	}
@@ -313,7 +313,7 @@ func (r *regionHorizon) at(m float64) float64 {
 	if h == 1 {
 		return 1
 	}
-	per := pol.Rate * s.cfg.Period.Seconds()
+	per := pol.Rate * s.periodSec
 	if !r.known {
 		r.share, r.known = r.ks.shares()[r.k], true
 		if r.k == s.self {
@@ -340,7 +340,7 @@ func (r *regionHorizon) at(m float64) float64 {
 // not refill within the window: with the horizon, window-boundary's
 // per-second utilization fell 35.38 → 35.05%) get 1.
 func (s *State) bucketHorizon(pol KeyPolicy, m float64) float64 {
-	per := pol.Rate * s.cfg.Period.Seconds()
+	per := pol.Rate * s.periodSec
 	if pol.FixedWindow || !(per > 0) || !(pol.Burst > per) || m > per || s.cfg.SettledPPM < 0 || noise(m, pol.Cost)/per*PPM <= float64(s.cfg.SettledPPM) {
 		return 1
 	}

@@ -102,12 +102,18 @@ func (s *State) checkStale(r *Report, k, slot int, known, exchange bool) error {
 
 // findKeys fills s.recvKS with each entry's key (nil: not held), rejecting counters that went down.
 func (s *State) findKeys(r *Report, in *inbound) error {
+	// The lookups first, in a loop of their own: each misses in cache, and
+	// without the checks between them the processor overlaps those misses.
 	s.recvKS = s.recvKS[:0]
 	for i := range r.Keys {
+		s.recvKS = append(s.recvKS, s.byKey[r.Keys[i].Key])
+	}
+	if !in.exchange {
+		return nil
+	}
+	for i, ks := range s.recvKS {
 		e := &r.Keys[i]
-		ks := s.byKey[e.Key]
-		s.recvKS = append(s.recvKS, ks)
-		if ks == nil || !in.exchange || e.Generation == 0 {
+		if ks == nil || e.Generation == 0 {
 			continue
 		}
 		if err := s.checkRegress(ks, in.k, e, in.cols, in.myCol); err != nil {

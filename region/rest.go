@@ -99,6 +99,9 @@ func (s *State) epochKeys(now time.Time, p *Plan) {
 	s.calmSig = sig
 	ns := now.UnixNano()
 	s.resting = 0
+	for k := range s.heardEp { // the same for every key: now and exchHeard hold still
+		s.heardEp[k] = s.heard(now, k)
+	}
 	for i := 0; i < len(s.keys); {
 		if m := &s.meta[i]; rest && m.rest != restAwake && (m.wakeAt == 0 || ns < m.wakeAt) {
 			m.rest = restOn // the latest Report took its fingerprint
@@ -335,7 +338,7 @@ func (s *State) mayRest(now time.Time, ks *keyState, pol KeyPolicy) bool {
 			return false
 		}
 		// A reclaim comes due ReclaimAfter after a peer was last heard.
-		if pol.ReclaimAfter > 0 && (!s.heard(now, k) || pol.ReclaimAfter <= s.cfg.StaleAfter) {
+		if pol.ReclaimAfter > 0 && (!s.heardEp[k] || pol.ReclaimAfter <= s.cfg.StaleAfter) {
 			return false
 		}
 	}

@@ -12,11 +12,12 @@ import (
 // The zero value is not usable; call New. A State is not safe for concurrent
 // use: one goroutine (regiond's sync loop, or the simulator) owns it.
 type State struct {
-	cfg      Config
-	n, self  int
-	index    map[string]int
-	identity []int   // columns mapping for reports with our own region list
-	initial  []int64 // initial share per region
+	cfg       Config
+	periodSec float64 // cfg.Period.Seconds(), which divides, asked per key and region
+	n, self   int
+	index     map[string]int
+	identity  []int   // columns mapping for reports with our own region list
+	initial   []int64 // initial share per region
 
 	keys  []*keyState
 	meta  []keyMeta // beside keys (rest.go)
@@ -83,6 +84,7 @@ type State struct {
 	x        []float64
 	fresh    []bool // per region, for the key at hand: its demand is current
 	heardNow []bool // per region: some replica of it heard within StaleAfter
+	heardEp  []bool // per region: heard(now) at the Epoch running, for its keys (epochKeys)
 	v, t     []int64
 	live     []int
 	recv     []bool // per region: a live peer in our generation, which can receive gifts
@@ -118,12 +120,10 @@ type keyState struct {
 	applied int64
 
 	// Per-region arrays (keyarrays.go: rows, taken, bases, in, ... ewma),
-	// carved from three allocations free of pointers, so that the garbage
-	// collector follows three pointers of a key's state rather than one per
+	// carved from one allocation free of pointers, so that the garbage
+	// collector follows one pointer of a key's state rather than one per
 	// array.
 	ints    []int64
-	gens    []uint64
-	flts    []float64
 	unheard uint64 // regions not heard at the last epoch: their EWMA restarts
 	// Per region: its EWMA has moved, last moved up, and turned at the
 	// last move.
@@ -160,11 +160,17 @@ type keyState struct {
 	tallyAt  uint64
 	fp, fpAt uint64
 	tallies  []tallyEntry
+	// tallyRoom holds tallies while they fit (the peers' single replicas
+	// of three regions): not an object of its own for the garbage
+	// collector to mark, nor another place for an epoch to miss in cache.
+	// A keyState is never copied, so tallies never points into another's.
+	tallyRoom [2]tallyEntry
 
 	created, lastDemand, lastTransfer time.Time
 	written                           time.Time // the latest confirmed write of its share (Wrote)
 
-	toApply bool // in State.toApply
+	toApply bool  // in State.toApply
+	n       uint8 // regions: the arrays' (ints) shape
 
 	// At rest (rest.go): quiet epochs running (restQuiet: resting), and
 	// whether it had demand when it came to rest; its timers are in
@@ -239,6 +245,7 @@ func New(cfg Config) (*State, error) {
 	n := len(c.Regions)
 	s := &State{
 		cfg:         c,
+		periodSec:   c.Period.Seconds(),
 		n:           n,
 		index:       make(map[string]int, n),
 		identity:    make([]int, n),
@@ -255,6 +262,7 @@ func New(cfg Config) (*State, error) {
 		fresh:       make([]bool, n),
 		recv:        make([]bool, n),
 		heardNow:    make([]bool, n),
+		heardEp:     make([]bool, n),
 		v:           make([]int64, n),
 		t:           make([]int64, n),
 		need:        make([]float64, 0, n),
@@ -395,9 +403,8 @@ func (s *State) addKey(key string) *keyState {
 		key:     key,
 		bucket:  RefreshBucket(key),
 		applied: -1,
-		ints:    make([]int64, intsLen(n)),
-		gens:    make([]uint64, gensLen(n)),
-		flts:    make([]float64, fltsLen(n)),
+		ints:    make([]int64, arraysLen(n)),
+		n:       uint8(n),
 	}
 	copy(ks.born(), s.exchEpoch)
 	if !s.now.IsZero() {
@@ -543,6 +550,9 @@ func (ks *keyState) setTally(slot int32, inc uint32, epoch uint64, demand, grant
 	}
 	if demand == 0 && granted == 0 {
 		return
+	}
+	if ks.tallies == nil {
+		ks.tallies = ks.tallyRoom[:0]
 	}
 	ks.tallies = append(ks.tallies, tallyEntry{slot, inc, epoch, demand, granted})
 }

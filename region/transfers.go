@@ -33,7 +33,7 @@ func (s *State) targets(now time.Time, ks *keyState, pol KeyPolicy, sh int64, id
 
 // liveRegions decides which regions are live (s.live, s.recv); it freezes the others and returns their total.
 func (s *State) liveRegions(now time.Time, ks *keyState, sh int64, idle bool) (frozen int64) {
-	me, cfg := s.self, &s.cfg
+	me := s.self
 	s.live = s.live[:0]
 	// s.v is every region's share as we see it.
 	for k := 0; k < s.n; k++ {
@@ -53,7 +53,7 @@ func (s *State) liveRegions(now time.Time, ks *keyState, sh int64, idle bool) (f
 		default:
 			s.v[k] = s.initial[k] // no state: the store's initial share
 		}
-		heard := !s.exchHeard[k].IsZero() && now.Sub(s.exchHeard[k]) <= cfg.StaleAfter
+		heard := s.heardEp[k] // heard(now, k): liveRegions runs in epochKeys
 		// An idle key gives back toward the initial shares even to a
 		// silent peer: the gift waits for it, and we keep the key until
 		// it is acknowledged.
@@ -102,7 +102,7 @@ func (s *State) needs(ks *keyState, pol KeyPolicy) {
 // epochs the bucket absorbs the noise (bucketHorizon): a region still short
 // of its demand keeps the whole headroom.
 func (s *State) rateNeed(e float64, pol KeyPolicy, sh int64) float64 {
-	per := pol.Rate * s.cfg.Period.Seconds()
+	per := pol.Rate * s.periodSec
 	need := s.rateShare(e, pol)
 	h := noise(e, pol.Cost) / per * PPM
 	if need <= float64(sh) {
@@ -117,7 +117,7 @@ func (s *State) rateNeed(e float64, pol KeyPolicy, sh int64) float64 {
 // rateShare is the share in ppm that serves a smoothed demand of e tokens
 // an epoch at the key's rate, without headroom.
 func (s *State) rateShare(e float64, pol KeyPolicy) float64 {
-	return e / (pol.Rate * s.cfg.Period.Seconds()) * PPM
+	return e / (pol.Rate * s.periodSec) * PPM
 }
 
 // giftsFor splits our surplus over the live peers below target, in
