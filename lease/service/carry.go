@@ -137,3 +137,13 @@ func (k *ShareKeeper) Retiring(ctx context.Context, keys []string) error {
 	}
 	return nil
 }
+
+// KeptShare returns the share of key's kept raise, the share its bucket
+// applies from when the raise was made once a grant carries it, and whether
+// there is one.
+func (k *ShareKeeper) KeptShare(key string) (int64, bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	p, ok := k.pending[key]
+	return p.u.SharePPM, ok
+}

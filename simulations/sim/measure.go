@@ -271,13 +271,20 @@ func (m *meter) closeSample(t int64) {
 	m.resetRatio()
 }
 
-// appliedShare is region r's share of the first key as its bucket sees it.
+// appliedShare is region r's share of the first key as its bucket sees it:
+// the store's, or a raise the share keeper keeps, which the key's next
+// grant applies from when it was made.
 func (w *world) appliedShare(r int) int64 {
 	switch w.alg {
 	case Ideal:
 		return region.PPM / int64(len(w.rs))
 	case Static:
 		return w.rs[r].initial
+	}
+	if k := w.rs[r].keeper; k != nil {
+		if ppm, ok := k.KeptShare(w.keys[0].storeKey); ok {
+			return ppm
+		}
 	}
 	return w.share(w.rs[r], w.rs[r].store, w.keys[0].storeKey)
 }
