@@ -261,9 +261,9 @@ func (e *memEntry) raise(nowUS int64, key string, l Limit, r *ShareRaise, holdMS
 
 // step sets each share of steps as a share write at its time would have
 // (bucket.lua), dropping what it releases: at max(last, now − Age), or at
-// now for a bucket missing now, which starts at the share in force.
+// now for a bucket missing now, which starts at the share in force. The
+// caller restarts the bucket first (restart).
 func (e *memEntry) step(nowUS int64, l Limit, steps []ShareStep) {
-	e.restart(nowUS, l, steps)
 	live := e.live(nowUS)
 	for _, st := range steps {
 		at := nowUS
@@ -295,6 +295,7 @@ func (e *memEntry) restart(nowUS int64, l Limit, steps []ShareStep) {
 // setShare is SetSharesAt for one valid update; the caller holds the lock.
 func (e *memEntry) setShare(nowUS int64, u ShareUpdate, holdMS int64) ShareResult {
 	if len(u.Steps) > 0 {
+		e.restart(nowUS, u.Limit, u.Steps)
 		e.step(nowUS, u.Limit, u.Steps)
 	}
 	oldRate, oldCapacity := u.Limit.Regional(e.shareOr(u.Limit))

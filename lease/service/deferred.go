@@ -120,6 +120,7 @@ func (k *ShareKeeper) settle(ctx context.Context, n int, key func(int) string, c
 // of the updates in caps: the store holds the update's share, or a smaller
 // one (the update is then kept as a raise, k.pending); an update whose
 // grant failed is deferred again unless the exchange updated its key since.
+// The first item of each key carries its update (carry).
 func (k *ShareKeeper) landCaps(caps map[string]lease.ShareUpdate, reqs []lease.GrantRequest, out []lease.Grant, err error) {
 	if len(caps) == 0 {
 		return
@@ -127,35 +128,40 @@ func (k *ShareKeeper) landCaps(caps map[string]lease.ShareUpdate, reqs []lease.G
 	now := k.cfg.Clock().UnixNano()
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	for key, u := range caps {
-		close(k.settling[key])
-		delete(k.settling, key)
-		g := lease.Grant{Err: err}
-		if err == nil {
-			for i := range reqs {
-				if reqs[i].Key == key {
-					g = out[i]
-					break
-				}
-			}
+	if err != nil {
+		for key, u := range caps {
+			k.landCap(key, u, lease.Grant{Err: err}, now)
 		}
-		if _, newer := k.deferred[key]; newer {
-			continue
+		return
+	}
+	for i := range reqs {
+		if u, ok := caps[reqs[i].Key]; ok && (reqs[i].MaxShare > 0 || reqs[i].Raise != nil) {
+			k.landCap(reqs[i].Key, u, out[i], now)
 		}
-		if g.Err != nil {
-			k.deferred[key] = u
-			continue
-		}
-		if u.Received == 0 {
-			k.counts.Capped++
-		} else {
-			k.counts.Carried++
-		}
-		k.written[key] = wrote{ppm: g.SharePPM, at: now}
-		delete(k.doubt, key)
-		if g.SharePPM < u.SharePPM {
-			k.pending[key] = kept{}.then(u, now) // the store holds less: a kept raise
-		}
+	}
+}
+
+// landCap is landCaps for one key's update u, whose grant answered g (k.mu
+// held).
+func (k *ShareKeeper) landCap(key string, u lease.ShareUpdate, g lease.Grant, now int64) {
+	close(k.settling[key])
+	delete(k.settling, key)
+	if _, newer := k.deferred[key]; newer {
+		return
+	}
+	if g.Err != nil {
+		k.deferred[key] = u
+		return
+	}
+	if u.Received == 0 {
+		k.counts.Capped++
+	} else {
+		k.counts.Carried++
+	}
+	k.written[key] = wrote{ppm: g.SharePPM, at: now}
+	delete(k.doubt, key)
+	if g.SharePPM < u.SharePPM {
+		k.pending[key] = kept{}.then(u, now) // the store holds less: a kept raise
 	}
 }
 
