@@ -126,3 +126,81 @@ func BenchmarkObserve(b *testing.B) {
 		st.Observe("bench/0", 1, 1)
 	}
 }
+
+// BenchmarkPersist measures the snapshot an epoch persists at 100,000
+// active keys when 1% of them change their demand each epoch: the
+// keys whose record may have changed (ration: SnapshotChanges, then Saved)
+// beside the whole state (baseline=whole: Snapshot), in one run. The
+// three regions' epochs (Tally, Epoch, Commit, Report, Receive) run outside the
+// timer; keys/op is the records the snapshot holds.
+func BenchmarkPersist(b *testing.B) {
+	const keys = 100_000
+	for _, mode := range []string{"ration", "baseline=whole"} {
+		b.Run(mode, func(b *testing.B) {
+			sts, _, now := benchRegions(b, keys)
+			st := sts[0]
+			ids := make([]string, keys)
+			for k := range ids {
+				ids[k] = "bench/" + fmt.Sprint(k)
+			}
+			demand := make([]int64, keys)
+			for k := range demand {
+				demand[k] = int64(10 + k%90) // under the rate of 1,000 in all
+			}
+			reps := make([]region.Report, len(sts))
+			epoch := func(i int) {
+				for k := i % 100; k < keys; k += 100 {
+					demand[k] = 10 + (demand[k]*7+13)%90
+				}
+				now = now.Add(time.Second)
+				exchange := func() {
+					for r, st := range sts {
+						for p, rep := range reps {
+							if p != r {
+								if err := st.Receive(now, rep); err != nil {
+									b.Fatalf("Receive: %v", err)
+								}
+							}
+						}
+					}
+				}
+				// The exchanger's two phases: tallies, then the epoch.
+				for r, st := range sts {
+					for k, id := range ids {
+						st.Observe(id, demand[k]*int64(r+1), 0)
+					}
+					reps[r] = st.Tally(now)
+				}
+				exchange()
+				for r, st := range sts {
+					reps[r] = epochAll(b, st, now.Add(250*time.Millisecond))
+				}
+				exchange()
+			}
+			// The changes' effects level off within some 30 epochs
+			// (BenchmarkEpochAtScale).
+			for i := range 40 {
+				epoch(i)
+				st.SnapshotChanges()
+				st.Saved()
+			}
+			var records int
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				b.StopTimer()
+				epoch(40 + i)
+				b.StartTimer()
+				var snap region.Snapshot
+				if mode == "ration" {
+					snap = st.SnapshotChanges()
+				} else {
+					snap = st.Snapshot()
+				}
+				st.Saved()
+				records += len(snap.Keys)
+			}
+			b.ReportMetric(float64(records)/float64(b.N), "keys/op")
+		})
+	}
+}

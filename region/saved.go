@@ -44,14 +44,15 @@ func (s *State) SnapshotChanges() Snapshot {
 	floor := max(s.saved.floor, s.genFloor)
 	var sz snapSize
 	for _, ks := range s.saved.unsaved {
-		if s.byKey[ks.key] == ks && persisted(ks) {
+		if s.holds(ks) && persisted(ks) {
 			sz.add(s.n, ks)
 		}
 	}
 	b := newSnapBufs(s.n, sz)
+	snap.Keys = make([]KeySnapshot, 0, sz.keys)
 	for _, ks := range s.saved.unsaved {
 		switch {
-		case s.byKey[ks.key] != ks: // dropped: in removed if it was saved
+		case !s.holds(ks): // dropped: in removed if it was saved
 		case persisted(ks):
 			snap.Keys = append(snap.Keys, KeySnapshot{})
 			s.keySnapshot(&snap.Keys[len(snap.Keys)-1], ks, &b)
@@ -84,7 +85,7 @@ func (s *State) Saved() {
 	} else {
 		for _, ks := range s.saved.unsaved {
 			ks.unsaved = false
-			if s.byKey[ks.key] == ks {
+			if s.holds(ks) {
 				ks.inStore = persisted(ks)
 				if !ks.inStore {
 					s.saved.floor = max(s.saved.floor, ks.floor)
