@@ -329,3 +329,41 @@ func BenchmarkEncodeSnapshot100k(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkEncodeSnapshotRecords100k encodes the same state as records,
+// one a key, as sync/exchange's Redis coordinator persists it
+// (EncodeSnapshotParts), beside the whole blob (baseline=whole).
+func BenchmarkEncodeSnapshotRecords100k(b *testing.B) {
+	br := newBenchRegions(b, 100_000, codecs[0].codec)
+	for i := 0; i < 3; i++ {
+		br.epoch(b)
+	}
+	snap := br.states[1].Snapshot()
+	b.Run("ration", func(b *testing.B) {
+		b.ReportAllocs()
+		var n int
+		for i := 0; i < b.N; i++ {
+			head, recs, err := EncodeSnapshotParts(&snap)
+			if err != nil {
+				b.Fatal(err)
+			}
+			n = len(head)
+			for _, r := range recs {
+				n += len(r)
+			}
+		}
+		b.ReportMetric(float64(n), "B")
+	})
+	b.Run("baseline=whole", func(b *testing.B) {
+		b.ReportAllocs()
+		var n int
+		for i := 0; i < b.N; i++ {
+			blob, err := EncodeSnapshot(&snap)
+			if err != nil {
+				b.Fatal(err)
+			}
+			n = len(blob)
+		}
+		b.ReportMetric(float64(n), "B")
+	})
+}

@@ -174,29 +174,31 @@ func appendRecord(b []byte, k *region.KeySnapshot, m int) ([]byte, error) {
 // appendKeyCells appends the cells of a key's rows, Ack, AckTaken and
 // Settled as differences.
 func appendKeyCells(b []byte, k *region.KeySnapshot, rows *[rowSettled][]int64, m int) []byte {
-	cell := func(r, c int) int64 {
-		switch r {
-		case rowSettled:
-			if len(k.Settled) == 0 {
-				return 0
+	var buf [cellsOnStack]int64
+	vs := cellBuf(&buf, keyRows*m)
+	for r := range keyRows {
+		row := vs[r*m : (r+1)*m]
+		switch {
+		case r == rowSettled:
+			for c, s := range k.Settled {
+				row[c] = int64(settledCell(k.Generation, s))
 			}
-			return int64(settledCell(k.Generation, k.Settled[c]))
-		case rowAck, rowAckTaken:
+		case r == rowAck || r == rowAckTaken:
 			v, of := rows[r], rows[r-rowAck]
-			if len(v) == 0 {
-				return 0
+			switch {
+			case len(v) == 0:
+			case len(of) == 0:
+				copy(row, v)
+			default:
+				for c := range row {
+					row[c] = of[c] - v[c]
+				}
 			}
-			if len(of) == 0 {
-				return v[c]
-			}
-			return of[c] - v[c]
+		default:
+			copy(row, rows[r])
 		}
-		if len(rows[r]) == 0 {
-			return 0
-		}
-		return rows[r][c]
 	}
-	return appendCellsOf(b, keyRows*m, func(i int) int64 { return cell(i/max(m, 1), i%max(m, 1)) })
+	return appendValues(b, vs)
 }
 
 // settledCell is the cell of a Settled generation s of a key in generation
@@ -214,26 +216,39 @@ func settledOf(g, v uint64) uint64 { return settledCell(g, v) }
 
 // appendCells appends the cells of rows of m columns (a row may be empty).
 func appendCells(b []byte, rows [][]int64, m int) []byte {
-	return appendCellsOf(b, len(rows)*m, func(i int) int64 {
-		if v := rows[i/m]; len(v) > 0 {
-			return v[i%m]
-		}
-		return 0
-	})
+	var buf [cellsOnStack]int64
+	vs := cellBuf(&buf, len(rows)*m)
+	for r, v := range rows {
+		copy(vs[r*m:(r+1)*m], v)
+	}
+	return appendValues(b, vs)
 }
 
-// appendCellsOf appends the cells of n values, value(i) being the ith.
-func appendCellsOf(b []byte, n int, value func(i int) int64) []byte {
+// cellsOnStack is how many cells a record's rows are gathered in without
+// allocating: a key's rows at up to 10 regions.
+const cellsOnStack = 128
+
+// cellBuf returns n zero cells, from buf when they fit.
+func cellBuf(buf *[cellsOnStack]int64, n int) []int64 {
+	if n <= len(buf) {
+		return buf[:n]
+	}
+	return make([]int64, n)
+}
+
+// appendValues appends the cells of vs: the count of those not zero, then
+// each as the gap from the previous one and its value.
+func appendValues(b []byte, vs []int64) []byte {
 	count := 0
-	for i := range n {
-		if value(i) != 0 {
+	for _, v := range vs {
+		if v != 0 {
 			count++
 		}
 	}
 	b = protowire.AppendVarint(b, uint64(count))
 	last := -1
-	for i := range n {
-		if v := value(i); v != 0 {
+	for i, v := range vs {
+		if v != 0 {
 			b = protowire.AppendVarint(b, uint64(i-last-1))
 			b = appendZigzag(b, v)
 			last = i
