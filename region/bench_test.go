@@ -167,7 +167,7 @@ func BenchmarkPersist(b *testing.B) {
 				// The exchanger's two phases: tallies, then the epoch.
 				for r, st := range sts {
 					for k, id := range ids {
-						st.Observe(id, demand[k]*int64(r+1), 0)
+						st.Observe(id, demand[k]*int64(r+1), demand[k]*int64(r+1))
 					}
 					reps[r] = st.Tally(now)
 				}
