@@ -162,6 +162,7 @@ func BenchmarkPersist(b *testing.B) {
 								}
 							}
 						}
+						st.Apply()
 					}
 				}
 				// The exchanger's two phases: tallies, then the epoch.
