@@ -73,7 +73,12 @@ func (s *State) calm(now time.Time) (uint64, bool) {
 		h.add(r.since)
 		h.add(b2u(now.Sub(r.lastHeard) <= s.cfg.StaleAfter))
 	}
-	h.add(s.genFloor)
+	// Not the generation floor: it rises whenever a key's state is dropped
+	// (every epoch, where keys go idle all the time), and only a key
+	// entering a generation reads it (enter, pendingGifts), which a resting
+	// key does not without being touched first: by demand (its tally), a
+	// peer listing it in a newer generation, or a gift to Apply. A higher
+	// floor only makes pendingGifts false, and a resting key found it false.
 	h.add(s.policyGen)
 	h.add(s.disagreeGen)
 	return h.v, true
