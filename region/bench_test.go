@@ -148,23 +148,23 @@ func BenchmarkPersist(b *testing.B) {
 				demand[k] = int64(10 + k%90) // under the rate of 1,000 in all
 			}
 			reps := make([]region.Report, len(sts))
+			exchange := func() { // each region receives the others' reports, as the exchanger does
+				for r, st := range sts {
+					for p, rep := range reps {
+						if p != r {
+							if err := st.Receive(now, rep); err != nil {
+								b.Fatalf("Receive: %v", err)
+							}
+						}
+					}
+					st.Apply()
+				}
+			}
 			epoch := func(i int) {
 				for k := i % 100; k < keys; k += 100 {
 					demand[k] = 10 + (demand[k]*7+13)%90
 				}
 				now = now.Add(time.Second)
-				exchange := func() {
-					for r, st := range sts {
-						for p, rep := range reps {
-							if p != r {
-								if err := st.Receive(now, rep); err != nil {
-									b.Fatalf("Receive: %v", err)
-								}
-							}
-						}
-						st.Apply()
-					}
-				}
 				// The exchanger's two phases: tallies, then the epoch.
 				for r, st := range sts {
 					for k, id := range ids {

@@ -120,7 +120,8 @@ func (k *ShareKeeper) settle(ctx context.Context, n int, key func(int) string, c
 // of the updates in caps: the store holds the update's share, or a smaller
 // one (the update is then kept as a raise, k.pending); an update whose
 // grant failed is deferred again unless the exchange updated its key since.
-// The first item of each key carries its update (carry).
+// The item of a key that carries its update (carry) is the one with MaxShare
+// or Raise set: settle caps only updates of a share above 0, so one is.
 func (k *ShareKeeper) landCaps(caps map[string]lease.ShareUpdate, reqs []lease.GrantRequest, out []lease.Grant, err error) {
 	if len(caps) == 0 {
 		return

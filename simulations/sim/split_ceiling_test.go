@@ -8,6 +8,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/ration-dev/ration/lease"
 	"github.com/ration-dev/ration/region"
 )
 
@@ -42,38 +43,30 @@ func TestSplitCeilingManySmallKeys(t *testing.T) {
 	for _, d := range demand {
 		total += d
 	}
-	proportional := make([]float64, len(demand))
+	proportional := make([]int64, len(demand))
 	for i, d := range demand {
-		proportional[i] = d / total
+		proportional[i] = int64(math.Round(d / total * region.PPM))
 	}
 	seed := sc.Seed
 	t.Logf("seed %d (the scenario's)", seed)
 	rng := rand.New(rand.NewPCG(seed, 0x73706c6974))
-	equal := make([]float64, len(demand))
+	equal := make([]int64, len(demand))
 	for i := range equal {
-		equal[i] = 1 / float64(len(demand))
+		equal[i] = region.PPM / int64(len(demand))
 	}
 	// Keys of one limit share their best split; sums over every key.
 	var ideal, prop, eq, water, best, spill, den float64
 	limits := map[int64][]int{}
 	for i := range g.Count {
-		l := g.Limit
-		if g.LimitMax > g.Limit && g.Count > 1 {
-			l = g.Limit + int64(i)*(g.LimitMax-g.Limit)/int64(g.Count-1)
-		}
-		limits[l] = append(limits[l], i)
+		limits[g.keyLimit(i)] = append(limits[g.keyLimit(i)], i)
 	}
 	for _, l := range slices.Sorted(maps.Keys(limits)) {
-		burst := g.Burst // as the simulator's policy has it
-		if g.LimitMax > g.Limit {
-			burst = max(l*g.Burst/g.Limit, g.Cost)
-		}
-		k := splitKey{rate: float64(l), burst: float64(burst), cost: float64(g.Cost)}
+		k := splitKey{Rate: float64(l), Burst: float64(g.keyBurst(l)), Cost: g.Cost}
 		runs := make([]splitArrivals, len(limits[l]))
 		for i := range runs {
 			runs[i] = poissonArrivals(rng, demand, secs)
 		}
-		score := func(shares []float64, spill bool) (num, den float64) {
+		score := func(shares []int64, spill bool) (num, den float64) {
 			for _, a := range runs {
 				n, d := k.utilization(a, shares, spill, secs)
 				num, den = num+n, den+d
@@ -84,12 +77,9 @@ func TestSplitCeilingManySmallKeys(t *testing.T) {
 		// needs, with its default headroom (region.Config.FloorPPM).
 		need := make([]float64, len(demand))
 		for i, d := range demand {
-			need[i] = d / k.rate * region.PPM
+			need[i] = d / k.Rate * region.PPM
 		}
-		var targets []float64
-		for _, ppm := range region.Targets(region.PPM, need, 5_000, nil) {
-			targets = append(targets, float64(ppm)/region.PPM)
-		}
+		targets := region.Targets(region.PPM, need, 5_000, nil)
 		in, d := score(nil, false)
 		pn, _ := score(proportional, false)
 		en, _ := score(equal, false)
@@ -120,8 +110,8 @@ func TestSplitCeilingManySmallKeys(t *testing.T) {
 }
 
 // splitKey is one key of the model: its rate L (tokens a second), burst b
-// and cost.
-type splitKey struct{ rate, burst, cost float64 }
+// and cost, and lease.Limit's regional bucket at a share.
+type splitKey lease.Limit
 
 // splitArrivals are one key's requests: their times in seconds, sorted,
 // and each one's region.
@@ -177,21 +167,19 @@ func (b *modelBucket) take(t, cost float64) bool {
 }
 
 // utilization runs one key's arrivals against one bucket (shares nil) or
-// regional buckets of the given shares and returns the simulator's
-// utilization sums. With spill, what a full region drops in an epoch of
-// one second is handed to the regions with room 100 ms after it ends (the
-// exchange's delay), each credited up to its capacity.
-func (k splitKey) utilization(a splitArrivals, shares []float64, spill bool, secs int) (num, den float64) {
-	var bs []modelBucket
-	if shares == nil {
-		bs = []modelBucket{{rate: k.rate, capacity: k.burst, tokens: k.burst}}
-	} else {
-		for _, s := range shares {
-			c := k.burst * s
-			if s > 0 {
-				c = max(c, k.cost) // a capacity never falls below one cost
-			}
-			bs = append(bs, modelBucket{rate: k.rate * s, capacity: c, tokens: c})
+// regional buckets at the given shares (ppm), each the store's
+// (lease.Limit.Regional), and returns the simulator's utilization sums.
+// With spill, what a full region drops in an epoch of one second is handed
+// to the regions with room 100 ms after it ends (the exchange's delay),
+// each credited up to its capacity.
+func (k splitKey) utilization(a splitArrivals, shares []int64, spill bool, secs int) (num, den float64) {
+	cost := float64(k.Cost)
+	bs := []modelBucket{{rate: k.Rate, capacity: k.Burst, tokens: k.Burst}}
+	if shares != nil {
+		bs = bs[:0]
+		for _, ppm := range shares {
+			rate, capacity := lease.Limit(k).Regional(ppm)
+			bs = append(bs, modelBucket{rate: rate, capacity: capacity, tokens: capacity})
 		}
 	}
 	asked := make([]float64, secs)
@@ -218,35 +206,34 @@ func (k splitKey) utilization(a splitArrivals, shares []float64, spill bool, sec
 		if shares != nil {
 			b = &bs[a.region[i]]
 		}
-		if b.take(at, k.cost) {
+		if b.take(at, cost) {
 			admitted[s]++
 		}
 	}
 	for s := range secs {
-		if asked[s]*k.cost >= k.rate {
-			den += k.rate
-			num += min(admitted[s]*k.cost, k.rate)
+		if asked[s]*cost >= k.Rate {
+			den += k.Rate
+			num += min(admitted[s]*cost, k.Rate)
 		}
 	}
 	return num, den
 }
 
-// fixedSplits is every split of one into n shares in steps of 1/steps.
-func fixedSplits(n, steps int) [][]float64 {
-	var out [][]float64
-	var rec func(prefix []int, left int)
-	rec = func(prefix []int, left int) {
+// fixedSplits is every split of PPM into n shares in steps of PPM/steps.
+func fixedSplits(n, steps int) [][]int64 {
+	var out [][]int64
+	var rec func(prefix []int64, left int)
+	rec = func(prefix []int64, left int) {
 		if len(prefix) == n-1 {
-			s := make([]float64, n)
-			for i, p := range prefix {
-				s[i] = float64(p) / float64(steps)
+			s := append(slices.Clone(prefix), int64(left))
+			for i := range s {
+				s[i] = s[i] * region.PPM / int64(steps)
 			}
-			s[n-1] = float64(left) / float64(steps)
 			out = append(out, s)
 			return
 		}
 		for p := 0; p <= left; p++ {
-			rec(append(prefix, p), left-p)
+			rec(append(prefix, int64(p)), left-p)
 		}
 	}
 	rec(nil, steps)

@@ -269,18 +269,12 @@ func (w *world) buildPolicy() error {
 	seen := map[string]bool{}
 	for _, g := range w.sc.Keys {
 		for i := 0; i < g.Count; i++ {
-			limit := g.Limit
-			if g.LimitMax > g.Limit && g.Count > 1 {
-				limit = g.Limit + int64(i)*(g.LimitMax-g.Limit)/int64(g.Count-1)
-			}
+			limit := g.keyLimit(i)
 			name := g.Name
 			if g.LimitMax > g.Limit {
 				name = g.Name + "-l" + strconv.FormatInt(limit, 10)
 			}
-			burst := g.Burst
-			if g.LimitMax > g.Limit {
-				burst = max(limit*g.Burst/g.Limit, g.Cost)
-			}
+			burst := g.keyBurst(limit)
 			if !seen[name] {
 				seen[name] = true
 				fmt.Fprintf(&doc, "  - {name: %s, match: {rule: %s}, key: [%s], limit: %d, %s, cost: %d, on_error: %s, partition_reclaim_after: %s}\n",
@@ -403,4 +397,22 @@ func (w *world) fail(err error) {
 	if w.firstErr == nil {
 		w.firstErr = err
 	}
+}
+
+// keyLimit is the limit of the group's key i: with LimitMax, the keys'
+// limits spread evenly over [Limit, LimitMax].
+func (g KeyGroup) keyLimit(i int) int64 {
+	if g.LimitMax > g.Limit && g.Count > 1 {
+		return g.Limit + int64(i)*(g.LimitMax-g.Limit)/int64(g.Count-1)
+	}
+	return g.Limit
+}
+
+// keyBurst is the burst of the group's key whose limit is limit: with
+// LimitMax, Burst scaled as the limit is, never below a cost.
+func (g KeyGroup) keyBurst(limit int64) int64 {
+	if g.LimitMax > g.Limit {
+		return max(limit*g.Burst/g.Limit, g.Cost)
+	}
+	return g.Burst
 }

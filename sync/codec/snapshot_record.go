@@ -178,12 +178,12 @@ func appendKeyCells(b []byte, k *region.KeySnapshot, rows *[rowSettled][]int64, 
 	vs := cellBuf(&buf, keyRows*m)
 	for r := range keyRows {
 		row := vs[r*m : (r+1)*m]
-		switch {
-		case r == rowSettled:
+		switch r {
+		case rowSettled:
 			for c, s := range k.Settled {
 				row[c] = int64(settledCell(k.Generation, s))
 			}
-		case r == rowAck || r == rowAckTaken:
+		case rowAck, rowAckTaken:
 			v, of := rows[r], rows[r-rowAck]
 			switch {
 			case len(v) == 0:
