@@ -689,3 +689,43 @@ func TestShareKeeperCapsAtGrant(t *testing.T) {
 		t.Fatal("low's raise is not kept")
 	}
 }
+
+// TestShareKeeperShareZero: a region joining with an initial share of 0
+// (region.Config.Initial) gets updates of 0 ppm. One for a key whose store
+// share the keeper does not know cannot wait for the key's grant as a cap
+// (MaxShare 0 caps nothing): it is written at once, so that the grant is
+// made at 0 and not at a share an earlier process left, and nothing of
+// the key is left settling.
+func TestShareKeeperShareZero(t *testing.T) {
+	r := newKeeperRig(t)
+	k, err := NewShareKeeper(ShareKeeperConfig{Store: r.mem, Clock: func() time.Time { return r.now }, Write: r.mem.SetShares})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.k = k
+	joining := userLimit
+	joining.InitialShare = 0
+	ctx := context.Background()
+	// A share an earlier process left, unknown to the keeper.
+	if err := r.mem.SetShares(ctx, []lease.ShareUpdate{{Key: "k", SharePPM: 600_000, Limit: joining}}, make([]lease.ShareResult, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := k.SetShares(ctx, r.mem.SetShares, []lease.ShareUpdate{{Key: "k", SharePPM: 0, Limit: joining}}, make([]lease.ShareResult, 1)); err != nil {
+		t.Fatal(err)
+	}
+	out := make([]lease.Grant, 1)
+	if err := k.Grant(ctx, []lease.GrantRequest{{Key: "k", Want: 1, Limit: joining}}, out); err != nil {
+		t.Fatal(err)
+	}
+	// At share 0 the bucket holds one cost at most (a capacity never falls
+	// below one).
+	if out[0].SharePPM != 0 || out[0].Granted > 1 {
+		t.Fatalf("grant at share %d granted %d: want share 0, at most one cost", out[0].SharePPM, out[0].Granted)
+	}
+	// The key's next update does not wait on anything.
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := k.SetShares(wctx, r.mem.SetShares, []lease.ShareUpdate{{Key: "k", SharePPM: 1_000, Limit: joining}}, make([]lease.ShareResult, 1)); err != nil {
+		t.Fatalf("the next update of the key: %v", err)
+	}
+}
