@@ -153,12 +153,14 @@ func (s *State) wake(ks *keyState) {
 		ks.lastDemand = s.prevNow
 	}
 	pol := s.cfg.Policy(ks.key)
-	for k := range s.fresh {
-		s.fresh[k] = true // a key rests only while every region is heard
-	}
 	copy(s.x, ks.restX())
 	for k := 0; k < s.n; k++ {
-		s.catchUp(ks, k, pol, skipped)
+		// A region whose tallies were not heard when the key came to rest
+		// was not heard through its rest (State.heardNow is in calm's
+		// signature): its smoothed demand held still (smoothDemand).
+		if ks.unheard&(1<<k) == 0 {
+			s.catchUp(ks, k, pol, skipped)
+		}
 	}
 }
 
@@ -331,8 +333,10 @@ func ratio(a, total float64) float64 {
 // stored share is known, it has no exit records and no peer announces any,
 // its gifts are acknowledged, no gift waits for Apply, every peer's state
 // for it is known, and no reclaim can come due while the peers are heard.
+// A region not heard does not keep it awake: its smoothed demand holds
+// still while it stays unheard, which the signature (calm) holds to.
 func (s *State) mayRest(now time.Time, ks *keyState, pol KeyPolicy) bool {
-	if ks.applied < 0 || len(ks.exits) > 0 || ks.announcing != 0 || ks.unheard != 0 || ks.toApply || (ks.gen != 0 && !s.settled(ks)) {
+	if ks.applied < 0 || len(ks.exits) > 0 || ks.announcing != 0 || ks.toApply || (ks.gen != 0 && !s.settled(ks)) {
 		return false
 	}
 	for k := 0; k < s.n; k++ {

@@ -36,6 +36,10 @@ func TestRestChangesNothing(t *testing.T) {
 		{"faults/rate", faults{loss: 0.05, dup: 0.05, maxDelay: 2, writeFail: 0.02, ghostWrite: 0.01, partition: 0.002, partitionN: 8}, true},
 		{"faults/relative/full", faults{loss: 0.05, dup: 0.05, maxDelay: 2, writeFail: 0.02, partition: 0.002, partitionN: 8, refresh: -1}, false},
 		{"faults/hold", faults{loss: 0.05, dup: 0.05, maxDelay: 1, writeFail: 0.02, partition: 0.002, partitionN: 8, holdDemand: true, refresh: 5}, true},
+		// Long silences: keys rest while a region is not heard, and wake
+		// when it is heard again.
+		{"silences/rate", faults{loss: 0.02, maxDelay: 1, partition: 0.01, partitionN: 40}, true},
+		{"silences/relative", faults{loss: 0.02, maxDelay: 1, partition: 0.01, partitionN: 40}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for _, n := range []int{3, 4} {
