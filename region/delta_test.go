@@ -420,3 +420,60 @@ func TestDeltaLostGiftIsAskedForAtOnce(t *testing.T) {
 		t.Errorf("b's next exchange report answers Resent %d, want %d", r.Resent, lost)
 	}
 }
+
+// TestLateEpochTalliesPerEpoch checks that an epoch starting late (its
+// predecessor outlasted the period, so the tallies close over two periods)
+// publishes its tallies per epoch: a steady key's tally is the same as
+// before, nothing is listed for it and no share moves, where counting two
+// periods' demand as one epoch's made every steady key's demand look
+// doubled. A key with one request in the two periods keeps a demand of 1.
+func TestLateEpochTalliesPerEpoch(t *testing.T) {
+	const keys = 500
+	d := newDeltaPair(t, keys)
+	demA := func(k int) int64 {
+		if k == 0 {
+			return 0
+		}
+		return 100
+	}
+	for i := 0; i < 8; i++ {
+		d.epoch(demA, steady(50))
+	}
+	shares := make([]int64, keys)
+	for k, key := range d.keys {
+		shares[k] = d.a.Share(key)
+	}
+	// The late epoch: two periods' demand, tallied two periods on.
+	d.now = d.now.Add(time.Second)
+	for k, key := range d.keys {
+		d.a.Observe(key, 2*demA(k), 2*demA(k))
+		d.b.Observe(key, 100, 100)
+	}
+	d.a.Observe(d.keys[0], 1, 1)
+	d.epoch(func(int) int64 { return 0 }, func(int) int64 { return 0 })
+	listed := map[string]int64{}
+	for _, e := range d.tally.Keys {
+		listed[e.Key] = e.Demand
+	}
+	if v, ok := listed[d.keys[0]]; !ok || v != 1 {
+		t.Errorf("a key with one request in two periods: listed %v with demand %d, want 1", ok, v)
+	}
+	for k, key := range d.keys[1:] {
+		if v, ok := listed[key]; ok && v != 100 {
+			t.Fatalf("the late epoch's tally report lists %s with %d, want 100 (per epoch)", key, v)
+		}
+		if dem, _, _ := d.b.PeerView(key, "a"); dem != 100 {
+			t.Fatalf("b counts a's demand for %s as %d after the late epoch, want 100", key, dem)
+		}
+		if dem, _, _ := d.a.PeerView(key, "b"); dem != 50 {
+			t.Fatalf("a counts b's demand for %s as %d after the late epoch, want 50", key, dem)
+		}
+		if sh := d.a.Share(key); sh != shares[k+1] {
+			t.Fatalf("%s: a's share moved from %d to %d in the late epoch", key, shares[k+1], sh)
+		}
+	}
+	// The refresh covers both periods' buckets: 2/Refresh of the keys.
+	if n := len(d.tally.Keys); n > 3*keys/deltaTestRefresh {
+		t.Errorf("the late epoch's tally report lists %d of %d steady keys, want about %d (the refresh's)", n, keys, 2*keys/deltaTestRefresh)
+	}
+}

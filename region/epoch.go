@@ -25,7 +25,7 @@ func (s *State) epochKey(now time.Time, ks *keyState, p *Plan) bool {
 		ks.lastDemand = now
 	}
 	if !s.tallied {
-		ks.pub, ks.cur0 = s.cur(ks), tally{}
+		ks.pub, ks.cur0 = s.closing(ks), tally{}
 		s.closeTally(ks)
 	}
 	if len(ks.exits) > 0 { // most keys have none: spare them the call

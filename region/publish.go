@@ -156,14 +156,16 @@ func (s *State) Tally(now time.Time) Report {
 	// nothing and keep it (unless it publishes by noise, HoldDemand, or
 	// every tally, full reports; EveryKey, the reference, visits it). Its
 	// open tally restarts by closeTallies.
-	lazy, same := s.cfg.Refresh >= 0 && !s.cfg.HoldDemand && !s.cfg.EveryKey, uint32(s.tallyGen)
+	// A late epoch's tallies close per epoch (span), which Observe's marks
+	// did not compare: every key is visited.
+	lazy, same := s.cfg.Refresh >= 0 && !s.cfg.HoldDemand && !s.cfg.EveryKey && s.span == 1, uint32(s.tallyGen)
 	for i := 0; i < len(s.keys); {
 		if lazy && s.meta[i].sameAt == same {
 			i++
 			continue
 		}
 		ks := s.keys[i]
-		cur := s.cur(ks)
+		cur := s.closing(ks)
 		if ks.pub != cur {
 			s.touch(ks)
 		}

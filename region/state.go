@@ -41,6 +41,13 @@ type State struct {
 	// open tally (keyState.cur0) counts only if observed in the current one
 	// (keyState.curAt), so that closing leaves steady keys alone.
 	tallyGen uint64
+	// closedAt is the epoch the local tallies last closed in (0: none
+	// since the State began), and span the epochs the open tally covers,
+	// set by advance: an epoch that starts late (its predecessor outlasted
+	// the period) closes tallies of more than one period, which closing
+	// divides by span (tally.per) so that they stay per epoch.
+	closedAt uint64
+	span     int64
 	open     []step // the latest Plan's steps, to distrust them if not committed
 
 	replicas  []replica
@@ -197,6 +204,21 @@ type exitState struct {
 
 type tally struct{ demand, granted int64 }
 
+// per is t, counted over span epochs, per epoch: rounded half up, and at
+// least 1 where t has any (demand that appeared does not vanish).
+func (t tally) per(span int64) tally {
+	if span <= 1 {
+		return t
+	}
+	div := func(v int64) int64 {
+		if v <= 0 {
+			return v
+		}
+		return max(1, (v+span/2)/span)
+	}
+	return tally{div(t.demand), div(t.granted)}
+}
+
 // tallyEntry is the latest tally of one peer replica for one key. It counts
 // only while it is from that replica's latest report (a replica that stops
 // listing a key has no demand for it) and the replica was heard lately.
@@ -335,7 +357,13 @@ func (s *State) cur(ks *keyState) tally {
 }
 
 // closeTallies starts a new open tally for every key (State.cur).
-func (s *State) closeTallies() { s.tallyGen++ }
+func (s *State) closeTallies() {
+	s.tallyGen++
+	s.closedAt = s.epoch
+}
+
+// closing returns ks's open tally as it closes: per epoch (span).
+func (s *State) closing(ks *keyState) tally { return s.cur(ks).per(s.span) }
 
 // Share returns the share of key in ppm that this region applies: the value
 // last committed to the store, or, for a key whose stored value is not known
