@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ration-dev/ration/region"
 )
@@ -131,4 +132,66 @@ func restRun(t *testing.T, seed uint64, n, epochs int, f faults, rate, everyKey 
 		t.Fatalf("a calm run lost %d reports", c.lost)
 	}
 	return events, rested / max(visited, 1)
+}
+
+// TestRestWhileARegionIsSilent checks that keys keep resting while a region
+// is not heard: a region down or partitioned wakes every key of the others
+// for the epochs in which who is heard changes, not for as long as it lasts.
+// (Until 3 December 2026 no key rested while a region was unheard, so every
+// epoch of an outage visited every key.)
+func TestRestWhileARegionIsSilent(t *testing.T) {
+	const keys = 300
+	regions := []string{"a", "b", "c"}
+	var sts []*region.State
+	for _, r := range regions {
+		sts = append(sts, mustNew(t, region.Config{Self: r, Regions: regions,
+			Policy: func(string) region.KeyPolicy { return region.KeyPolicy{Rate: 1000} }}))
+	}
+	now := t0
+	epoch := func(silent bool) {
+		now = now.Add(time.Second)
+		live := sts
+		if silent {
+			live = sts[:2] // c neither sends nor receives
+		}
+		for i, st := range live {
+			for k := 0; k < keys; k++ {
+				st.Observe(fmt.Sprintf("per-user/user=%04d", k), int64(10*(i+1)+k%7), 1)
+			}
+		}
+		exchange := func(rep func(*region.State) region.Report) {
+			var reps []region.Report
+			for _, st := range live {
+				reps = append(reps, rep(st))
+			}
+			for i, st := range live {
+				for j, r := range reps {
+					if i != j {
+						if err := st.Receive(now, r); err != nil {
+							t.Fatal(err)
+						}
+					}
+				}
+			}
+		}
+		exchange(func(st *region.State) region.Report { return st.Tally(now) })
+		exchange(func(st *region.State) region.Report { return epochAll(t, st, now.Add(250*time.Millisecond)) })
+	}
+	for i := 0; i < 40; i++ {
+		epoch(false)
+	}
+	if r, n := sts[0].Resting(); r < n*9/10 {
+		t.Fatalf("before the silence %d of %d keys rest, want nearly all", r, n)
+	}
+	awake := 0
+	for i := 0; i < 20; i++ {
+		epoch(true)
+		if r, n := sts[0].Resting(); r < n*9/10 {
+			awake++
+		}
+	}
+	// Two epochs as c's tallies and then its exchange reports go stale.
+	if awake > 3 {
+		t.Errorf("in %d of 20 epochs of c's silence most of a's keys were awake, want at most 3", awake)
+	}
 }
