@@ -93,6 +93,10 @@ func (s *State) smoothDemand(ks *keyState, pol KeyPolicy) bool {
 		case ks.unheard&bit != 0:
 			ks.unheard &^= bit
 			ks.ewma()[k] = s.x[k]
+			// Its tallies of the silence are lost, and it may have had
+			// demand in it: the key is not idle until IdleAfter from now
+			// (else keys seen now and then retired after every silence).
+			active = true
 		default:
 			s.follow(ks, k, pol)
 		}
