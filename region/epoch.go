@@ -94,9 +94,13 @@ func (s *State) smoothDemand(ks *keyState, pol KeyPolicy) bool {
 			ks.unheard &^= bit
 			ks.ewma()[k] = s.x[k]
 			// Its tallies of the silence are lost, and it may have had
-			// demand in it: the key is not idle until IdleAfter from now
-			// (else keys seen now and then retired after every silence).
-			active = true
+			// demand in it: a key in a generation is not idle until
+			// IdleAfter from now (else keys seen now and then retired
+			// after every silence). Not demand, which would make a key
+			// without state enter a generation.
+			if ks.gen != 0 {
+				ks.lastDemand = s.now
+			}
 		default:
 			s.follow(ks, k, pol)
 		}
