@@ -120,10 +120,6 @@ func (s *State) advance(now time.Time) {
 		e = uint64(ns / int64(s.cfg.Period))
 	}
 	s.epoch = max(s.epoch+1, e)
-	s.span = 1
-	if s.closedAt != 0 {
-		s.span = int64(s.epoch - s.closedAt)
-	}
 }
 
 // rowBuf returns a new row for a plan's step, a copy of v (zero when v is

@@ -156,9 +156,9 @@ func (s *State) Tally(now time.Time) Report {
 	// nothing and keep it (unless it publishes by noise, HoldDemand, or
 	// every tally, full reports; EveryKey, the reference, visits it). Its
 	// open tally restarts by closeTallies.
-	// A late epoch's tallies close per epoch (span), which Observe's marks
-	// did not compare: every key is visited.
-	lazy, same := s.cfg.Refresh >= 0 && !s.cfg.HoldDemand && !s.cfg.EveryKey && s.span == 1, uint32(s.tallyGen)
+	// A late epoch's tallies close per epoch (tallySpan), which Observe's
+	// marks did not compare: every key is visited.
+	lazy, same := s.cfg.Refresh >= 0 && !s.cfg.HoldDemand && !s.cfg.EveryKey && s.tallySpan() == 1, uint32(s.tallyGen)
 	for i := 0; i < len(s.keys); {
 		if lazy && s.meta[i].sameAt == same {
 			i++

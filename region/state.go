@@ -42,12 +42,10 @@ type State struct {
 	// (keyState.curAt), so that closing leaves steady keys alone.
 	tallyGen uint64
 	// closedAt is the epoch the local tallies last closed in (0: none
-	// since the State began), and span the epochs the open tally covers,
-	// set by advance: an epoch that starts late (its predecessor outlasted
-	// the period) closes tallies of more than one period, which closing
-	// divides by span (tally.per) so that they stay per epoch.
+	// since the State began): an epoch that starts late (its predecessor
+	// outlasted the period) closes tallies of more than one period, which
+	// closing divides by tallySpan (tally.per) so that they stay per epoch.
 	closedAt uint64
-	span     int64
 	open     []step // the latest Plan's steps, to distrust them if not committed
 
 	replicas  []replica
@@ -362,8 +360,17 @@ func (s *State) closeTallies() {
 	s.closedAt = s.epoch
 }
 
-// closing returns ks's open tally as it closes: per epoch (span).
-func (s *State) closing(ks *keyState) tally { return s.cur(ks).per(s.span) }
+// tallySpan is the epochs the open tally covers, once advance numbered the
+// epoch that closes it.
+func (s *State) tallySpan() int64 {
+	if s.closedAt == 0 {
+		return 1
+	}
+	return int64(s.epoch - s.closedAt)
+}
+
+// closing returns ks's open tally as it closes: per epoch (tallySpan).
+func (s *State) closing(ks *keyState) tally { return s.cur(ks).per(s.tallySpan()) }
 
 // Share returns the share of key in ppm that this region applies: the value
 // last committed to the store, or, for a key whose stored value is not known
