@@ -61,7 +61,7 @@ func (fx regionFx) WriteShares(_ context.Context, cs []region.ShareChange) []reg
 	}
 	// A rewrite (after a restart or a failover) may put back share that a
 	// reclaim took and the restored state has not heard of.
-	w.noteReclaims(cs, w.now)
+	w.noteReclaims(r, cs, w.now)
 	return cs
 }
 
@@ -75,6 +75,9 @@ func (fx regionFx) DeleteShares(_ context.Context, keys []string) {
 	}
 	r.svc.Forget(keys...)
 	r.keeper.Forget(keys...)
+	for _, k := range keys {
+		delete(r.wrote, k)
+	}
 	w.shareWrites += int64(len(keys))
 }
 
