@@ -25,7 +25,10 @@ func (w *world) fault(i int, t int64) {
 		}
 		n := int(math.Round(f.Fraction * float64(len(r.agents))))
 		for ; n > 0 && len(r.agents) > 0; n-- {
-			j := w.net.IntN(len(r.agents))
+			// Drawn for the fault, not from w.net, as reports are
+			// (reportDraw): which agents crash does not depend on the
+			// agents' traffic before.
+			j := int(faultDraw(w.sc.Seed, uint64(i), uint64(n)) % uint64(len(r.agents)))
 			a := r.agents[j]
 			a.alive = false
 			w.dead = append(w.dead, a.d.Stats())
