@@ -160,23 +160,7 @@ func TestRestWhileARegionIsSilent(t *testing.T) {
 				st.Observe(fmt.Sprintf("per-user/user=%04d", k), int64(10*(i+1)+k%7), 1)
 			}
 		}
-		exchange := func(rep func(*region.State) region.Report) {
-			var reps []region.Report
-			for _, st := range live {
-				reps = append(reps, rep(st))
-			}
-			for i, st := range live {
-				for j, r := range reps {
-					if i != j {
-						if err := st.Receive(now, r); err != nil {
-							t.Fatal(err)
-						}
-					}
-				}
-			}
-		}
-		exchange(func(st *region.State) region.Report { return st.Tally(now) })
-		exchange(func(st *region.State) region.Report { return epochAll(t, st, now.Add(250*time.Millisecond)) })
+		exchangeRound(t, live, now, nil, nil)
 	}
 	for i := 0; i < 40; i++ {
 		epoch(false)
@@ -223,33 +207,47 @@ func TestSilenceDoesNotRetireKeys(t *testing.T) {
 		if e%15 == 0 { // c's demand, one epoch in fifteen
 			sts[2].Observe(key, 10, 10)
 		}
-		var reps []region.Report
-		for _, st := range sts {
-			reps = append(reps, st.Tally(now))
-		}
-		deliver := func() {
-			for i, st := range sts {
-				for j, r := range reps {
-					if i != j && !(silent && (i == 2 || j == 2)) {
-						if err := st.Receive(now, r); err != nil {
-							t.Fatal(err)
-						}
+		cut := func(i, j int) bool { return silent && (i == 2 || j == 2) }
+		exchangeRound(t, sts, now, cut, func(i int, p *region.Plan) {
+			if i == 0 && slices.Contains(p.Retire, key) {
+				t.Fatalf("epoch %d: a retires %s, whose demand in c fell in c's silence (epochs 30-35)", e, key)
+			}
+		})
+	}
+}
+
+// exchangeRound runs one epoch of sts at now, both phases (the tallies,
+// then the plans decided a quarter period later), delivering each report
+// of sts[i] to sts[j] unless cut(i, j); plan, when set, sees each plan
+// before its Commit.
+func exchangeRound(t testing.TB, sts []*region.State, now time.Time, cut func(i, j int) bool, plan func(i int, p *region.Plan)) {
+	t.Helper()
+	deliver := func(reps []region.Report) {
+		for i, st := range sts {
+			for j, r := range reps {
+				if i != j && (cut == nil || !cut(j, i)) {
+					if err := st.Receive(now, r); err != nil {
+						t.Fatal(err)
 					}
 				}
 			}
 		}
-		deliver()
-		reps = reps[:0]
-		for _, st := range sts {
-			p := st.Epoch(now.Add(250 * time.Millisecond))
-			if st == sts[0] && slices.Contains(p.Retire, key) {
-				t.Fatalf("epoch %d: a retires %s, whose demand in c fell in c's silence (epochs 30-35)", e, key)
-			}
-			if err := st.Commit(p); err != nil {
-				t.Fatal(err)
-			}
-			reps = append(reps, st.Report())
-		}
-		deliver()
 	}
+	var reps []region.Report
+	for _, st := range sts {
+		reps = append(reps, st.Tally(now))
+	}
+	deliver(reps)
+	reps = reps[:0]
+	for i, st := range sts {
+		p := st.Epoch(now.Add(250 * time.Millisecond))
+		if plan != nil {
+			plan(i, &p)
+		}
+		if err := st.Commit(p); err != nil {
+			t.Fatal(err)
+		}
+		reps = append(reps, st.Report())
+	}
+	deliver(reps)
 }
