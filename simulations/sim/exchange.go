@@ -211,19 +211,27 @@ func (w *world) publish(r *regiond, rep *region.Report, t int64) {
 }
 
 // reportDraw is the random draw of the report region from (with whether
-// it is an exchange report, in the low bit) publishes to region to at t: a hash of the run's seed and the message, not a draw from
-// a stream, so that which reports are lost and how late they arrive does
-// not depend on what else the run drew before (the agents' calls draw from
-// w.net). Two versions of the code, or two configurations, then meet the
-// same network wherever they publish the same reports at the same times
-// (common random numbers), and a change to the agents' traffic no longer
-// moves which report is lost (issue 12's failover-lost-gift at seed 12 lost
-// us's report to eu at 30.96 s on one side of such a change only, and eu's
-// lowering came an epoch later).
+// it is an exchange report, in the low bit) publishes to region to at t: a
+// hash of the run's seed and the message, not a draw from a stream, so that
+// which reports are lost and how late they arrive does not depend on what
+// else the run drew before. Two versions of the code, or two
+// configurations, then meet the same network wherever they send the same
+// messages at the same times (common random numbers), and a change to the
+// agents' traffic no longer moves which report is lost (issue 12's
+// failover-lost-gift at seed 12 lost us's report to eu at 30.96 s on one
+// side of such a change only, and eu's lowering came an epoch later). An
+// agent's calls draw their round trips the same way (callDraw).
 func reportDraw(seed, from, to, t uint64) uint64 {
 	h := mix64(seed ^ 0x7265706f7274) // "report"
 	h = mix64(h ^ from<<32 ^ to)
 	return mix64(h ^ t)
+}
+
+// callDraw is the random draw of agent's n-th call sent at t (calls).
+func callDraw(seed, agent, t, n uint64) uint64 {
+	h := mix64(seed ^ 0x63616c6c) // "call"
+	h = mix64(h ^ agent)
+	return mix64(h ^ t ^ n<<56)
 }
 
 // faultDraw is fault i's n-th random draw, independent of the run's

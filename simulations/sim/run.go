@@ -266,13 +266,25 @@ func (w *world) poll(a *agentSim, t int64) {
 	a.nextTick = int64(a.d.NextTick())
 }
 
+// calls numbers agent a's calls sent at t: 0 for the first.
+func (w *world) calls(a *agentSim, t int64) uint64 {
+	if a.callAt != t {
+		a.callAt, a.callN = t, 0
+	} else {
+		a.callN++
+	}
+	return a.callN
+}
+
 // send carries a call to the agent's regiond: half a round trip there,
 // half the store's latency to Redis and back, half a round trip home.
 func (w *world) send(a *agentSim, c *agent.Call, t int64) {
 	nw := &w.sc.Network
 	rtt := int64(nw.AgentRTT)
 	if j := int64(nw.AgentJitter); j > 0 {
-		rtt += w.net.Int64N(2*j+1) - j
+		// Drawn for the call, like a report's (reportDraw): an agent's
+		// round trips do not depend on how many other calls came before.
+		rtt += int64(callDraw(w.sc.Seed, a.id, uint64(t), w.calls(a, t))%uint64(2*j+1)) - j
 	}
 	rtt = max(rtt, 0)
 	redis := int64(w.sc.Redis.Latency)

@@ -93,8 +93,12 @@ type regiond struct {
 
 // agentSim is one agent of a region.
 type agentSim struct {
-	d        *agent.Driver
-	r        *regiond
+	d  *agent.Driver
+	r  *regiond
+	id uint64 // its region's index and serial, for its draws (callDraw)
+	// callAt and callN number its calls sent at one instant (calls).
+	callAt   int64
+	callN    uint64
 	alive    bool
 	nextTick int64
 	dirty    bool // in world.dirty
@@ -371,6 +375,7 @@ func groupSpread(g KeyGroup) []float64 {
 func (w *world) addAgent(r *regiond) error {
 	cfg := w.agCfg
 	cfg.AgentID = r.name + "-" + strconv.Itoa(r.serial)
+	id := uint64(r.idx)<<32 | uint64(r.serial)
 	r.serial++
 	d, err := agent.NewDriver(cfg, w.base)
 	if err != nil {
@@ -378,7 +383,7 @@ func (w *world) addAgent(r *regiond) error {
 	}
 	d.SetPolicy(r.enforced)
 	w.tick = int64(d.Tick()) // the same for every agent: one config
-	a := &agentSim{d: d, r: r, alive: true}
+	a := &agentSim{d: d, r: r, id: id, alive: true}
 	a.nextTick = int64(d.NextTick())
 	r.agents = append(r.agents, a)
 	return nil
