@@ -227,7 +227,7 @@ func reportDraw(seed, from, to, t uint64) uint64 {
 	return mix64(h ^ t)
 }
 
-// callDraw is the random draw of agent's n-th call sent at t (calls).
+// callDraw is the random draw of agent's n-th call sent at t (callNumber).
 func callDraw(seed, agent, t, n uint64) uint64 {
 	h := mix64(seed ^ 0x63616c6c) // "call"
 	h = mix64(h ^ agent)

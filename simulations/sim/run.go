@@ -266,8 +266,8 @@ func (w *world) poll(a *agentSim, t int64) {
 	a.nextTick = int64(a.d.NextTick())
 }
 
-// calls numbers agent a's calls sent at t: 0 for the first.
-func (w *world) calls(a *agentSim, t int64) uint64 {
+// callNumber numbers the agent's calls sent at t: 0 for the first.
+func (a *agentSim) callNumber(t int64) uint64 {
 	if a.callAt != t {
 		a.callAt, a.callN = t, 0
 	} else {
@@ -284,7 +284,7 @@ func (w *world) send(a *agentSim, c *agent.Call, t int64) {
 	if j := int64(nw.AgentJitter); j > 0 {
 		// Drawn for the call, like a report's (reportDraw): an agent's
 		// round trips do not depend on how many other calls came before.
-		rtt += int64(callDraw(w.sc.Seed, a.id, uint64(t), w.calls(a, t))%uint64(2*j+1)) - j
+		rtt += int64(callDraw(w.sc.Seed, a.id, uint64(t), a.callNumber(t))%uint64(2*j+1)) - j
 	}
 	rtt = max(rtt, 0)
 	redis := int64(w.sc.Redis.Latency)

@@ -96,7 +96,7 @@ type agentSim struct {
 	d  *agent.Driver
 	r  *regiond
 	id uint64 // its region's index and serial, for its draws (callDraw)
-	// callAt and callN number its calls sent at one instant (calls).
+	// callAt and callN number its calls sent at one instant (callNumber).
 	callAt   int64
 	callN    uint64
 	alive    bool
