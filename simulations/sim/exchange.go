@@ -61,7 +61,7 @@ func (fx regionFx) WriteShares(_ context.Context, cs []region.ShareChange) []reg
 	}
 	// A rewrite (after a restart or a failover) may put back share that a
 	// reclaim took and the restored state has not heard of.
-	w.noteReclaims(r, cs, w.now)
+	w.noteReclaims(cs, w.now)
 	return cs
 }
 
@@ -75,9 +75,6 @@ func (fx regionFx) DeleteShares(_ context.Context, keys []string) {
 	}
 	r.svc.Forget(keys...)
 	r.keeper.Forget(keys...)
-	for _, k := range keys {
-		delete(r.wrote, k)
-	}
 	w.shareWrites += int64(len(keys))
 }
 
@@ -208,45 +205,6 @@ func (w *world) publish(r *regiond, rep *region.Report, t int64) {
 		}
 		w.ev.push(event{at: t + max(d, 0), kind: evReport, region: to.idx, from: r.idx, report: rep})
 	}
-}
-
-// reportDraw is the random draw of the report region from (with whether
-// it is an exchange report, in the low bit) publishes to region to at t: a
-// hash of the run's seed and the message, not a draw from a stream, so that
-// which reports are lost and how late they arrive does not depend on what
-// else the run drew before. Two versions of the code, or two
-// configurations, then meet the same network wherever they send the same
-// messages at the same times (common random numbers), and a change to the
-// agents' traffic no longer moves which report is lost (issue 12's
-// failover-lost-gift at seed 12 lost us's report to eu at 30.96 s on one
-// side of such a change only, and eu's lowering came an epoch later). An
-// agent's calls draw their round trips the same way (callDraw).
-func reportDraw(seed, from, to, t uint64) uint64 {
-	h := mix64(seed ^ 0x7265706f7274) // "report"
-	h = mix64(h ^ from<<32 ^ to)
-	return mix64(h ^ t)
-}
-
-// callDraw is the random draw of agent's n-th call sent at t (callNumber).
-func callDraw(seed, agent, t, n uint64) uint64 {
-	h := mix64(seed ^ 0x63616c6c) // "call"
-	h = mix64(h ^ agent)
-	return mix64(h ^ t ^ n<<56)
-}
-
-// faultDraw is fault i's n-th random draw, independent of the run's
-// other draws like reportDraw.
-func faultDraw(seed, i, n uint64) uint64 {
-	return mix64(mix64(seed^0x6661756c74) ^ i<<32 ^ n) // "fault"
-}
-
-// mix64 is splitmix64's finalizer: a bijection that scatters every input
-// bit over the output.
-func mix64(z uint64) uint64 {
-	z += 0x9e3779b97f4a7c15
-	z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
-	z = (z ^ z>>27) * 0x94d049bb133111eb
-	return z ^ z>>31
 }
 
 // deliver hands a report to its region (region.Node.Receive).

@@ -271,9 +271,8 @@ func (m *meter) closeSample(t int64) {
 	m.resetRatio()
 }
 
-// appliedShare is region r's share of the first key as its bucket sees it:
-// the store's, or a raise the share keeper keeps, which the key's next
-// grant applies from when it was made.
+// appliedShare is region r's share of the first key as its bucket sees it
+// (keyShare).
 func (w *world) appliedShare(r int) int64 {
 	switch w.alg {
 	case Ideal:
@@ -281,12 +280,19 @@ func (w *world) appliedShare(r int) int64 {
 	case Static:
 		return w.rs[r].initial
 	}
-	if k := w.rs[r].keeper; k != nil {
-		if ppm, ok := k.KeptShare(w.keys[0].storeKey); ok {
+	return w.keyShare(w.rs[r], w.keys[0].storeKey)
+}
+
+// keyShare is region r's share of key as its bucket sees it: the store's,
+// or a raise the share keeper keeps, which the key's next grant applies
+// from when it was made.
+func (w *world) keyShare(r *regiond, key string) int64 {
+	if r.keeper != nil {
+		if ppm, ok := r.keeper.KeptShare(key); ok {
 			return ppm
 		}
 	}
-	return w.share(w.rs[r], w.rs[r].store, w.keys[0].storeKey)
+	return w.share(r, r.store, key)
 }
 
 // phases lists the demand steps whose targets convergence is measured to:

@@ -26,24 +26,16 @@ import (
 // leases taken before (a lease's expiry is counted from its send time).
 
 // noteReclaims opens, at t, the reclaim term of the keys among cs (shares
-// region r just wrote) whose rule reclaims and whose shares now sum to
-// more than PPM. A raise the keeper kept is in force from the write on
-// (the grant that carries it refills the bucket since then), so it counts
-// from now, not from the grant.
-func (w *world) noteReclaims(r *regiond, cs []region.ShareChange, t int64) {
+// a region just wrote) whose rule reclaims and whose shares now sum to more
+// than PPM. A raise the keeper kept counts from the write on (the grant
+// that carries it refills the bucket since then), not from the grant.
+func (w *world) noteReclaims(cs []region.ShareChange, t int64) {
 	if w.alg != Escrow || len(w.reclaimKeys) == 0 {
 		return
 	}
 	for _, c := range cs {
 		ki, ok := w.reclaimKeys[c.Key]
-		if !ok {
-			continue
-		}
-		if r.wrote == nil {
-			r.wrote = map[string]int64{}
-		}
-		r.wrote[c.Key] = c.SharePPM
-		if w.reclaimOpen[ki] || w.shareSum(ki) <= region.PPM {
+		if !ok || w.reclaimOpen[ki] || w.shareSum(ki) <= region.PPM {
 			continue
 		}
 		w.openReclaim(ki, t)
@@ -74,17 +66,12 @@ func (w *world) openReclaim(ki int, t int64) {
 	w.terms = append(w.terms, o)
 }
 
-// shareSum is Σ over regions of key ki's applied share: the store's, or
-// the exchange's latest write if higher (a raise the keeper kept).
+// shareSum is Σ over regions of key ki's applied share, as the buckets
+// see it (keyShare).
 func (w *world) shareSum(ki int) int64 {
 	var sum int64
-	key := w.keys[ki].storeKey
 	for _, r := range w.rs {
-		s := w.share(r, r.store, key)
-		if x, ok := r.wrote[key]; ok {
-			s = max(s, x)
-		}
-		sum += max(0, s)
+		sum += max(0, w.keyShare(r, w.keys[ki].storeKey))
 	}
 	return sum
 }

@@ -85,10 +85,6 @@ type regiond struct {
 	// px is its RLQS proxies, which serve its requests instead of agents
 	// (rlqs.go); nil: none.
 	px *regionProxies
-	// wrote is the share the exchange last wrote of each key that may
-	// reclaim: the keeper may keep a raise for the key's next grant to
-	// carry, so the store's share lags it (reclaim.go).
-	wrote map[string]int64
 }
 
 // agentSim is one agent of a region.

@@ -253,20 +253,26 @@ func TestShareFollowsDemand(t *testing.T) {
 	}
 	// The share gauges are set at eu's epochs from the reports it heard:
 	// the shares can reach their targets an epoch before eu's next one.
-	var body string
-	for deadline := time.Now().Add(5 * time.Second); ; {
-		body = gather(t, reps["eu"].reg)
-		missing := slices.IndexFunc(want, func(m string) bool { return !strings.Contains(body, m) })
-		if missing < 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("eu's metrics lack %q", want[missing])
-		}
-		time.Sleep(c.period / 5) // polling a condition with a deadline
-	}
+	body := waitMetrics(t, reps["eu"].reg, 5*time.Second, c.period/5, want...)
 	if strings.Contains(body, `ration_exchange_transfers_ppm_total{direction="given"} 0`+"\n") {
 		t.Errorf("eu gave no share, want some")
+	}
+}
+
+// waitMetrics polls reg every poll until its exposition contains every
+// one of want, and returns it; it fails the test after within.
+func waitMetrics(t *testing.T, reg *prometheus.Registry, within, poll time.Duration, want ...string) string {
+	t.Helper()
+	for deadline := time.Now().Add(within); ; {
+		body := gather(t, reg)
+		missing := slices.IndexFunc(want, func(m string) bool { return !strings.Contains(body, m) })
+		if missing < 0 {
+			return body
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("metrics lack %q after %v", want[missing], within)
+		}
+		time.Sleep(poll) // polling a condition with a deadline
 	}
 }
 
@@ -428,11 +434,6 @@ func TestLostShareWritesAreRewritten(t *testing.T) {
 	t.Logf("eu's store back from the lost writes after %v (period %v)", time.Since(start), c.period)
 	c.waitShares("shares sum to at most PPM", time.Second, func(map[string]int64) bool { return true })
 	// The epoch counts the resync after its writes, which the loop above
-	// may have seen first.
-	for body := gather(t, reps["eu"].reg); !strings.Contains(body, "ration_exchange_store_resyncs_total 1\n"); body = gather(t, reps["eu"].reg) {
-		if time.Since(start) > 20*c.period {
-			t.Fatalf("eu's metrics lack ration_exchange_store_resyncs_total 1 %v after losing its writes", 20*c.period)
-		}
-		time.Sleep(c.period / 10) // polling interval, not a wait for an event
-	}
+	// may have seen first: within 20 periods of losing them in all.
+	waitMetrics(t, reps["eu"].reg, 20*c.period-time.Since(start), c.period/10, "ration_exchange_store_resyncs_total 1\n")
 }
