@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -130,18 +131,28 @@ func Describe(n *yaml.Node) string {
 		case "!!str":
 			return fmt.Sprintf("string %q", Clip(n.Value))
 		case "!!int":
-			return "integer " + Clip(n.Value)
+			return "integer " + bare(Clip(n.Value))
 		case "!!float":
-			return "number " + Clip(n.Value)
+			return "number " + bare(Clip(n.Value))
 		case "!!bool":
-			return "boolean " + n.Value
+			return "boolean " + bare(Clip(n.Value))
 		case "!!null":
 			return "null"
 		default:
-			return fmt.Sprintf("a value tagged %s", Clip(tag))
+			return "a value tagged " + bare(Clip(tag))
 		}
 	}
 	return "an unexpected YAML node"
+}
+
+// bare returns s as it is, or quoted if it holds a control character (an
+// explicit tag can put anything there, a line break too), so that a
+// message stays on one line.
+func bare(s string) string {
+	if strings.ContainsFunc(s, unicode.IsControl) {
+		return strconv.Quote(s)
+	}
+	return s
 }
 
 // Clip shortens a value quoted in a message to 40 bytes and an ellipsis,
