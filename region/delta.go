@@ -348,7 +348,7 @@ func (s *State) reportList(r *Report) []*keyState {
 	d := &s.delta
 	from := r.Resent
 	// A key at rest has the entry it had when it was last listed, and no
-	// news (mayRest): unless its bucket is refreshed, or everything
+	// news (restBlock): unless its bucket is refreshed, or everything
 	// changed since an epoch is asked for, or this epoch's report was made
 	// already (each key then as listed the first time), it is not listed.
 	skip := from == 0 && d.reportedAt != s.epoch

@@ -146,6 +146,9 @@ func (n *Node) Observe(key string, demand, granted int64) { n.st.Observe(key, de
 // Resting is State.Resting.
 func (n *Node) Resting() (resting, keys int) { return n.st.Resting() }
 
+// Awake is State.Awake.
+func (n *Node) Awake() Awake { return n.st.Awake() }
+
 // PolicyChanged is State.PolicyChanged: call it when the policy may have
 // changed.
 func (n *Node) PolicyChanged() { n.st.PolicyChanged() }

@@ -103,7 +103,7 @@ func (s *State) epochKeys(now time.Time, p *Plan) {
 	rest := ok && sig == s.calmSig
 	s.calmSig = sig
 	ns := now.UnixNano()
-	s.resting = 0
+	s.resting, s.awake = 0, Awake{}
 	for k := range s.heardEp { // the same for every key: now and exchHeard hold still
 		s.heardEp[k] = s.heard(now, k)
 	}
@@ -114,6 +114,7 @@ func (s *State) epochKeys(now time.Time, p *Plan) {
 			i++
 			continue
 		}
+		s.awake.countVisit(rest, s.meta[i].rest)
 		ks := s.keys[i]
 		s.wake(ks)
 		ks.visit = s.epochs + 1 // this epoch, counted from 1
@@ -200,7 +201,21 @@ func (s *State) sameRest(ks *keyState, before restMark) bool {
 // converges on the demand it sees now, cannot make it give (steady); then
 // it notes that demand, and when its own timers wake it.
 func (s *State) noteRest(now time.Time, ks *keyState, pol KeyPolicy, before restMark, moved, ok bool) {
-	if !ok || moved || !s.sameRest(ks, before) || !s.mayRest(now, ks, pol) || !s.steady(now, ks, pol) {
+	why := awakeNone
+	switch {
+	case !ok:
+		why = awakeNoRest
+	case moved:
+		why = awakeMoved
+	case !s.sameRest(ks, before):
+		why = awakeChanged
+	default:
+		if why = s.restBlock(now, ks, pol); why == awakeNone && !s.steady(now, ks, pol) {
+			why = awakeUnsteady
+		}
+	}
+	if why != awakeNone {
+		s.awake.Kept[why]++
 		s.touch(ks)
 		return
 	}
@@ -329,29 +344,37 @@ func ratio(a, total float64) float64 {
 	return a / total * PPM
 }
 
-// mayRest reports whether nothing of ks waits for time or for a peer: its
-// stored share is known, it has no exit records and no peer announces any,
-// its gifts are acknowledged, no gift waits for Apply, every peer's state
-// for it is known, and no reclaim can come due while the peers are heard.
+// restBlock returns what of ks waits for time or for a peer, or awakeNone
+// when nothing does: its stored share is known, it has no exit records and
+// no peer announces any, its gifts are acknowledged, no gift waits for
+// Apply, every peer's state for it is known, and no reclaim can come due
+// while the peers are heard.
 // A region not heard does not keep it awake: its smoothed demand holds
 // still while it stays unheard, which the signature (calm) holds to.
-func (s *State) mayRest(now time.Time, ks *keyState, pol KeyPolicy) bool {
-	if ks.applied < 0 || len(ks.exits) > 0 || ks.announcing != 0 || ks.toApply || (ks.gen != 0 && !s.settled(ks)) {
-		return false
+func (s *State) restBlock(now time.Time, ks *keyState, pol KeyPolicy) awakeReason {
+	switch {
+	case ks.applied < 0:
+		return awakeUnapplied
+	case len(ks.exits) > 0 || ks.announcing != 0:
+		return awakeExits
+	case ks.toApply:
+		return awakeToApply
+	case ks.gen != 0 && !s.settled(ks):
+		return awakeUnsettled
 	}
 	for k := 0; k < s.n; k++ {
 		if k == s.self {
 			continue
 		}
 		if !s.known(ks, k) {
-			return false
+			return awakeUnknown
 		}
 		// A reclaim comes due ReclaimAfter after a peer was last heard.
 		if pol.ReclaimAfter > 0 && (!s.heardEp[k] || pol.ReclaimAfter <= s.cfg.StaleAfter) {
-			return false
+			return awakeReclaim
 		}
 	}
-	return true
+	return awakeNone
 }
 
 // wakeAt returns when ks's own timers next change its epoch (UnixNano, 0:

@@ -161,6 +161,7 @@ func TestRestWhileARegionIsSilent(t *testing.T) {
 			}
 		}
 		exchangeRound(t, live, now, nil, nil)
+		checkAwake(t, sts[0])
 	}
 	for i := 0; i < 40; i++ {
 		epoch(false)
@@ -178,6 +179,23 @@ func TestRestWhileARegionIsSilent(t *testing.T) {
 	// Two epochs as c's tallies and then its exchange reports go stale.
 	if awake > 3 {
 		t.Errorf("in %d of 20 epochs of c's silence most of a's keys were awake, want at most 3", awake)
+	}
+}
+
+// checkAwake checks st's Awake against its Resting: every key its latest
+// Epoch did not skip was visited for one cause (and those it retired, gone
+// since), every key kept awake was visited, and an epoch that woke every
+// key visited nothing for another cause.
+func checkAwake(t *testing.T, st *region.State) {
+	t.Helper()
+	a := st.Awake()
+	resting, n := st.Resting()
+	kept := 0
+	for _, k := range a.Kept {
+		kept += k
+	}
+	if v := a.All + a.Timer + a.Touched; v < n-resting || kept > v || (a.All > 0 && v != a.All) {
+		t.Fatalf("epoch %d: visits %+v and kept awake %d for %d keys of which %d rest", a.Epoch, a, kept, n, resting)
 	}
 }
 

@@ -70,6 +70,7 @@ type State struct {
 	prevNow   time.Time
 	policyGen uint64
 	resting   int    // keys the latest Epoch skipped
+	awake     Awake  // why the latest Epoch visited keys and kept them awake
 	epochs    uint64 // Epoch calls completed
 
 	saved saveState // what of the state is persisted (saved.go)

@@ -81,11 +81,25 @@ func (x *Exchanger) endEpoch(now time.Time, role string) {
 		resting, held := x.node.Resting()
 		x.met.keys.WithLabelValues("held").Set(float64(held))
 		x.met.keys.WithLabelValues("resting").Set(float64(resting))
+		if a := x.node.Awake(); a.Epoch != x.awakeEpoch {
+			x.awakeEpoch = a.Epoch
+			x.countAwake(a)
+		}
 	}
 	x.updateTopKeys()
 	x.noteDisagreements()
 	x.noteSpent(role != "follower")
 	x.epochs.Add(1)
+}
+
+// countAwake counts an epoch's visits and the keys it kept awake.
+func (x *Exchanger) countAwake(a region.Awake) {
+	x.met.visits.WithLabelValues("all").Add(float64(a.All))
+	x.met.visits.WithLabelValues("timer").Add(float64(a.Timer))
+	x.met.visits.WithLabelValues("touched").Add(float64(a.Touched))
+	for r, n := range a.Kept[1:] {
+		x.met.keptAwake.WithLabelValues(region.AwakeReasons[r+1]).Add(float64(n))
+	}
 }
 
 // acquire takes or renews the region's hold and says what it learnt. The

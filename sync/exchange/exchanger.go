@@ -34,13 +34,14 @@ type Exchanger struct {
 	met     *metrics
 
 	// Owned by the loop goroutine.
-	node      *region.Node
-	asm       *codec.Assembler
-	peers     []string      // the other regions, whose readers decide the wire version
-	wire      codec.Version // the wire version last written
-	pol       *policy.Set
-	holdUntil time.Time     // our hold is safe to write under until then
-	busy      time.Duration // time spent in the phases of the current epoch
+	node       *region.Node
+	asm        *codec.Assembler
+	peers      []string      // the other regions, whose readers decide the wire version
+	wire       codec.Version // the wire version last written
+	pol        *policy.Set
+	holdUntil  time.Time     // our hold is safe to write under until then
+	busy       time.Duration // time spent in the phases of the current epoch
+	awakeEpoch uint64        // region.Awake.Epoch last counted in the metrics
 	// epochAt is when the current epoch's tally phase began; writeBy is
 	// when the current phase's share writes stop starting batches
 	// (effects.WriteShares): the holder's Lower writes have until half the

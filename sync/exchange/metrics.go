@@ -31,6 +31,8 @@ type metrics struct {
 	resyncs        prometheus.Counter
 	tokensReleased prometheus.Counter
 	keys           *prometheus.GaugeVec
+	visits         *prometheus.CounterVec // keys the epochs visited, by what woke them
+	keptAwake      *prometheus.CounterVec // of those, kept awake, by reason
 	disagree       *prometheus.GaugeVec
 	disagreements  prometheus.Counter
 }
@@ -118,6 +120,20 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "ration_exchange_keys",
 			Help: "Global keys the exchange holds (held) and, of those, the keys the latest epoch skipped at rest (resting); only on the replica running the exchange.",
 		}, []string{"state"}),
+		visits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ration_exchange_key_visits_total",
+			Help: "Keys the epochs visited (an epoch's cost follows them), by what woke them: all (every key: something all keys read changed, or keys could not rest), timer (the key's own) or touched (its tally, a peer's listing, a store write, or awake since its last epoch); only on the replica running the exchange.",
+		}, []string{"woken_by"}),
+		keptAwake: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ration_exchange_keys_kept_awake_total",
+			Help: "Keys an epoch visited and kept awake for the next, by the first reason found: no-rest, moved (planned a step), changed, unapplied (stored share unknown), exits, to-apply, unsettled (gifts not acknowledged), unknown (a peer's state), reclaim, unsteady (smoothed demand could still give); only on the replica running the exchange.",
+		}, []string{"reason"}),
+	}
+	for _, w := range []string{"all", "timer", "touched"} {
+		m.visits.WithLabelValues(w)
+	}
+	for _, r := range region.AwakeReasons[1:] {
+		m.keptAwake.WithLabelValues(r)
 	}
 	m.disagree, m.disagreements = disagreeMetrics()
 	for _, r := range codec.Reasons {
@@ -130,7 +146,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.share, m.moved, m.reportAge, m.dropped, m.epochs, m.leader,
-		m.epochSeconds, m.received, m.published, m.publishedBytes, m.wireVersion, m.publishErrors, m.storeErrors, m.shareWrites, m.deferred, m.stateBytes, m.stateWritten, m.resyncs, m.tokensReleased, m.keys, m.disagree, m.disagreements} {
+		m.epochSeconds, m.received, m.published, m.publishedBytes, m.wireVersion, m.publishErrors, m.storeErrors, m.shareWrites, m.deferred, m.stateBytes, m.stateWritten, m.resyncs, m.tokensReleased, m.keys, m.visits, m.keptAwake, m.disagree, m.disagreements} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
