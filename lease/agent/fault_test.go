@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -9,7 +10,10 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/ration-dev/ration/lease"
+	"github.com/ration-dev/ration/lease/service"
 	leasev1 "github.com/ration-dev/ration/lease/v1"
+	"github.com/ration-dev/ration/policy"
 )
 
 // faultPolicy has one rule per failure mode, on separate descriptors.
@@ -242,4 +246,53 @@ func TestColdKeysWhileDown(t *testing.T) {
 		t.Error("breaker not open with the region down")
 	}
 	eventually(t, 10*time.Second, "cold keys evicted", func() bool { return a.Stats().Keys == 0 })
+}
+
+// failingStore is a Store whose grants fail while fail is set.
+type failingStore struct {
+	service.Store
+	fail atomic.Bool
+}
+
+func (f *failingStore) Grant(ctx context.Context, reqs []lease.GrantRequest, out []lease.Grant) error {
+	if f.fail.Load() {
+		return errors.New("timed out")
+	}
+	return f.Store.Grant(ctx, reqs, out)
+}
+
+// demandSeen sums the demand an Observer was told, over every key.
+type demandSeen struct{ demand atomic.Int64 }
+
+func (d *demandSeen) Observe(_ string, _ *policy.Rule, demand, _ int64) { d.demand.Add(demand) }
+
+// TestDemandOfAFailedStoreIsCountedOnce checks that the demand of a call
+// whose region's store failed reaches the exchange once: the region counts
+// it and says so, and the agent does not report it again with the key's
+// next call. (Until 3 December 2026 the region dropped it and the agent
+// kept it for the key's next request: a key asked once a sweep had no
+// demand anywhere until then, and the scale run retired thousands of keys
+// as idle after each disturbance.)
+func TestDemandOfAFailedStoreIsCountedOnce(t *testing.T) {
+	store := &failingStore{Store: lease.NewMemoryStore(lease.MemoryConfig{})}
+	seen := &demandSeen{}
+	r := startLeaseServerWith(t, faultPolicy, store, service.Config{Observer: seen})
+	cfg := testConfig()
+	cfg.BreakerFailures = 100
+	a := newAgent(t, r, cfg)
+	ctx := context.Background()
+	store.fail.Store(true)
+	if d := a.Allow(ctx, ds("a", "once"), 1); d.Path != PathFallbackLocal {
+		t.Fatalf("with the store failing: path %v, want %v", d.Path, PathFallbackLocal)
+	}
+	if got := seen.demand.Load(); got != 1 {
+		t.Fatalf("demand counted %d after the failed call, want 1", got)
+	}
+	store.fail.Store(false)
+	if d := a.Allow(ctx, ds("a", "once"), 1); !d.Allowed || d.Path != PathLease {
+		t.Fatalf("with the store back: %+v, want allowed by a lease", d)
+	}
+	if got := seen.demand.Load(); got != 2 {
+		t.Fatalf("demand counted %d after two requests, want 2 (the first reported again?)", got)
+	}
 }

@@ -16,8 +16,9 @@ const maxBatch = 1000
 // leaseDone applies the outcome of flight f's Lease call req, sent at sent
 // and answered (resp) or failed (err) at now after a round trip of rtt:
 // the breaker and the round-trip estimate learn from it, each key gets its
-// grant or, on an error, reports its demand again with its next call and
-// is checked again after the probe interval, and whoever waits for f is
+// grant or, on an error, reports its demand again with its next call
+// (unless the error says the region counted it) and is checked again
+// after the probe interval, and whoever waits for f is
 // woken. It returns the call's error, which includes an answer with the
 // wrong number of grants.
 func (c *core) leaseDone(f *flight, req *leasev1.LeaseRequest, wants []int64, sent, now int64, rtt time.Duration, resp *leasev1.LeaseResponse, err error) error {
@@ -33,6 +34,8 @@ func (c *core) leaseDone(f *flight, req *leasev1.LeaseRequest, wants []int64, se
 	} else {
 		c.ctr.callErrors.Add(1)
 	}
+	// The region counted the demand of a call its store failed.
+	counted := err != nil && leasev1.DemandCounted(err)
 	for i, k := range f.keys {
 		k.mu.Lock()
 		// What the requests waiting for this round trip need beyond its
@@ -49,9 +52,11 @@ func (c *core) leaseDone(f *flight, req *leasev1.LeaseRequest, wants []int64, se
 		if err == nil {
 			c.applyLocked(k, f.rules[i], resp.Grants[i], sent, now, wants[i])
 		} else {
-			// Report this demand with the next call instead.
-			k.reportedAsked -= req.Items[i].Demand
-			k.reportedAdmitted -= req.Items[i].Admitted
+			if !counted {
+				// Report this demand with the next call instead.
+				k.reportedAsked -= req.Items[i].Demand
+				k.reportedAdmitted -= req.Items[i].Admitted
+			}
 			c.scheduleBy(k, now+int64(c.cfg.ProbeInterval))
 		}
 		if k.flight == f {

@@ -171,7 +171,7 @@ func (s *Service) Lease(ctx context.Context, req *leasev1.LeaseRequest) (*leasev
 	}
 	s.agents.saw(req.GetAgent().GetId(), now)
 	if err := s.grantBatch(ctx, b, now); err != nil {
-		return nil, err
+		return nil, s.leaseFailed(ctx, b, items, err)
 	}
 	resp := &leasev1.LeaseResponse{
 		Grants: make([]*leasev1.LeaseGrant, len(items)),
@@ -181,6 +181,27 @@ func (s *Service) Lease(ctx context.Context, req *leasev1.LeaseRequest) (*leasev
 	s.grants(resp, b, items, now)
 	s.metrics.lease.ok.Inc()
 	return resp, nil
+}
+
+// leaseFailed returns the error of a Lease call whose store failed. The
+// items' demand is real whatever the store did, so it is counted for the
+// exchange, as asks granted nothing, and the error says so
+// (leasev1.ReasonDemandCounted): the agent does not report it again.
+// Otherwise the demand waited at the agent for the key's next request, and
+// a key asked once in a while whose call met a failing store had no demand
+// in any region until then: the exchange retired it as idle, and entered it
+// again at that request (docs/DESIGN.md, "Keys at rest"). A call its caller
+// gave up on is not counted: the agent reports its demand again.
+func (s *Service) leaseFailed(ctx context.Context, b *batch, items []*leasev1.LeaseItem, err error) error {
+	if s.cfg.Observer == nil || status.Code(err) != codes.Unavailable || ctx.Err() != nil {
+		return err
+	}
+	for i, r := range b.rules {
+		if r.Scope != policy.ScopeRegion {
+			s.cfg.Observer.Observe(b.keys[i], r, items[i].GetDemand(), 0)
+		}
+	}
+	return leasev1.DemandCountedError(codes.Unavailable, status.Convert(err).Message())
 }
 
 // grantBatch fills b.out: from the memory of dry keys where it holds the

@@ -324,3 +324,32 @@ func TestObserverSeesGlobalKeysOnly(t *testing.T) {
 		t.Fatalf("observed (-want +got):\n%s", d)
 	}
 }
+
+// TestFailedStoreCountsDemand checks that a Lease call whose store fails
+// still counts its global items' demand for the exchange, as asks granted
+// nothing, and says so in its error (over gRPC), so that the agent does not
+// report it again; a call that succeeds says nothing of the kind.
+func TestFailedStoreCountsDemand(t *testing.T) {
+	o := &observed{seen: map[string][2]int64{}}
+	fail := true
+	f := start(t, Config{Observer: o, Store: &flakyStore{Store: lease.NewMemoryStore(lease.MemoryConfig{}), fail: &fail}})
+	req := &leasev1.LeaseRequest{Agent: agent("a"), Items: []*leasev1.LeaseItem{
+		{Rule: "per-tenant", Key: "tenant=acme", Want: 5, Demand: 3, Admitted: 1},
+		{Rule: "per-ip", Key: "ip=1", Want: 1, Demand: 1},
+	}}
+	_, err := f.client.Lease(context.Background(), req)
+	if status.Code(err) != codes.Unavailable || !leasev1.DemandCounted(err) {
+		t.Fatalf("Lease with a failing store: %v (demand counted %v), want Unavailable with the demand counted", err, leasev1.DemandCounted(err))
+	}
+	want := map[string][2]int64{"per-tenant/tenant=acme": {3, 0}}
+	if d := cmp.Diff(want, o.seen); d != "" {
+		t.Fatalf("observed (-want +got):\n%s", d)
+	}
+	fail = false
+	if _, err := f.client.Lease(context.Background(), req); err != nil || leasev1.DemandCounted(err) {
+		t.Fatalf("Lease with the store back: %v", err)
+	}
+	if got := o.seen["per-tenant/tenant=acme"][0]; got != 6 {
+		t.Fatalf("demand counted %d after both calls, want 6", got)
+	}
+}
