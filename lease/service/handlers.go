@@ -190,10 +190,13 @@ func (s *Service) Lease(ctx context.Context, req *leasev1.LeaseRequest) (*leasev
 // Otherwise the demand waited at the agent for the key's next request, and
 // a key asked once in a while whose call met a failing store had no demand
 // in any region until then: the exchange retired it as idle, and entered it
-// again at that request (docs/DESIGN.md, "Keys at rest"). A call its caller
-// gave up on is not counted: the agent reports its demand again.
+// again at that request (docs/DESIGN.md, "Demand of failed calls"). It is
+// counted too when the caller gave up on the call (its deadline passed),
+// though that agent, which never sees the error, reports the demand again
+// with the key's next call: one request counted twice costs the exchange
+// less than a key retired and entered again.
 func (s *Service) leaseFailed(ctx context.Context, b *batch, items []*leasev1.LeaseItem, err error) error {
-	if s.cfg.Observer == nil || status.Code(err) != codes.Unavailable || ctx.Err() != nil {
+	if s.cfg.Observer == nil || status.Code(err) == codes.InvalidArgument {
 		return err
 	}
 	for i, r := range b.rules {
@@ -201,7 +204,7 @@ func (s *Service) leaseFailed(ctx context.Context, b *batch, items []*leasev1.Le
 			s.cfg.Observer.Observe(b.keys[i], r, items[i].GetDemand(), 0)
 		}
 	}
-	return leasev1.DemandCountedError(codes.Unavailable, status.Convert(err).Message())
+	return leasev1.DemandCountedError(status.Code(err), status.Convert(err).Message())
 }
 
 // grantBatch fills b.out: from the memory of dry keys where it holds the
