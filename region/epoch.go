@@ -24,6 +24,17 @@ func (s *State) epochKey(now time.Time, ks *keyState, p *Plan) bool {
 	if active {
 		ks.lastDemand = now
 	}
+	s.heardOnly = false
+	if ks.heardDemand && ks.gen != 0 && !ks.lastDemand.Equal(now) {
+		// A peer's tally listed demand that a newer one replaced before
+		// this epoch read it (several reports between two of our epochs,
+		// when ours outlast the period): the key is not idle, though its
+		// smoothed demand steers by the latest. Else a key asked once in a
+		// while retires in the regions that are not its home whenever
+		// their epochs fall behind, and enters again at its next request.
+		ks.lastDemand, s.heardOnly = now, true
+	}
+	ks.heardDemand = false
 	if !s.tallied {
 		ks.pub, ks.cur0 = s.closing(ks), tally{}
 		s.closeTally(ks)

@@ -159,6 +159,9 @@ func (s *State) mergeKeys(now time.Time, r *Report, in *inbound) {
 		}
 		s.touch(ks)
 		ks.setTally(in.slot, in.inc, in.epoch, e.Demand, e.Granted)
+		if e.Demand > 0 {
+			ks.heardDemand = true
+		}
 		if !exchange {
 			continue
 		}

@@ -223,7 +223,7 @@ func (s *State) noteRest(now time.Time, ks *keyState, pol KeyPolicy, before rest
 		ks.quiet++
 	}
 	copy(ks.restX(), s.x)
-	ks.restActive = ks.lastDemand.Equal(now)
+	ks.restActive = ks.lastDemand.Equal(now) && !s.heardOnly // not demand it keeps while it rests
 	m := &s.meta[ks.idx]
 	if m.rest == restAwake && ks.resting() {
 		m.rest = restNew

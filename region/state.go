@@ -70,6 +70,7 @@ type State struct {
 	prevNow   time.Time
 	policyGen uint64
 	resting   int    // keys the latest Epoch skipped
+	heardOnly bool   // the key epochKey ran had demand only in a replaced tally (noteRest)
 	awake     Awake  // why the latest Epoch visited keys and kept them awake
 	epochs    uint64 // Epoch calls completed
 
@@ -175,8 +176,12 @@ type keyState struct {
 	created, lastDemand, lastTransfer time.Time
 	written                           time.Time // the latest confirmed write of its share (Wrote)
 
-	toApply bool  // in State.toApply
-	n       uint8 // regions: the arrays' (ints) shape
+	toApply bool // in State.toApply
+	// heardDemand: a peer's tally listed demand for the key since its last
+	// epoch, in a report a newer one may have replaced before that epoch
+	// read it (epochKey).
+	heardDemand bool
+	n           uint8 // regions: the arrays' (ints) shape
 
 	// At rest (rest.go): quiet epochs running (restQuiet: resting), and
 	// whether it had demand when it came to rest; its timers are in
