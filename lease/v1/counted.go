@@ -1,8 +1,6 @@
 package leasev1
 
 import (
-	"errors"
-
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -30,11 +28,7 @@ func DemandCountedError(c codes.Code, msg string) error {
 // DemandCounted reports whether err, a failed Lease call's, says that the
 // region counted the demand of its items (ReasonDemandCounted).
 func DemandCounted(err error) bool {
-	var se interface{ GRPCStatus() *status.Status }
-	if !errors.As(err, &se) {
-		return false
-	}
-	for _, d := range se.GRPCStatus().Details() {
+	for _, d := range status.Convert(err).Details() {
 		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == ErrorDomain && info.GetReason() == ReasonDemandCounted {
 			return true
 		}
