@@ -28,6 +28,7 @@ var hotWeights = [...]float64{0.6, 0.3, 0.1}
 type loadConfig struct {
 	keys    int           // distinct keys, each decided once per sweep
 	sweep   time.Duration // how long one pass over every key takes
+	first   time.Duration // how long the first pass takes (at most sweep)
 	hot     float64       // Zipf-distributed decisions per second, all regions
 	zipfS   float64       // Zipf exponent (> 1)
 	move    float64       // share of keys whose home region changes every round
@@ -186,9 +187,18 @@ func mix(x uint64) uint64 {
 	return x ^ (x >> 31)
 }
 
-// due is how many keys the sweep should have dispatched by now.
+// due is how many keys the sweep should have dispatched by now: the first
+// pass in cfg.first, every later one in cfg.sweep. No key waits longer
+// than cfg.sweep between two of its requests, as cfg.first ≤ cfg.sweep.
 func (g *generator) due(now time.Time) int64 {
-	return int64(now.Sub(g.start).Seconds() * g.cfg.sweepRate())
+	e, n, first := now.Sub(g.start).Seconds(), float64(g.cfg.keys), g.cfg.first.Seconds()
+	if first <= 0 {
+		first = g.cfg.sweep.Seconds()
+	}
+	if e < first {
+		return int64(e / first * n)
+	}
+	return int64(n + (e-first)*g.cfg.sweepRate())
 }
 
 // lag is how many keys the sweep is behind its schedule at now.

@@ -44,23 +44,32 @@ import (
 // regions of the run, in the order they are printed.
 var regions = []string{"ap", "eu", "us"}
 
-// regionIdle is the exchange's default IdleAfter (region.Config): a key
-// with no demand anywhere for this long retires. The sweep revisits every
-// key within it, so every key stays active.
+// regionIdle is the exchange's default IdleAfter (region.Config), the
+// default of -idle-after: a key with no demand anywhere for this long
+// retires. The sweep revisits every key within it, so every key stays
+// active.
 const regionIdle = 60 * time.Second
 
 // policyYAML is the run's one rule: a per-user limit shared by all
-// regions. Its bucket refills in a minute and so expires in Redis two
-// minutes after its last use (2 × burst ÷ rate), longer than a sweep.
+// regions, 100 tokens a period (policyPeriod). Its bucket refills in a
+// period and so expires in Redis two periods after its last use (2 ×
+// burst ÷ rate), longer than a sweep.
 const policyYAML = `rules:
   - name: per-user
     key: [user]
     limit: 100
-    period: 1m
+    period: %dm
     burst: 100
     scope: global
     on_error: local
 `
+
+// policyPeriod is the rule's period for a sweep: a minute, or the sweep
+// rounded up to whole minutes, so that a key's bucket outlives the time
+// between two of its requests.
+func policyPeriod(sweep time.Duration) time.Duration {
+	return max(time.Minute, (sweep+time.Minute-1)/time.Minute*time.Minute)
+}
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -76,6 +85,7 @@ type options struct {
 	duration, report    time.Duration
 	syncPeriod, rttWait time.Duration
 	storeTimeout        time.Duration
+	idle                time.Duration // regiond -idle-after
 	agents              int
 	json                bool
 	regiond             string
@@ -93,7 +103,9 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.duration, "duration", 10*time.Minute, "how long the load runs")
 	fs.DurationVar(&o.report, "report", 30*time.Second, "how often the figures are printed")
 	out := fs.String("o", "text", "output: text, or json (JSON lines)")
-	fs.DurationVar(&o.load.sweep, "sweep", 50*time.Second, "how long one pass over every key takes; under the regions' idle time (60s)")
+	fs.DurationVar(&o.load.sweep, "sweep", 50*time.Second, "how long one pass over every key takes; under -idle-after")
+	fs.DurationVar(&o.load.first, "first-sweep", 0, "how long the first pass over every key takes, at most -sweep (0: -sweep): a million keys at a sweep the machine can drive take long to become active")
+	fs.DurationVar(&o.idle, "idle-after", regionIdle, "regiond -idle-after: how long a key with no demand anywhere stays in the exchange; more than -sweep")
 	fs.Float64Var(&o.load.hot, "hot", 1000, "Zipf-distributed decisions per second on top of the sweep, split 60/30/10% between the regions (rotating every sweep)")
 	fs.Float64Var(&o.load.zipfS, "zipf", 1.1, "Zipf exponent of the hot traffic (> 1)")
 	fs.Float64Var(&o.load.move, "move", 0.1, "share of keys whose home region moves on every sweep")
@@ -115,6 +127,9 @@ func parse(args []string, stderr io.Writer) (options, error) {
 		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	o.load.seed = *seed
+	if o.load.first == 0 {
+		o.load.first = o.load.sweep
+	}
 	if o.load.seed == 0 {
 		o.load.seed = uint64(time.Now().UnixNano())
 	}
@@ -129,8 +144,10 @@ func parse(args []string, stderr io.Writer) (options, error) {
 		return o, fmt.Errorf("-keys %d: want 1 to %d", o.load.keys, uint32(math.MaxUint32))
 	case o.duration <= 0 || o.report <= 0:
 		return o, errors.New("-duration and -report must be positive")
-	case o.load.sweep <= 0 || o.load.sweep >= regionIdle:
-		return o, fmt.Errorf("-sweep %v: want more than 0 and less than the regions' idle time %v", o.load.sweep, regionIdle)
+	case o.load.sweep <= 0 || o.load.sweep >= o.idle:
+		return o, fmt.Errorf("-sweep %v: want more than 0 and less than -idle-after %v", o.load.sweep, o.idle)
+	case o.load.first < 0 || o.load.first > o.load.sweep:
+		return o, fmt.Errorf("-first-sweep %v: want 0 (-sweep) to -sweep %v", o.load.first, o.load.sweep)
 	case !(o.load.hot >= 0) || math.IsInf(o.load.hot, 0):
 		return o, fmt.Errorf("-hot %v: want a finite rate ≥ 0", o.load.hot)
 	case !(o.load.zipfS > 1) || math.IsInf(o.load.zipfS, 0):
@@ -175,7 +192,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	p := printer{w: stdout, json: o.json}
 	p.start(o, d)
 
-	s := &sampler{ns: d.nats, regions: d.targets, hc: d.hc}
+	s := &sampler{ns: d.nats, regions: d.targets, hc: d.hc, idle: o.idle}
 	s.gen = newGenerator(o.load, d.agents())
 	s.start = time.Now()
 	s.gen.start = s.start
@@ -252,10 +269,10 @@ func (d *deployment) agents() [][]*agent.Agent {
 // quietLogger discards, for the agents.
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
-// policyFile writes the run's policy into dir.
-func policyFile(dir string) (string, error) {
+// policyFile writes the run's policy for sweep into dir.
+func policyFile(dir string, sweep time.Duration) (string, error) {
 	path := filepath.Join(dir, "policy.yaml")
-	return path, os.WriteFile(path, []byte(policyYAML), 0o644)
+	return path, os.WriteFile(path, fmt.Appendf(nil, policyYAML, policyPeriod(sweep)/time.Minute), 0o644)
 }
 
 // keysPerGroup is what the groups layout is sized for: DESIGN's "Redis
@@ -286,6 +303,7 @@ func regionArgs(o options, r, redisAddr, natsURL, policy string) []string {
 		"-redis", "redis://" + redisAddr, "-nats", natsURL,
 		"-listen", "127.0.0.1:0", "-admin", "127.0.0.1:0",
 		"-policy", policy, "-sync-period", o.syncPeriod.String(), "-log-level", level,
+		"-idle-after", o.idle.String(),
 	}
 	if o.layout == "groups" {
 		args = append(args, "-redis-layout", "groups", "-redis-groups", strconv.Itoa(o.groups))

@@ -115,6 +115,7 @@ func TestParseRejectsBadFlags(t *testing.T) {
 		{"-hot", "-1"}, {"-o", "yaml"}, {"-agents", "0"}, {"-workers", "0"}, {"-report", "0s"}, {"-store-timeout", "-1s"}, {"extra"},
 		{"-redis-layout", "rows"}, {"-redis-groups", "1000"}, {"-redis-groups", "1024", "-redis-layout", "keys"},
 		{"-heap-profiles", "x", "-regiond", "y"},
+		{"-sweep", "2m", "-idle-after", "2m"}, {"-first-sweep", "-1s"}, {"-first-sweep", "51s"},
 	} {
 		if _, err := parse(args, io.Discard); err == nil {
 			t.Errorf("parse(%q): got no error", args)
@@ -191,5 +192,46 @@ func TestRegiondAddrs(t *testing.T) {
 	lease, admin := regiondAddrs(path)
 	if lease != "127.0.0.1:4001" || admin != "127.0.0.1:4002" {
 		t.Errorf("got lease %q admin %q, want 127.0.0.1:4001 and 127.0.0.1:4002", lease, admin)
+	}
+}
+
+// TestFirstSweep checks the sweep's schedule with a faster first pass:
+// every key is due once in the first pass, then once a sweep, so no key
+// waits longer than a sweep between two requests.
+func TestFirstSweep(t *testing.T) {
+	start := time.Unix(1_700_000_000, 0)
+	g := &generator{cfg: loadConfig{keys: 100, sweep: 50 * time.Second, first: 10 * time.Second}, start: start}
+	for _, c := range []struct {
+		at   time.Duration
+		want int64
+	}{{0, 0}, {5 * time.Second, 50}, {10 * time.Second, 100}, {35 * time.Second, 150}, {60 * time.Second, 200}} {
+		if got := g.due(start.Add(c.at)); got != c.want {
+			t.Errorf("due at %v: got %d, want %d", c.at, got, c.want)
+		}
+	}
+	// The time from a key's first request to its second, for every key.
+	dueAt := func(s int64) time.Duration { // the first time s keys are due
+		lo, hi := time.Duration(0), 2*time.Minute
+		for hi-lo > time.Millisecond {
+			mid := (lo + hi) / 2
+			if g.due(start.Add(mid)) >= s {
+				hi = mid
+			} else {
+				lo = mid
+			}
+		}
+		return hi
+	}
+	for k := int64(0); k < 100; k++ {
+		if gap := dueAt(k+101) - dueAt(k+1); gap > g.cfg.sweep+time.Millisecond {
+			t.Errorf("key %d: %v between its first two requests, want at most the sweep %v", k, gap, g.cfg.sweep)
+		}
+	}
+	for _, c := range []struct{ sweep, want time.Duration }{
+		{50 * time.Second, time.Minute}, {time.Minute, time.Minute}, {9 * time.Minute, 9 * time.Minute}, {9*time.Minute + time.Second, 10 * time.Minute},
+	} {
+		if got := policyPeriod(c.sweep); got != c.want {
+			t.Errorf("policyPeriod(%v): got %v, want %v", c.sweep, got, c.want)
+		}
 	}
 }

@@ -130,7 +130,8 @@ type sampler struct {
 	last     time.Time
 	all      allLine
 	count    counters
-	swept    []sweptAt // the sweep's progress at each sample, for active
+	swept    []sweptAt     // the sweep's progress at each sample, for active
+	idle     time.Duration // the regions' IdleAfter
 }
 
 // sweptAt is how many keys the sweep had dispatched at t.
@@ -142,15 +143,16 @@ type sweptAt struct {
 // active is how many distinct keys were decided within the regions' idle
 // time before now (the sweep goes in key order, so the last n ≤ keys it
 // dispatched are distinct), as far as the samples resolve it: counted from
-// the latest sample at least regionIdle old, or from the start.
+// the latest sample at least the regions' idle time old, or from the
+// start.
 func (s *sampler) active(now time.Time) int64 {
 	cur := s.gen.swept.Load()
 	s.swept = append(s.swept, sweptAt{now, cur})
 	var from int64
-	for len(s.swept) > 1 && now.Sub(s.swept[1].t) >= regionIdle {
+	for len(s.swept) > 1 && now.Sub(s.swept[1].t) >= s.idle {
 		s.swept = s.swept[1:]
 	}
-	if now.Sub(s.swept[0].t) >= regionIdle {
+	if now.Sub(s.swept[0].t) >= s.idle {
 		from = s.swept[0].swept
 	}
 	return min(cur-from, int64(s.gen.cfg.keys))

@@ -92,6 +92,7 @@ func run(args []string) error {
 	regions := fs.String("regions", "", "all regions of the deployment, comma-separated, this one included (default: this region alone)")
 	fs.DurationVar(&cfg.SyncPeriod, "sync-period", time.Second, "how often regions exchange reports and move shares (the same in every region)")
 	fs.IntVar(&cfg.ReportRefresh, "report-refresh", 0, "how often, in sync periods, the exchange's reports list a key that did not change (they are deltas); -1 sends full reports, for a rolling upgrade from a release before deltas (default 600)")
+	fs.DurationVar(&cfg.IdleAfter, "idle-after", 0, "how long a global key must see no demand in any region before the exchange retires it (the same in every region; default 1m)")
 	fs.DurationVar(&cfg.DecideAfter, "decide-after", 0, "how long after publishing its tallies a region decides its moves; more than the one-way delay between regions plus clock skew (default sync-period/4)")
 	fs.DurationVar(&cfg.ReadyGrace, "ready-grace", 0, "how long after start /readyz waits for a report from every other region before it says ready without them (default 10 sync periods)")
 	fs.StringVar(&cfg.Replica, "replica", "", "this replica's name within its region (default: hostname and a random suffix)")

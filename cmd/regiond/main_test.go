@@ -72,6 +72,7 @@ func TestExchangeFlagsAreValidated(t *testing.T) {
 		{"-region", "eu", "-regions", "us,ap", "-nats-embedded"},
 		{"-region", "eu", "-regions", "eu,eu"},
 		{"-sync-period", "1us", "-nats-embedded"},
+		{"-idle-after", "-1s", "-nats-embedded"},
 		{"-redis-layout", "rows", "-redis", "redis://127.0.0.1:1"},
 		{"-redis-layout", "groups"}, // without -redis
 		{"-redis-groups", "1000", "-redis-layout", "groups", "-redis", "redis://127.0.0.1:1"},

@@ -144,6 +144,11 @@ type Config struct {
 	// default 600; -1 sends full reports, for a rolling upgrade from a
 	// release before deltas.
 	ReportRefresh int
+	// IdleAfter is how long a global key must see no demand in any region
+	// before the exchange retires it (region.Config.IdleAfter): default
+	// 60s. Keys asked less often than that re-enter the exchange at each
+	// request; the same in every region.
+	IdleAfter time.Duration
 	// Replica names this replica within its region (default
 	// "<hostname>-<random>"). Replicas of one region share its store; one
 	// at a time runs the exchange.
@@ -223,7 +228,7 @@ func (c Config) Validate() error { return c.withDefaults().validate() }
 
 func (c Config) validate() error {
 	var errs []error
-	if c.PolicyInterval < 0 || c.LeaseTTL < 0 || c.StoreTimeout < 0 || c.SweepInterval < 0 || c.NATSReconnectWait < 0 || c.ReadyGrace < 0 {
+	if c.PolicyInterval < 0 || c.LeaseTTL < 0 || c.StoreTimeout < 0 || c.SweepInterval < 0 || c.NATSReconnectWait < 0 || c.ReadyGrace < 0 || c.IdleAfter < 0 {
 		errs = append(errs, errors.New("durations must not be negative"))
 	}
 	if c.SyncPeriod < time.Millisecond {

@@ -158,7 +158,7 @@ func newNATSMetrics(reg prometheus.Registerer) *natsMetrics {
 // exchange will compute it; New also validates the exchange's region
 // config with it.
 func initialShare(cfg Config) (int64, error) {
-	rc := region.Config{Self: cfg.Region, Regions: cfg.Regions, Period: cfg.SyncPeriod, Refresh: cfg.ReportRefresh}
+	rc := region.Config{Self: cfg.Region, Regions: cfg.Regions, Period: cfg.SyncPeriod, Refresh: cfg.ReportRefresh, IdleAfter: cfg.IdleAfter}
 	if cfg.ExchangeTune != nil {
 		cfg.ExchangeTune(&rc)
 	}
@@ -249,6 +249,7 @@ func (d *Daemon) startExchange() error {
 		Period:      cfg.SyncPeriod,
 		DecideAfter: cfg.DecideAfter,
 		Refresh:     cfg.ReportRefresh,
+		IdleAfter:   cfg.IdleAfter,
 		Conn:        d.nc,
 		Store:       forgetting{d.shares, d.svc, d.keeper, d.siblingsHeard, d.log},
 		Coordinator: resetting{coord, d.keeper},

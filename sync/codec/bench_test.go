@@ -1,8 +1,10 @@
 package codec
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
+	"runtime/pprof"
 	"testing"
 	"time"
 
@@ -31,13 +33,22 @@ type benchRegions struct {
 // cpuClock sums the process's CPU time (user and system, every thread:
 // the garbage collector's too) over the intervals between start and stop.
 // On a shared machine it measures the work where wall time measures the
-// load.
+// load. The goroutine carries the profiler label timed=yes between start
+// and stop, so that a CPU profile of the benchmark shows the timed work
+// alone (go tool pprof -tagfocus timed=yes; the garbage collector's
+// background workers carry no label).
 type cpuClock struct {
 	total, from time.Duration
 }
 
-func (c *cpuClock) start() { c.from = processCPU() }
-func (c *cpuClock) stop()  { c.total += processCPU() - c.from }
+func (c *cpuClock) start() {
+	c.from = processCPU()
+	pprof.SetGoroutineLabels(pprof.WithLabels(context.Background(), pprof.Labels("timed", "yes")))
+}
+func (c *cpuClock) stop() {
+	c.total += processCPU() - c.from
+	pprof.SetGoroutineLabels(context.Background())
+}
 
 // codec is an encoder and a decoder of reports, so that one benchmark run
 // compares the package's codec with the generated code's.

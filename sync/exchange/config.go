@@ -134,8 +134,13 @@ type Config struct {
 	// TopKeys is how many of the most active keys get a share gauge per
 	// region (bounded cardinality). Default 20; negative disables.
 	TopKeys int
+	// IdleAfter is how long a key must see no demand anywhere before it
+	// retires (region.Config.IdleAfter; default 60s): more than the
+	// longest gap between two requests of a key that should stay held.
+	IdleAfter time.Duration
 	// Tune, if set, adjusts the region.Config the exchange builds (Self,
-	// Replica, Regions, Period and Policy are set before it is called), for
+	// Replica, Regions, Period, IdleAfter and Policy are set before it is
+	// called), for
 	// tests and deployments that change region's defaults.
 	Tune func(*region.Config)
 	// Registerer receives the exchange's metrics; nil registers none.

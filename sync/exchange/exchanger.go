@@ -119,13 +119,14 @@ func New(cfg Config) (*Exchanger, error) {
 		}
 	}
 	rcfg := region.Config{
-		Self:    cfg.Region,
-		Replica: cfg.Replica,
-		Regions: cfg.Regions,
-		Period:  cfg.Period,
-		Refresh: cfg.Refresh,
-		Policy:  func(key string) region.KeyPolicy { return x.pol.RuleOf(key).KeyPolicy() },
-		Rules:   x.rules,
+		Self:      cfg.Region,
+		Replica:   cfg.Replica,
+		Regions:   cfg.Regions,
+		Period:    cfg.Period,
+		Refresh:   cfg.Refresh,
+		IdleAfter: cfg.IdleAfter,
+		Policy:    func(key string) region.KeyPolicy { return x.pol.RuleOf(key).KeyPolicy() },
+		Rules:     x.rules,
 	}
 	if cfg.Tune != nil {
 		cfg.Tune(&rcfg)

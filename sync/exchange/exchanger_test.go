@@ -437,3 +437,26 @@ func TestLostShareWritesAreRewritten(t *testing.T) {
 	// may have seen first: within 20 periods of losing them in all.
 	waitMetrics(t, reps["eu"].reg, 20*c.period-time.Since(start), c.period/10, "ration_exchange_store_resyncs_total 1\n")
 }
+
+// TestIdleAfterReachesRegion checks that Config.IdleAfter is the region
+// state's (regiond's -idle-after), set before Tune sees it.
+func TestIdleAfterReachesRegion(t *testing.T) {
+	pol, err := policy.Parse("test.yaml", []byte(testPolicy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got time.Duration
+	_, err = New(Config{
+		Region: "eu", Replica: "eu-0", Regions: []string{"eu", "us"}, Period: time.Second, IdleAfter: 7 * time.Minute,
+		Conn: dial(t, startNATS(t)), Store: lease.NewMemoryStore(lease.MemoryConfig{}), Coordinator: NewMemoryCoordinator(nil),
+		Policy: func() *policy.Set { return pol }, Registerer: prometheus.NewRegistry(),
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Tune:   func(c *region.Config) { got = c.IdleAfter },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != 7*time.Minute {
+		t.Fatalf("region.Config.IdleAfter %v, want 7m", got)
+	}
+}
