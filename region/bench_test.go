@@ -205,3 +205,86 @@ func BenchmarkPersist(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkTallyHeldKeys measures Tally in a region of three holding
+// 100,000 keys in their generation, of which 2% are asked in each epoch (a
+// different 2% each time, so every key is asked within IdleAfter and none
+// retires) and the rest are held without demand, as most keys of a large
+// deployment are at any time. ration steps over held keys at rest
+// (keyMeta.idle); baseline=EveryKey visits every key in every phase
+// (Config.EveryKey, the reference), as Tally visited every key not asked
+// before. Only region r0's Tally is timed; the regions' other phases run
+// outside the timer. ns/held-key is per key the region holds.
+//
+//	go test -run '^$' -bench TallyHeldKeys -benchmem ./region
+func BenchmarkTallyHeldKeys(b *testing.B) {
+	const keys, every = 100_000, 50
+	for _, mode := range []string{"ration", "baseline=EveryKey"} {
+		b.Run(mode, func(b *testing.B) {
+			names := []string{"r0", "r1", "r2"}
+			var sts []*region.State
+			for _, name := range names {
+				sts = append(sts, mustNew(b, region.Config{
+					Self: name, Regions: names, EveryKey: mode != "ration",
+					Policy: func(string) region.KeyPolicy { return region.KeyPolicy{Rate: 1000} },
+				}))
+			}
+			ids := make([]string, keys)
+			for k := range ids {
+				ids[k] = "bench/" + fmt.Sprint(k)
+			}
+			now := t0
+			reps := make([]region.Report, len(sts))
+			exchange := func() {
+				for r, st := range sts {
+					for p, rep := range reps {
+						if p != r {
+							if err := st.Receive(now, rep); err != nil {
+								b.Fatalf("Receive: %v", err)
+							}
+						}
+					}
+					st.Apply()
+				}
+			}
+			// epoch runs both phases; epoch -1 asks for every key.
+			epoch := func(e int, timed bool) {
+				now = now.Add(time.Second)
+				for r, st := range sts {
+					for k := range ids {
+						if e < 0 || k%every == e%every {
+							st.Observe(ids[k], 50, 50)
+						}
+					}
+					if timed && r == 0 {
+						b.StartTimer()
+					}
+					reps[r] = st.Tally(now)
+					if timed && r == 0 {
+						b.StopTimer()
+					}
+				}
+				exchange()
+				for r, st := range sts {
+					reps[r] = epochAll(b, st, now.Add(250*time.Millisecond))
+				}
+				exchange()
+			}
+			epoch(-1, false) // every key enters its generation
+			for e := range 2 * every {
+				epoch(e, false)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			b.StopTimer()
+			for i := 0; i < b.N; i++ {
+				epoch(i, true)
+			}
+			held := sts[0].Keys()
+			if held != keys {
+				b.Fatalf("r0 holds %d keys, want %d", held, keys)
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(held), "ns/held-key")
+		})
+	}
+}

@@ -1,6 +1,7 @@
 package region
 
 import (
+	"cmp"
 	"math"
 	"slices"
 )
@@ -75,6 +76,9 @@ type deltas struct {
 	// seen: a new one means its holder knows nothing of our state.
 	streams []uint64
 	list    []*keyState // scratch: the keys a Report lists
+	// refreshed is scratch: the keys of the buckets a tally report
+	// refreshes.
+	refreshed []*keyState
 }
 
 // cursor is a stream's round-robin over the refresh buckets.
@@ -278,10 +282,11 @@ func (s *State) tallyRefresh(r *Report) {
 	}
 	d := &s.delta
 	from := r.Resent
-	for i, ks := range s.keys {
-		if from == 0 && !inRange(uint32(s.meta[i].bucket), r.RefreshFrom, r.RefreshCount) {
-			continue // neither refreshed nor asked for again
-		}
+	keys := s.keys
+	if from == 0 {
+		keys = s.refreshedKeys(r) // neither refreshed nor asked for again: the others
+	}
+	for _, ks := range keys {
 		switch {
 		case ks.tallyAt == s.epoch:
 		case ks.held != (tally{}) && inRange(ks.bucket, r.RefreshFrom, r.RefreshCount),
@@ -290,6 +295,7 @@ func (s *State) tallyRefresh(r *Report) {
 			r.Keys = append(r.Keys, s.tallyEntry(ks))
 		}
 	}
+	clear(d.refreshed) // not to keep dropped keys alive
 	d.fullTally, d.resendTally = false, 0
 	d.talliedAt = s.epoch
 	for i := range d.gone {
@@ -300,6 +306,26 @@ func (s *State) tallyRefresh(r *Report) {
 		}
 	}
 	s.pruneGone()
+}
+
+// refreshedKeys returns the keys of the buckets r refreshes in State.keys's
+// order, the order a pass over every key lists them in: from the buckets'
+// lists when they are a few of many, so that a tally report's refresh
+// reads its keys rather than every key's record.
+func (s *State) refreshedKeys(r *Report) []*keyState {
+	d := &s.delta
+	d.refreshed = d.refreshed[:0]
+	if r.RefreshCount >= RefreshBuckets/8 || s.buckets == nil { // sorting would cost more
+		for i, ks := range s.keys {
+			if inRange(uint32(s.meta[i].bucket), r.RefreshFrom, r.RefreshCount) {
+				d.refreshed = append(d.refreshed, ks)
+			}
+		}
+		return d.refreshed
+	}
+	s.eachRefreshed(r, func(ks *keyState) { d.refreshed = append(d.refreshed, ks) })
+	slices.SortFunc(d.refreshed, func(a, b *keyState) int { return cmp.Compare(a.idx, b.idx) })
+	return d.refreshed
 }
 
 // pruneGone forgets dropped keys listed in an earlier epoch by every stream

@@ -158,9 +158,15 @@ func (s *State) Tally(now time.Time) Report {
 	// open tally restarts by closeTallies.
 	// A late epoch's tallies close per epoch (tallySpan), which Observe's
 	// marks did not compare: every key is visited.
+	// A key marked idle (keyMeta.idle) that rests was not observed since
+	// its last Tally, which found nothing to close: it has nothing to close
+	// now, with any span, and a generation keeps it. Most keys of a large
+	// deployment are such keys most of the time: held, not asked. Stepping
+	// over them spares Tally a cache miss a key (BenchmarkTallyHeldKeys).
 	lazy, same := s.cfg.Refresh >= 0 && !s.cfg.HoldDemand && !s.cfg.EveryKey && s.tallySpan() == 1, uint32(s.tallyGen)
+	idleOK := !s.cfg.EveryKey
 	for i := 0; i < len(s.keys); {
-		if lazy && s.meta[i].sameAt == same {
+		if m := &s.meta[i]; lazy && m.sameAt == same || idleOK && m.idle && m.rest != restAwake {
 			i++
 			continue
 		}
@@ -180,6 +186,7 @@ func (s *State) Tally(now time.Time) Report {
 			s.removeKey(i)
 			continue
 		}
+		s.meta[i].idle = idleOK && ks.pub == (tally{}) && ks.held == (tally{}) && ks.gen != 0
 		i++
 	}
 	s.closeTallies()

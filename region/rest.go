@@ -41,6 +41,13 @@ type keyMeta struct {
 	sameAt uint32
 	bucket uint16
 	rest   uint8 // restAwake, or restNew or restOn when keyState.quiet >= restQuiet
+	// idle is set by Tally on a key it found with nothing observed and
+	// nothing published, in a generation: until Observe or its next rest,
+	// a Tally of it would change nothing, and Tally steps over it while it
+	// rests. Everything else that changes what Tally reads of a key
+	// (leaving its generation, above all) touches the key, whose next
+	// rest clears idle.
+	idle bool
 }
 
 // touch wakes a key: something its epoch reads changed.
@@ -226,7 +233,7 @@ func (s *State) noteRest(now time.Time, ks *keyState, pol KeyPolicy, before rest
 	ks.restActive = ks.lastDemand.Equal(now) && !s.heardOnly // not demand it keeps while it rests
 	m := &s.meta[ks.idx]
 	if m.rest == restAwake && ks.resting() {
-		m.rest = restNew
+		m.rest, m.idle = restNew, false // Tally sees it once at rest
 	}
 	m.wakeAt = s.wakeAt(now, ks)
 }

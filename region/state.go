@@ -348,7 +348,8 @@ func (s *State) Observe(key string, demand, granted int64) {
 	if ks.cur0 != ks.pub || ks.pub != ks.held || ks.pub == (tally{}) {
 		g--
 	}
-	s.meta[ks.idx].sameAt = g
+	m := &s.meta[ks.idx]
+	m.sameAt, m.idle = g, false
 }
 
 // cur returns ks's open tally: what was observed since the tallies last
