@@ -55,7 +55,7 @@ func startDeployment(ctx context.Context, o options, dir string) (*deployment, e
 	if !ns.ReadyForConnections(readyTimeout) {
 		return d, fmt.Errorf("nats: not accepting connections within %v", readyTimeout)
 	}
-	policy, err := policyFile(dir, o.load.sweep)
+	policy, err := policyFile(dir)
 	if err != nil {
 		return d, err
 	}
@@ -190,8 +190,8 @@ func (p printer) start(o options, d *deployment) {
 		first = fmt.Sprintf(" (the first pass in %v: %.0f/s)", o.load.first, float64(l.Keys)/o.load.first.Seconds())
 	}
 	fmt.Fprintf(p.w, "load: %d keys, each decided once per %v (%.0f/s)%s in its home region (%.0f%% of keys move home every sweep),\n"+
-		"  plus %.0f/s Zipf(s=%.2f) split 60/30/10%% between regions; %d agents per region; rule per-user 100/%v global; seed %d\n",
-		l.Keys, o.load.sweep, l.SweepRate, first, 100*l.Move, l.Hot, l.Zipf, l.Agents, policyPeriod(o.load.sweep), l.Seed)
+		"  plus %.0f/s Zipf(s=%.2f) split 60/30/10%% between regions; %d agents per region; rule per-user 100/min global; seed %d\n",
+		l.Keys, o.load.sweep, l.SweepRate, first, 100*l.Move, l.Hot, l.Zipf, l.Agents, l.Seed)
 	fmt.Fprintf(p.w, "active keys: distinct keys the sweep decided within the regions' idle time (-idle-after %v); sweep lag: keys it is behind its schedule\n", o.idle)
 	fmt.Fprintf(p.w, "load = the machine's one-minute load average; columns: rss, cpu/s and heap (go_memstats_heap_inuse_bytes) of regiond; epoch = mean exchange epoch;\n"+
 		"  items/s = keys leased (one store operation each); l-err, x-err = failed store calls of the lease service and of the exchange in the interval,\n"+

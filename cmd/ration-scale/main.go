@@ -51,25 +51,19 @@ var regions = []string{"ap", "eu", "us"}
 const regionIdle = 60 * time.Second
 
 // policyYAML is the run's one rule: a per-user limit shared by all
-// regions, 100 tokens a period (policyPeriod). Its bucket refills in a
-// period and so expires in Redis two periods after its last use (2 ×
-// burst ÷ rate), longer than a sweep.
+// regions. Its bucket refills in a minute and so expires in Redis two
+// minutes after its last use (2 × burst ÷ rate): with a sweep of more
+// than that, a key's bucket is gone between two of its requests, as a
+// full bucket needs no state.
 const policyYAML = `rules:
   - name: per-user
     key: [user]
     limit: 100
-    period: %dm
+    period: 1m
     burst: 100
     scope: global
     on_error: local
 `
-
-// policyPeriod is the rule's period for a sweep: a minute, or the sweep
-// rounded up to whole minutes, so that a key's bucket outlives the time
-// between two of its requests.
-func policyPeriod(sweep time.Duration) time.Duration {
-	return max(time.Minute, (sweep+time.Minute-1)/time.Minute*time.Minute)
-}
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -269,10 +263,10 @@ func (d *deployment) agents() [][]*agent.Agent {
 // quietLogger discards, for the agents.
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
-// policyFile writes the run's policy for sweep into dir.
-func policyFile(dir string, sweep time.Duration) (string, error) {
+// policyFile writes the run's policy into dir.
+func policyFile(dir string) (string, error) {
 	path := filepath.Join(dir, "policy.yaml")
-	return path, os.WriteFile(path, fmt.Appendf(nil, policyYAML, policyPeriod(sweep)/time.Minute), 0o644)
+	return path, os.WriteFile(path, []byte(policyYAML), 0o644)
 }
 
 // keysPerGroup is what the groups layout is sized for: DESIGN's "Redis

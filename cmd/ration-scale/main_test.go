@@ -227,11 +227,4 @@ func TestFirstSweep(t *testing.T) {
 			t.Errorf("key %d: %v between its first two requests, want at most the sweep %v", k, gap, g.cfg.sweep)
 		}
 	}
-	for _, c := range []struct{ sweep, want time.Duration }{
-		{50 * time.Second, time.Minute}, {time.Minute, time.Minute}, {9 * time.Minute, 9 * time.Minute}, {9*time.Minute + time.Second, 10 * time.Minute},
-	} {
-		if got := policyPeriod(c.sweep); got != c.want {
-			t.Errorf("policyPeriod(%v): got %v, want %v", c.sweep, got, c.want)
-		}
-	}
 }
