@@ -47,16 +47,27 @@ type RedisCoordinator struct {
 	client  redis.UniversalClient
 	prefix  string
 	timeout time.Duration
+	// minGroups is the fewest groups the state is saved in: the store's
+	// groups in its grouped layout (sized by the operator for the active
+	// keys, -redis-groups), else 1.
+	minGroups int
 
 	mu     sync.Mutex
 	groups map[string]int // reg → the group count stored, as last saved or loaded here
 }
 
 // NewRedisCoordinator returns the coordinator on the Redis of store, with
-// its key prefix and call timeout.
+// its key prefix and call timeout. With the store's grouped layout the
+// exchange's state is saved in at least as many groups as the store's keys
+// (lease.RedisConfig.Groups, sized for the keys expected), so that a
+// deployment growing to its size never regroups its state (redis_state.go).
 func NewRedisCoordinator(store *lease.RedisStore) *RedisCoordinator {
 	cfg := store.Config()
-	return &RedisCoordinator{client: store.Client(), prefix: cfg.Prefix, timeout: cfg.Timeout, groups: make(map[string]int)}
+	c := &RedisCoordinator{client: store.Client(), prefix: cfg.Prefix, timeout: cfg.Timeout, minGroups: 1, groups: make(map[string]int)}
+	if cfg.Layout == lease.LayoutGroups {
+		c.minGroups = max(1, cfg.Groups)
+	}
+	return c
 }
 
 // holdEscaper keeps a region name from breaking the hash tag.

@@ -207,6 +207,59 @@ func TestRedisStateGroups(t *testing.T) {
 	checkGroups(t, c, client, "h4", want, groupsFor(100))
 }
 
+// TestRedisStateGroupsFloor checks that with the store's grouped layout the
+// state keeps at least the store's groups: no regrouping while the records
+// grow up to about 80 a group of them, nor as they shrink, and one past it.
+func TestRedisStateGroupsFloor(t *testing.T) {
+	client, err := lease.NewRedisClient(redistest.Start(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = client.Close() })
+	s, err := lease.NewRedisStore(client, lease.RedisConfig{Prefix: redistest.KeyPrefix(t), Timeout: time.Second, Layout: lease.LayoutGroups, Groups: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := NewRedisCoordinator(s)
+	ctx := context.Background()
+	if _, err := c.Acquire(ctx, "eu", "a", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	want := records("k", 500)
+	if err := c.Save(ctx, "eu", "a", savedOf(true, "h1", want)); err != nil {
+		t.Fatal(err)
+	}
+	checkGroups(t, c, client, "h1", want, 64)
+
+	more := records("m", 4000) // 4,500 in 64 groups: 70 a group
+	if err := c.Save(ctx, "eu", "a", savedOf(false, "h2", more)); err != nil {
+		t.Fatal(err)
+	}
+	maps.Copy(want, more)
+	checkGroups(t, c, client, "h2", want, 64)
+
+	var gone []string // down to 100: under 16 a group, kept
+	for k := range want {
+		if len(want)-len(gone) > 100 {
+			gone = append(gone, k)
+		}
+	}
+	if err := c.Save(ctx, "eu", "a", savedOf(false, "h3", nil, gone...)); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range gone {
+		delete(want, k)
+	}
+	checkGroups(t, c, client, "h3", want, 64)
+
+	more = records("n", 5100) // 5,200: over 80 a group
+	if err := c.Save(ctx, "eu", "a", savedOf(false, "h4", more)); err != nil {
+		t.Fatal(err)
+	}
+	maps.Copy(want, more)
+	checkGroups(t, c, client, "h4", want, groupsFor(len(want)))
+}
+
 // TestRedisStateLongRecords checks that records longer than a listpack's
 // values are kept in their group's long records, that a record moves
 // between the two as its length crosses longRecord, that deletes reach
