@@ -148,18 +148,7 @@ func BenchmarkPersist(b *testing.B) {
 				demand[k] = int64(10 + k%90) // under the rate of 1,000 in all
 			}
 			reps := make([]region.Report, len(sts))
-			exchange := func() { // each region receives the others' reports, as the exchanger does
-				for r, st := range sts {
-					for p, rep := range reps {
-						if p != r {
-							if err := st.Receive(now, rep); err != nil {
-								b.Fatalf("Receive: %v", err)
-							}
-						}
-					}
-					st.Apply()
-				}
-			}
+			exchange := func() { receiveAll(b, sts, reps, now) }
 			epoch := func(i int) {
 				for k := i % 100; k < keys; k += 100 {
 					demand[k] = 10 + (demand[k]*7+13)%90
@@ -235,18 +224,7 @@ func BenchmarkTallyHeldKeys(b *testing.B) {
 			}
 			now := t0
 			reps := make([]region.Report, len(sts))
-			exchange := func() {
-				for r, st := range sts {
-					for p, rep := range reps {
-						if p != r {
-							if err := st.Receive(now, rep); err != nil {
-								b.Fatalf("Receive: %v", err)
-							}
-						}
-					}
-					st.Apply()
-				}
-			}
+			exchange := func() { receiveAll(b, sts, reps, now) }
 			// epoch runs both phases; epoch -1 asks for every key.
 			epoch := func(e int, timed bool) {
 				now = now.Add(time.Second)
@@ -286,5 +264,21 @@ func BenchmarkTallyHeldKeys(b *testing.B) {
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(held), "ns/held-key")
 		})
+	}
+}
+
+// receiveAll has each region receive the others' reports and apply its
+// gifts, as the exchanger does.
+func receiveAll(tb testing.TB, sts []*region.State, reps []region.Report, now time.Time) {
+	tb.Helper()
+	for r, st := range sts {
+		for p, rep := range reps {
+			if p != r {
+				if err := st.Receive(now, rep); err != nil {
+					tb.Fatalf("Receive: %v", err)
+				}
+			}
+		}
+		st.Apply()
 	}
 }

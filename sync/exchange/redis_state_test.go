@@ -21,13 +21,20 @@ import (
 // redisCoordinatorFixture is a RedisCoordinator, its store and client, on
 // a server shared with other tests (its own key prefix).
 func redisCoordinatorFixture(t *testing.T) (*RedisCoordinator, *lease.RedisStore, redis.UniversalClient) {
+	return redisCoordinatorFixtureWith(t, lease.RedisConfig{})
+}
+
+// redisCoordinatorFixtureWith is redisCoordinatorFixture with the store's
+// cfg (its Prefix and Timeout set here).
+func redisCoordinatorFixtureWith(t *testing.T, cfg lease.RedisConfig) (*RedisCoordinator, *lease.RedisStore, redis.UniversalClient) {
 	t.Helper()
 	client, err := lease.NewRedisClient(redistest.Start(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = client.Close() })
-	s, err := lease.NewRedisStore(client, lease.RedisConfig{Prefix: redistest.KeyPrefix(t), Timeout: time.Second})
+	cfg.Prefix, cfg.Timeout = redistest.KeyPrefix(t), time.Second
+	s, err := lease.NewRedisStore(client, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,8 +44,13 @@ func redisCoordinatorFixture(t *testing.T) (*RedisCoordinator, *lease.RedisStore
 // redisStateFixture is a RedisCoordinator on a server shared with other
 // tests (its own key prefix), holding region "eu" for "a".
 func redisStateFixture(t *testing.T) (*RedisCoordinator, redis.UniversalClient) {
+	return redisStateFixtureWith(t, lease.RedisConfig{})
+}
+
+// redisStateFixtureWith is redisStateFixture with the store's cfg.
+func redisStateFixtureWith(t *testing.T, cfg lease.RedisConfig) (*RedisCoordinator, redis.UniversalClient) {
 	t.Helper()
-	c, _, client := redisCoordinatorFixture(t)
+	c, _, client := redisCoordinatorFixtureWith(t, cfg)
 	if _, err := c.Acquire(context.Background(), "eu", "a", time.Minute); err != nil {
 		t.Fatal(err)
 	}
@@ -211,20 +223,8 @@ func TestRedisStateGroups(t *testing.T) {
 // state keeps at least the store's groups: no regrouping while the records
 // grow up to about 80 a group of them, nor as they shrink, and one past it.
 func TestRedisStateGroupsFloor(t *testing.T) {
-	client, err := lease.NewRedisClient(redistest.Start(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = client.Close() })
-	s, err := lease.NewRedisStore(client, lease.RedisConfig{Prefix: redistest.KeyPrefix(t), Timeout: time.Second, Layout: lease.LayoutGroups, Groups: 64})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := NewRedisCoordinator(s)
+	c, client := redisStateFixtureWith(t, lease.RedisConfig{Layout: lease.LayoutGroups, Groups: 64})
 	ctx := context.Background()
-	if _, err := c.Acquire(ctx, "eu", "a", time.Minute); err != nil {
-		t.Fatal(err)
-	}
 	want := records("k", 500)
 	if err := c.Save(ctx, "eu", "a", savedOf(true, "h1", want)); err != nil {
 		t.Fatal(err)
