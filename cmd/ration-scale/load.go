@@ -28,7 +28,7 @@ var hotWeights = [...]float64{0.6, 0.3, 0.1}
 type loadConfig struct {
 	keys    int           // distinct keys, each decided once per sweep
 	sweep   time.Duration // how long one pass over every key takes
-	first   time.Duration // how long the first pass takes (at most sweep)
+	first   time.Duration // how long the first pass takes (at most sweep; parse sets it)
 	hot     float64       // Zipf-distributed decisions per second, all regions
 	zipfS   float64       // Zipf exponent (> 1)
 	move    float64       // share of keys whose home region changes every round
@@ -192,9 +192,6 @@ func mix(x uint64) uint64 {
 // than cfg.sweep between two of its requests, as cfg.first ≤ cfg.sweep.
 func (g *generator) due(now time.Time) int64 {
 	e, n, first := now.Sub(g.start).Seconds(), float64(g.cfg.keys), g.cfg.first.Seconds()
-	if first <= 0 {
-		first = g.cfg.sweep.Seconds()
-	}
 	if e < first {
 		return int64(e / first * n)
 	}

@@ -140,8 +140,7 @@ type Config struct {
 	IdleAfter time.Duration
 	// Tune, if set, adjusts the region.Config the exchange builds (Self,
 	// Replica, Regions, Period, IdleAfter and Policy are set before it is
-	// called), for
-	// tests and deployments that change region's defaults.
+	// called), for tests and deployments that change region's defaults.
 	Tune func(*region.Config)
 	// Registerer receives the exchange's metrics; nil registers none.
 	Registerer prometheus.Registerer

@@ -78,9 +78,9 @@ const (
 // groupsFor is the group count for n records.
 func groupsFor(n int) int { return max(1, (n+recordsPerGroup-1)/recordsPerGroup) }
 
-// groupsFor is the group count a whole save of n records chooses: at least
-// c.minGroups.
-func (c *RedisCoordinator) groupsFor(n int) int { return max(c.minGroups, groupsFor(n)) }
+// wholeGroups is the group count a whole save of n records chooses: at
+// least c.minGroups.
+func (c *RedisCoordinator) wholeGroups(n int) int { return max(c.minGroups, groupsFor(n)) }
 
 // groupOf is key's group of g.
 func groupOf(key string, g int) int {
@@ -189,7 +189,7 @@ func (c *RedisCoordinator) Save(ctx context.Context, reg, holder string, st Save
 	}
 	g := 0
 	if st.Whole {
-		g = c.groupsFor(len(st.Keys))
+		g = c.wholeGroups(len(st.Keys))
 	} else {
 		var err error
 		if g, err = c.storedGroups(ctx, reg); err != nil {
@@ -210,7 +210,7 @@ func (c *RedisCoordinator) Save(ctx context.Context, reg, holder string, st Save
 		return fmt.Errorf("exchange: regrouping %d records of %d groups: %w", n, g, err)
 	}
 	all.Whole = true
-	if _, err := c.save(ctx, reg, holder, &all, c.groupsFor(len(all.Keys))); err != nil {
+	if _, err := c.save(ctx, reg, holder, &all, c.wholeGroups(len(all.Keys))); err != nil {
 		return fmt.Errorf("exchange: regrouping %d records of %d groups: %w", n, g, err)
 	}
 	return nil

@@ -197,19 +197,7 @@ func TestRedisStateGroups(t *testing.T) {
 	maps.Copy(want, more)
 	checkGroups(t, c, client, "h3", want, groupsFor(len(want)))
 
-	// Down to 100: below 16 a group.
-	var gone []string
-	for k := range want {
-		if len(want)-len(gone) > 100 {
-			gone = append(gone, k)
-		}
-	}
-	if err := c.Save(ctx, "eu", "a", savedOf(false, "h4", nil, gone...)); err != nil {
-		t.Fatal(err)
-	}
-	for _, k := range gone {
-		delete(want, k)
-	}
+	deleteDownTo(t, c, want, 100, "h4") // below 16 a group
 	checkGroups(t, c, client, "h4", want, groupsFor(100))
 
 	// Another holder writes nothing.
@@ -238,18 +226,7 @@ func TestRedisStateGroupsFloor(t *testing.T) {
 	maps.Copy(want, more)
 	checkGroups(t, c, client, "h2", want, 64)
 
-	var gone []string // down to 100: under 16 a group, kept
-	for k := range want {
-		if len(want)-len(gone) > 100 {
-			gone = append(gone, k)
-		}
-	}
-	if err := c.Save(ctx, "eu", "a", savedOf(false, "h3", nil, gone...)); err != nil {
-		t.Fatal(err)
-	}
-	for _, k := range gone {
-		delete(want, k)
-	}
+	deleteDownTo(t, c, want, 100, "h3") // under 16 a group: kept
 	checkGroups(t, c, client, "h3", want, 64)
 
 	more = records("n", 5100) // 5,200: over 80 a group
@@ -399,5 +376,23 @@ func TestRedisStateOnCluster(t *testing.T) {
 	st, got := loadRecords(t, c)
 	if string(st.Head) != "h2" || !cmp.Equal(want, got) {
 		t.Fatalf("Load: head %q and %d records, want %q and %d", st.Head, len(got), "h2", len(want))
+	}
+}
+
+// deleteDownTo deletes records of want in a partial save with head until n
+// are left, from the store and from want.
+func deleteDownTo(t *testing.T, c *RedisCoordinator, want map[string]string, n int, head string) {
+	t.Helper()
+	var gone []string
+	for k := range want {
+		if len(want)-len(gone) > n {
+			gone = append(gone, k)
+		}
+	}
+	if err := c.Save(context.Background(), "eu", "a", savedOf(false, head, nil, gone...)); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range gone {
+		delete(want, k)
 	}
 }
